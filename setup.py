@@ -1,0 +1,143 @@
+"""Build the Cython extensions of posenc_fast.
+
+Metadata lives in pyproject.toml; this file only lists the extensions and
+their flags.
+
+* Every ``src/posenc_fast/*.pyx`` becomes an extension module.
+* The hot kernels (``_kernels.pxi``) are compiled once per instruction set:
+  ``_kernels_baseline`` with the compiler's portable default, and on x86-64
+  ``_kernels_avx2`` / ``_kernels_avx512`` with ``-mavx2 ...`` flags.  The
+  package picks the best one the running CPU supports at import
+  (``posenc_fast._dispatch``), so a wheel never executes an instruction the
+  machine lacks.
+* OpenMP is used when a probe program compiles, links and runs with
+  ``-fopenmp``; otherwise the kernels are built without it and run on one
+  thread.
+
+Environment variables (build time):
+
+``POSENC_FAST_NATIVE=1``
+    add ``-march=native`` to the baseline build (not distributable).
+``POSENC_FAST_ISA_VARIANTS=baseline``
+    comma list of variants to build (default: every one the compiler accepts).
+``POSENC_FAST_DEBUG=1``
+    turn Cython bounds checks on and build with ``-O0 -g``.
+``POSENC_FAST_SANITIZE=address,undefined``
+    build with ``-fsanitize=...`` (see README, development section).
+``POSENC_FAST_NO_OPENMP=1``
+    build without OpenMP even when it is available.
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+HERE = Path(__file__).parent
+PKG = Path("src") / "posenc_fast"
+
+ISA_FLAGS = {
+    "baseline": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+}
+ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+DEBUG = os.environ.get("POSENC_FAST_DEBUG", "") not in ("", "0")
+SANITIZE = os.environ.get("POSENC_FAST_SANITIZE", "")
+
+
+def _compiler() -> str:
+    return os.environ.get("CC") or sysconfig.get_config_var("CC").split()[0]
+
+
+def _probe(source: str, flags: list[str], run: bool = False) -> bool:
+    """Return True if `source` compiles (and, if `run`, runs) with `flags`."""
+    cc = _compiler()
+    if shutil.which(cc) is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        exe = Path(tmp) / "probe"
+        src.write_text(source)
+        try:
+            built = subprocess.run([cc, *flags, str(src), "-o", str(exe)],
+                                   capture_output=True, timeout=60)
+            if built.returncode != 0:
+                return False
+            if run:
+                return subprocess.run([str(exe)], capture_output=True, timeout=60).returncode == 0
+            return True
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+
+def _openmp_flags() -> list[str]:
+    if os.environ.get("POSENC_FAST_NO_OPENMP", "") not in ("", "0") or sys.platform == "win32":
+        return []
+    probe = ("#include <omp.h>\n"
+             "int main(void){int n=0;\n#pragma omp parallel reduction(+:n)\nn+=1;\n"
+             "return n>=1 ? 0 : 1;}\n")
+    return ["-fopenmp"] if _probe(probe, ["-fopenmp"], run=True) else []
+
+
+def _isa_variants() -> list[str]:
+    wanted = os.environ.get("POSENC_FAST_ISA_VARIANTS", "")
+    names = [n.strip() for n in wanted.split(",") if n.strip()] or list(ISA_FLAGS)
+    unknown = set(names) - set(ISA_FLAGS)
+    if unknown:
+        raise SystemExit(f"POSENC_FAST_ISA_VARIANTS: unknown variant(s) {sorted(unknown)}; "
+                         f"expected some of {list(ISA_FLAGS)}")
+    if "baseline" not in names:
+        names.insert(0, "baseline")
+    if not ON_X86_64 or sys.platform == "win32":
+        return ["baseline"]
+    return [n for n in names if n == "baseline" or _probe("int main(void){return 0;}\n", ISA_FLAGS[n])]
+
+
+def _extensions() -> list[Extension]:
+    openmp = _openmp_flags()
+    common = ["-O0", "-g"] if DEBUG else ["-O3"]
+    # Same results on every ISA: no contraction into FMA, no fast-math.
+    common += ["-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
+    link = list(openmp)
+    if SANITIZE:
+        common += [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer"]
+        link += [f"-fsanitize={SANITIZE}"]
+    native = os.environ.get("POSENC_FAST_NATIVE", "") not in ("", "0")
+    macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+
+    def ext(name: str, source: Path, isa: list[str] = ()) -> Extension:
+        return Extension(f"posenc_fast.{name}", [str(source)],
+                         include_dirs=[np.get_include()], define_macros=macros,
+                         extra_compile_args=[*common, *openmp, *isa], extra_link_args=link)
+
+    exts = []
+    for variant in _isa_variants():
+        isa = list(ISA_FLAGS[variant])
+        if variant == "baseline" and native:
+            isa.append("-march=native")
+        exts.append(ext(f"_kernels_{variant}", PKG / f"_kernels_{variant}.pyx", isa))
+    for pyx in sorted((HERE / PKG).glob("*.pyx")):
+        if not pyx.stem.startswith("_kernels_"):
+            exts.append(ext(pyx.stem, PKG / pyx.name))
+    return exts
+
+
+directives = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": False,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+}
+setup(ext_modules=cythonize(_extensions(), compiler_directives=directives,
+                            compile_time_env={}, quiet=True))

@@ -1,0 +1,20 @@
+"""posenc_fast: fast, exact positional encodings for transformer models on the CPU."""
+
+from ._info import build_info
+from ._threads import get_num_threads, set_num_threads
+from ._version import __version__
+from .absolute import add_position_table, add_sinusoidal, sinusoidal, sinusoidal_table
+from .rotary import RotaryEmbedding, apply_rotary
+
+__all__ = [
+    "RotaryEmbedding",
+    "__version__",
+    "add_position_table",
+    "add_sinusoidal",
+    "apply_rotary",
+    "build_info",
+    "get_num_threads",
+    "set_num_threads",
+    "sinusoidal",
+    "sinusoidal_table",
+]

@@ -1,0 +1,41 @@
+"""Command line: ``python -m posenc_fast info | bench | plot | check``.
+
+Each command lives in its own module (``_cli_<command>.py``) that provides
+``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
+"""
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "info": "print the build facts (version, compiler, instruction sets, OpenMP, threads)",
+    "bench": "time the standard workloads beside NumPy (and PyTorch when installed)",
+    "plot": "write PNG figures of the encodings (needs matplotlib: pip install posenc-fast[plot])",
+    "check": "test this installation against the pure-Python reference on random cases",
+}
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"posenc_fast._cli_{name}")
+
+
+def main(argv=None) -> int:
+    """Run the command line; return the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m posenc_fast",
+                                     description="posenc_fast: fast, exact positional encodings")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        try:
+            module = _command_module(name)
+        except ImportError:  # a command not shipped in this build
+            continue
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""build_info(): the facts of this build and of the running machine."""
+
+from . import _cpu, _dispatch
+from ._threads import get_num_threads
+from ._version import __version__
+
+
+def build_info() -> dict:
+    """Return the build facts: version, compiler, instruction sets, OpenMP, threads.
+
+    Returns
+    -------
+    dict
+        ``version``; ``compiler``; ``isa_built`` (kernel variants compiled),
+        ``isa_supported`` (variants this CPU can run), ``isa_in_use`` (the
+        variant loaded, overridable with ``POSENC_FAST_ISA``), ``simd`` (the
+        widest SIMD level that variant was compiled for); ``openmp``;
+        ``num_threads``.
+    """
+    kernels = _dispatch.kernels
+    return {
+        "version": __version__,
+        "compiler": _cpu.compiler(),
+        "isa_built": [name for name in reversed(_dispatch.PREFERENCE) if name in _dispatch.BUILT],
+        "isa_supported": list(_dispatch.CPU_SUPPORTS),
+        "isa_in_use": _dispatch.ISA_IN_USE,
+        "simd": kernels.simd_level(),
+        "openmp": kernels.openmp_enabled(),
+        "num_threads": get_num_threads(),
+    }

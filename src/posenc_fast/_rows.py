@@ -1,0 +1,80 @@
+"""Plumbing between validated arrays and the row kernels.
+
+The kernels work on C-contiguous 2-D arrays of rows plus a row table that
+says which table row each data row uses.  This module builds those views
+(copying only what is not contiguous) and writes results back into a
+non-contiguous ``out``.
+"""
+
+import math
+
+import numpy as np
+
+from ._dispatch import kernels
+from ._threads import threads_for
+
+
+def row_table(index_shape: tuple, rows_shape: tuple) -> np.ndarray:
+    """Map every row of an array with leading shape `rows_shape` to a table row.
+
+    The table has one row per element of an array of shape `index_shape`
+    (which broadcasts to `rows_shape`), in C order.
+    """
+    index = np.arange(math.prod(index_shape), dtype=np.intp).reshape(index_shape)
+    return np.ascontiguousarray(np.broadcast_to(index, rows_shape)).reshape(-1)
+
+
+def as_rows(a: np.ndarray) -> np.ndarray:
+    """View `a` of shape (..., n) as C-contiguous (rows, n); copy if it is not C-contiguous."""
+    a = np.ascontiguousarray(a)
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+
+
+class RowOutput:
+    """Where a row kernel writes, and how that becomes the returned array.
+
+    Parameters
+    ----------
+    x : ndarray
+        The validated input, of the result's shape and dtype.
+    out : ndarray or None
+        The validated ``out`` (None: allocate).
+    in_place : bool
+        True when ``out`` is ``x`` itself.
+    """
+
+    def __init__(self, x: np.ndarray, out: np.ndarray | None, in_place: bool):
+        self.x_rows = as_rows(x)
+        self.out = out
+        if out is not None and in_place:
+            # Contiguous x: rotate in x's own memory; else in the copy as_rows made.
+            self.rows = self.x_rows
+        elif out is not None and out.flags.c_contiguous:
+            self.rows = out.reshape(self.x_rows.shape)
+        else:
+            self.rows = np.empty(self.x_rows.shape, dtype=x.dtype)
+        self.shape = x.shape
+
+    def result(self) -> np.ndarray:
+        """Return the result array, copying into a non-contiguous ``out`` if needed."""
+        if self.out is None:
+            return self.rows.reshape(self.shape)
+        if not np.shares_memory(self.rows, self.out):
+            np.copyto(self.out, self.rows.reshape(self.shape))
+        return self.out
+
+
+def trig_work(nfreqs: int, num_threads: int) -> np.ndarray:
+    """Scratch for the recurrence: step cos/sin plus one (cos, sin) pair per thread."""
+    return np.empty((2 + 2 * num_threads, max(nfreqs, 1)), dtype=np.float64)
+
+
+def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float,
+                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Return (cos, sin) of shape (len(positions), len(freqs)): scale * cos/sin(p * f)."""
+    nrows, nfreqs = positions.shape[0], freqs.shape[0]
+    cos = np.empty((nrows, nfreqs), dtype=dtype)
+    sin = np.empty((nrows, nfreqs), dtype=dtype)
+    threads = threads_for(nrows * nfreqs)
+    kernels.cos_sin_rows(positions, freqs, scale, cos, sin, trig_work(nfreqs, threads), threads)
+    return cos, sin

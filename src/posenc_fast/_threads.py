@@ -1,0 +1,73 @@
+"""How many threads one large call may use.
+
+The default is the number of cores this process may run on, or the value of
+the environment variable ``POSENC_FAST_NUM_THREADS`` read at import.  Small
+calls always stay on one thread: starting a team costs more than it saves.
+"""
+
+import os
+import warnings
+
+ENV_VAR = "POSENC_FAST_NUM_THREADS"
+# Elements (of x, or of a table written) below which a call stays on one thread.
+MIN_ELEMENTS_PER_THREAD = 1 << 16
+
+
+def _available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _from_environment() -> int:
+    text = os.environ.get(ENV_VAR, "").strip()
+    if not text:
+        return _available_cores()
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        warnings.warn(f"{ENV_VAR}={text!r} is not a positive integer; using "
+                      f"{_available_cores()} threads", RuntimeWarning, stacklevel=3)
+        return _available_cores()
+    return value
+
+
+_num_threads = _from_environment()
+
+
+def set_num_threads(n: int) -> None:
+    """Set how many threads one large call may use.
+
+    Parameters
+    ----------
+    n : int
+        At least 1.  Takes effect for calls that start afterwards; calls
+        already running keep the count they started with.
+
+    Raises
+    ------
+    TypeError
+        If `n` is not an integer.
+    ValueError
+        If `n` < 1.
+    """
+    global _num_threads
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise TypeError(f"n must be an integer, got {type(n).__name__}")
+    n = int(n.__index__())
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    _num_threads = n
+
+
+def get_num_threads() -> int:
+    """Return how many threads one large call may use."""
+    return _num_threads
+
+
+def threads_for(elements: int) -> int:
+    """Threads for a call that touches `elements` values: 1 for small calls."""
+    return max(1, min(_num_threads, elements // MIN_ELEMENTS_PER_THREAD))

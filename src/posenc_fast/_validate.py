@@ -1,0 +1,170 @@
+"""Argument checks shared by the public functions.
+
+Every public function validates here, before any kernel runs, so that a bad
+call raises ``TypeError``/``ValueError`` naming the argument and writes
+nothing.  The kernels trust what passes.
+"""
+
+import math
+import numbers
+import operator
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+LAYOUTS_ROTARY = ("interleaved", "half")
+LAYOUTS_SINUSOIDAL = ("interleaved", "split")
+# Positions are converted to float64; beyond 2**53 integers are not exact.
+MAX_EXACT_POSITION = 2.0**53
+
+
+def float_array(x, name: str) -> np.ndarray:
+    """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one)."""
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be a float32 or float64 array: {exc}") from None
+    dtype = x.dtype
+    if dtype.kind != "f" or dtype.itemsize not in (4, 8):
+        hint = "; convert it with .astype(np.float32) first" if dtype.kind == "f" else ""
+        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {dtype}{hint}")
+    if not dtype.isnative:
+        x = x.astype(dtype.newbyteorder("="))
+    return x
+
+
+def table_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """Return np.float32 or np.float64 for a `dtype=` argument, else raise TypeError."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from None
+    if resolved not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {resolved}")
+    return np.dtype(resolved.name)
+
+
+def integer(value, name: str, minimum: int | None = None) -> int:
+    """Return `value` as a Python int (bool refused), checked against `minimum`."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        result = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if minimum is not None and result < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {result}")
+    return result
+
+
+def real(value, name: str, *, positive: bool = False) -> float:
+    """Return `value` as a finite Python float (bool refused); optionally > 0."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        if not (isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"{name} must be finite, got {result}")
+    if positive and result <= 0:
+        raise ValueError(f"{name} must be > 0, got {result}")
+    return result
+
+
+def choice(value, name: str, options: tuple[str, ...]) -> str:
+    """Return `value` if it is one of `options`, else raise ValueError."""
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def positions_array(positions, name: str = "positions", *, integral: bool = False) -> np.ndarray:
+    """Return real positions as a float64 ndarray (a new array), checked finite.
+
+    With `integral`, only integer dtypes are accepted (TypeError otherwise).
+    """
+    if not isinstance(positions, np.ndarray):
+        try:
+            positions = np.asarray(positions)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+    kind = positions.dtype.kind
+    if integral and kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {positions.dtype}")
+    if kind not in "iuf":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {positions.dtype}")
+    values = positions.astype(np.float64)
+    if kind == "f" and not np.isfinite(values).all():
+        bad = values.ravel()[~np.isfinite(values.ravel())][0]
+        raise ValueError(f"{name} must be finite, got {bad}")
+    return values
+
+
+def with_offset(positions: np.ndarray, offset: float, name: str = "positions") -> np.ndarray:
+    """Add `offset` to float64 `positions` in place and check the result is finite."""
+    if offset:
+        positions += offset
+        if not np.isfinite(positions).all():
+            raise ValueError(f"{name} + offset must be finite")
+    return positions
+
+
+def broadcast_target(shape: tuple, target: tuple, name: str, target_name: str) -> None:
+    """Raise ValueError unless an array of `shape` broadcasts to exactly `target`."""
+    try:
+        result = np.broadcast_shapes(shape, target)
+    except ValueError:
+        result = None
+    if result != target:
+        raise ValueError(f"{name} of shape {shape} does not broadcast against "
+                         f"{target_name} = {target}")
+
+
+def seq_axis_index(seq_axis, ndim: int) -> int:
+    """Resolve `seq_axis` (an axis of x other than the last) to a non-negative index."""
+    axis = integer(seq_axis, "seq_axis")
+    resolved = axis + ndim if axis < 0 else axis
+    if not 0 <= resolved < ndim - 1:
+        raise ValueError(f"seq_axis must name an axis of x other than the last "
+                         f"(x has {ndim} dimensions), got {axis}")
+    return resolved
+
+
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
+    """Return True if `a` and `b` share any byte of memory."""
+    return np.may_share_memory(a, b) and np.shares_memory(a, b)
+
+
+def output(out, name: str, shape: tuple, dtype: np.dtype, *, may_be=(), must_not_overlap=()):
+    """Check a user's `out`; return it (or None), and whether it is one of `may_be`.
+
+    `out` must be an ndarray of exactly `shape` and `dtype`, writeable, and
+    either be the very same view as one of `may_be` (in place) or share no
+    memory with any array in `may_be` or `must_not_overlap`.
+    """
+    if out is None:
+        return None, False
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    if out.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {dtype}, got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} must be writeable")
+    in_place = False
+    for other in may_be:
+        if _same_view(out, other):
+            in_place = True
+        elif overlaps(out, other):
+            raise ValueError(f"{name} overlaps an input without being the same array; pass "
+                             f"the input itself for in-place operation or a separate array")
+    for other in must_not_overlap:
+        if other is not None and overlaps(out, other):
+            raise ValueError(f"{name} overlaps another input or output")
+    return out, in_place

@@ -1,0 +1,264 @@
+"""Absolute position encodings: sinusoidal tables and learned position tables.
+
+Both add one row per position to the token embeddings, so they share the
+fused gather-and-add kernel; the sinusoidal rows are computed in float64 by
+the recurrence kernel first.
+"""
+
+import functools
+
+import numpy as np
+
+from . import _validate as v
+from ._dispatch import kernels
+from ._rows import RowOutput, row_table, trig_work
+from ._threads import threads_for
+
+
+@functools.lru_cache(maxsize=64)
+def _sinusoidal_freqs(dim: int, base: float) -> np.ndarray:
+    # w_i = base ** (-2i/dim) for the ceil(dim/2) sin columns.  Python's float
+    # pow is libm's; NumPy's SIMD power can differ from it by an ulp.
+    freqs = np.array([base ** (-2 * i / dim) for i in range((dim + 1) // 2)], dtype=np.float64)
+    freqs.flags.writeable = False
+    return freqs
+
+
+def _fill_sinusoidal(positions: np.ndarray, dim: int, base: float, split: bool,
+                     out: np.ndarray) -> np.ndarray:
+    # out: (len(positions), dim), any strides.
+    freqs = _sinusoidal_freqs(dim, base)
+    target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    threads = threads_for(target.size)
+    kernels.sinusoidal_rows(positions, freqs, target, split, trig_work(freqs.size, threads),
+                            threads)
+    if target is not out:
+        out[...] = target
+    return out
+
+
+def sinusoidal_table(length, dim, *, offset=0, base=10000.0, layout="interleaved",
+                     dtype=np.float32, out=None):
+    """Return the sinusoidal encodings of positions ``offset, offset+1, ...``.
+
+    Pair ``i`` at position ``p`` uses ``w_i = base ** (-2*i/dim)``.  With
+    ``layout="interleaved"``, ``PE[p, 2i] = sin(p*w_i)`` and ``PE[p, 2i+1] =
+    cos(p*w_i)`` ("Attention Is All You Need"); an odd ``dim`` ends with the
+    sin of pair ``(dim-1)/2``.  ``layout="split"`` puts the ``ceil(dim/2)``
+    sin columns first, then the ``dim//2`` cos columns.  Angles and sin/cos
+    are computed in float64 and rounded once to `dtype`.
+
+    Parameters
+    ----------
+    length : int
+        Number of positions (rows), >= 0.
+    dim : int
+        Encoding width (columns), >= 1.
+    offset : float, optional
+        Position of the first row.
+    base : float, optional
+        Wavelength base, > 0.
+    layout : {"interleaved", "split"}, optional
+    dtype : {np.float32, np.float64}, optional
+    out : ndarray of shape (length, dim), optional
+        Written and returned.
+
+    Returns
+    -------
+    ndarray of shape (length, dim)
+
+    Examples
+    --------
+    >>> import posenc_fast as pf
+    >>> pf.sinusoidal_table(4, 6).shape
+    (4, 6)
+    """
+    length = v.integer(length, "length", minimum=0)
+    dim = v.integer(dim, "dim", minimum=1)
+    offset = v.real(offset, "offset")
+    base = v.real(base, "base", positive=True)
+    split = v.choice(layout, "layout", v.LAYOUTS_SINUSOIDAL) == "split"
+    dtype = v.table_dtype(dtype)
+    out, _ = v.output(out, "out", (length, dim), dtype)
+    positions = v.with_offset(np.arange(length, dtype=np.float64), offset)
+    if out is None:
+        out = np.empty((length, dim), dtype=dtype)
+    return _fill_sinusoidal(positions, dim, base, split, out)
+
+
+def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", dtype=np.float32,
+               out=None):
+    """Return the sinusoidal encoding of arbitrary real positions.
+
+    Parameters
+    ----------
+    positions : array_like of real numbers, any shape
+        Integer or real positions (e.g. diffusion timesteps); finite.
+    dim, base, layout, dtype
+        As in `sinusoidal_table`.
+    out : ndarray of shape positions.shape + (dim,), optional
+
+    Returns
+    -------
+    ndarray of shape positions.shape + (dim,)
+
+    Examples
+    --------
+    >>> import posenc_fast as pf
+    >>> pf.sinusoidal([0.5, 10.0, 999.0], 8).shape
+    (3, 8)
+    """
+    positions = v.positions_array(positions)
+    dim = v.integer(dim, "dim", minimum=1)
+    base = v.real(base, "base", positive=True)
+    split = v.choice(layout, "layout", v.LAYOUTS_SINUSOIDAL) == "split"
+    dtype = v.table_dtype(dtype)
+    shape = positions.shape + (dim,)
+    out, _ = v.output(out, "out", shape, dtype)
+    if out is None:
+        out = np.empty(shape, dtype=dtype)
+    _fill_sinusoidal(positions.reshape(-1), dim, base, split, out.reshape(-1, dim))
+    return out
+
+
+def _leading_positions(x: np.ndarray, positions, offset: float, *, integral: bool):
+    """Positions for the rows of x (..., seq, dim): (values, index_shape)."""
+    if positions is None:
+        seq = x.shape[-2]
+        return v.with_offset(np.arange(seq, dtype=np.float64), offset), (seq,)
+    values = v.positions_array(positions, integral=integral)
+    v.broadcast_target(values.shape, x.shape[:-1], "positions", "x.shape[:-1]")
+    return v.with_offset(values, offset), values.shape
+
+
+def _data_array(x, name: str = "x") -> np.ndarray:
+    x = v.float_array(x, name)
+    if x.ndim < 2:
+        raise ValueError(f"{name} must have shape (..., seq, dim) with at least 2 "
+                         f"dimensions, got shape {x.shape}")
+    return x
+
+
+def _add_rows(x: np.ndarray, table: np.ndarray, index_shape: tuple, out, in_place) -> np.ndarray:
+    rows = RowOutput(x, out, in_place)
+    table_rows = row_table(index_shape, x.shape[:-1])
+    kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
+    return rows.result()
+
+
+def add_sinusoidal(x, *, positions=None, offset=0, base=10000.0, out=None):
+    """Return ``x + PE``: x plus the interleaved sinusoidal encoding of each row's position.
+
+    Parameters
+    ----------
+    x : ndarray of shape (..., seq, dim), float32 or float64
+        Token embeddings; the encoding broadcasts over the leading axes.
+    positions : array_like of real numbers, optional
+        Default ``arange(seq)``.  Any shape that broadcasts against
+        ``x.shape[:-1]``, e.g. ``(seq,)`` or ``(batch, seq)``.
+    offset : float, optional
+        Added to every position (also to explicit `positions`).
+    base : float, optional
+    out : ndarray of x's shape and dtype, optional
+        May be `x` itself (in place).
+
+    Returns
+    -------
+    ndarray of x's shape and dtype
+        The sum is formed in float64 and rounded once.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc_fast as pf
+    >>> x = np.zeros((2, 5, 8), np.float32)
+    >>> np.array_equal(pf.add_sinusoidal(x)[1], pf.sinusoidal_table(5, 8))
+    True
+    """
+    x = _data_array(x)
+    offset = v.real(offset, "offset")
+    base = v.real(base, "base", positive=True)
+    values, index_shape = _leading_positions(x, positions, offset, integral=False)
+    out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
+    table = np.empty((values.size, x.shape[-1]), dtype=np.float64)
+    if x.shape[-1]:
+        _fill_sinusoidal(values.reshape(-1), x.shape[-1], base, False, table)
+    return _add_rows(x, table, index_shape, out, in_place)
+
+
+def _integer_positions(positions) -> np.ndarray:
+    if not isinstance(positions, np.ndarray):
+        try:
+            positions = np.asarray(positions)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"positions must be an integer array: {exc}") from None
+    if positions.dtype.kind not in "iu":
+        raise TypeError(f"positions must be an integer array, got dtype {positions.dtype}")
+    return positions
+
+
+def add_position_table(x, table, positions=None, *, offset=0, out=None):
+    """Return ``x + table[positions]``: add a learned absolute position table (GPT-2).
+
+    Parameters
+    ----------
+    x : ndarray of shape (..., seq, dim), float32 or float64
+    table : ndarray of shape (max_len, dim), float32 or float64
+        One learned row per position.  It is read in place (no copy) when its
+        last axis is contiguous.
+    positions : array_like of int, optional
+        Default ``offset + arange(seq)``.  Otherwise an integer array that
+        broadcasts against ``x.shape[:-1]`` (``(batch, seq)`` per sequence,
+        ``(batch, 1)`` for one decode step per sequence, ...).
+    offset : int, optional
+        Added to every position (also to explicit `positions`).
+    out : ndarray of x's shape and dtype, optional
+        May be `x` itself (in place).
+
+    Returns
+    -------
+    ndarray of x's shape and dtype
+        The sum is formed in the wider of x's and table's dtypes and rounded
+        once to x's.
+
+    Raises
+    ------
+    ValueError
+        A position outside ``[0, max_len)`` (learned tables do not
+        extrapolate), a table of the wrong width; nothing is written.
+    TypeError
+        Non-float x or table, non-integer positions.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc_fast as pf
+    >>> wpe = np.ones((1024, 4), np.float32)
+    >>> pf.add_position_table(np.zeros((1, 3, 4), np.float32), wpe)[0, 0]
+    array([1., 1., 1., 1.], dtype=float32)
+    """
+    x = _data_array(x)
+    table = v.float_array(table, "table")
+    if table.ndim != 2 or table.shape[1] != x.shape[-1]:
+        raise ValueError(f"table must have shape (max_len, {x.shape[-1]}) to match "
+                         f"x.shape[-1], got {table.shape}")
+    offset = v.integer(offset, "offset")
+    if positions is None:
+        index = np.arange(x.shape[-2], dtype=np.int64)
+    else:
+        index = _integer_positions(positions)
+        v.broadcast_target(index.shape, x.shape[:-1], "positions", "x.shape[:-1]")
+    out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
+                             must_not_overlap=(table,))
+    max_len = table.shape[0]
+    if index.size:
+        # Python ints: no overflow for huge or unsigned positions.
+        lowest, highest = int(index.min()) + offset, int(index.max()) + offset
+        if lowest < 0 or highest >= max_len:
+            raise ValueError(f"positions (plus offset) must lie in [0, max_len) = [0, {max_len}), "
+                             f"got largest {highest} and smallest {lowest}: a learned table "
+                             f"has no row for a position outside it")
+    if table.strides[1] != table.itemsize:
+        table = np.ascontiguousarray(table)
+    rows = RowOutput(x, out, in_place)
+    table_rows = np.broadcast_to(index.astype(np.intp) + offset, x.shape[:-1]).reshape(-1)
+    kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
+    return rows.result()

@@ -1,0 +1,151 @@
+"""The pure-Python reference: plain loops, ``math``, float64.
+
+Every kernel of posenc_fast is tested against these functions.  They are
+written to be read, not to be fast, and take no shortcuts: each value is
+computed from its definition.  Results are returned as float64 NumPy arrays
+(NumPy is used only to hold them).
+"""
+
+import math
+
+import numpy as np
+
+
+# ---------------------------------------------------------------------------
+# sinusoidal encodings
+
+
+def sinusoidal_frequency(i, dim, base=10000.0):
+    """w_i = base ** (-2*i/dim), the frequency of column pair i."""
+    return base ** (-2 * i / dim)
+
+
+def sinusoidal_row(position, dim, base=10000.0, layout="interleaved"):
+    """The encoding of one position as a list of `dim` floats."""
+    num_sin = (dim + 1) // 2  # an odd dim has one more sin column than cos columns
+    num_cos = dim // 2
+    sines = [math.sin(position * sinusoidal_frequency(i, dim, base)) for i in range(num_sin)]
+    cosines = [math.cos(position * sinusoidal_frequency(i, dim, base)) for i in range(num_cos)]
+    if layout == "split":
+        return sines + cosines
+    row = []
+    for i in range(num_sin):
+        row.append(sines[i])
+        if i < num_cos:
+            row.append(cosines[i])
+    return row
+
+
+def sinusoidal_table(length, dim, *, offset=0, base=10000.0, layout="interleaved"):
+    """Rows for positions offset, offset+1, ..., offset+length-1."""
+    rows = [sinusoidal_row(offset + p, dim, base, layout) for p in range(length)]
+    return np.array(rows, dtype=np.float64).reshape(length, dim)
+
+
+def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved"):
+    """The encoding of every position of an array: shape positions.shape + (dim,)."""
+    positions = np.asarray(positions, dtype=np.float64)
+    result = np.zeros(positions.shape + (dim,))
+    for index in np.ndindex(positions.shape):
+        result[index] = sinusoidal_row(float(positions[index]), dim, base, layout)
+    return result
+
+
+def add_sinusoidal(x, *, positions=None, offset=0, base=10000.0):
+    """x + PE, row by row: row (..., s, :) gets the encoding of positions[..., s]."""
+    x = np.asarray(x, dtype=np.float64)
+    dim = x.shape[-1]
+    if positions is None:
+        positions = np.arange(x.shape[-2])
+    positions = np.broadcast_to(np.asarray(positions, dtype=np.float64), x.shape[:-1])
+    result = x.copy()
+    for index in np.ndindex(x.shape[:-1]):
+        row = sinusoidal_row(float(positions[index]) + offset, dim, base)
+        for j in range(dim):
+            result[index + (j,)] = x[index + (j,)] + row[j]
+    return result
+
+
+# ---------------------------------------------------------------------------
+# learned absolute positions
+
+
+def add_position_table(x, table, positions=None, *, offset=0):
+    """x + table[position] for every row of x (..., seq, dim)."""
+    x = np.asarray(x, dtype=np.float64)
+    table = np.asarray(table, dtype=np.float64)
+    if positions is None:
+        positions = np.arange(x.shape[-2])
+    positions = np.broadcast_to(np.asarray(positions), x.shape[:-1])
+    result = x.copy()
+    for index in np.ndindex(x.shape[:-1]):
+        p = int(positions[index]) + offset
+        if not 0 <= p < table.shape[0]:
+            raise ValueError(f"position {p} outside [0, {table.shape[0]})")
+        for j in range(x.shape[-1]):
+            result[index + (j,)] = x[index + (j,)] + table[p, j]
+    return result
+
+
+# ---------------------------------------------------------------------------
+# rotary position embedding
+
+
+def rope_inv_freq(rotary_dim, base=10000.0):
+    """inv_freq[i] = base ** (-2*i/rotary_dim) for i < rotary_dim/2."""
+    return [base ** (-2 * i / rotary_dim) for i in range(rotary_dim // 2)]
+
+
+def rope_pair_indices(i, rotary_dim, layout):
+    """The two features that form pair i."""
+    if layout == "interleaved":
+        return 2 * i, 2 * i + 1
+    return i, i + rotary_dim // 2
+
+
+def rotate_vector(vector, position, inv_freq, layout="interleaved", attention_factor=1.0,
+                  inverse=False):
+    """Rotate one vector: pair i by position * inv_freq[i], then scale.
+
+    Features past 2*len(inv_freq) are copied unchanged.  `inverse` rotates
+    by the negative angle and divides by the attention factor.
+    """
+    result = [float(value) for value in vector]
+    rotary_dim = 2 * len(inv_freq)
+    for i, frequency in enumerate(inv_freq):
+        theta = position * frequency
+        cos, sin = math.cos(theta), math.sin(theta)
+        if inverse:
+            cos, sin = cos / attention_factor, -sin / attention_factor
+        else:
+            cos, sin = cos * attention_factor, sin * attention_factor
+        first, second = rope_pair_indices(i, rotary_dim, layout)
+        a, b = result[first], result[second]
+        result[first] = a * cos - b * sin
+        result[second] = a * sin + b * cos
+    return result
+
+
+def apply_rotary(x, positions, inv_freq, *, layout="interleaved", attention_factor=1.0,
+                 inverse=False):
+    """Rotate every vector x[..., :] by its position (positions broadcast to x.shape[:-1])."""
+    x = np.asarray(x, dtype=np.float64)
+    positions = np.broadcast_to(np.asarray(positions, dtype=np.float64), x.shape[:-1])
+    result = np.zeros(x.shape)
+    for index in np.ndindex(x.shape[:-1]):
+        result[index] = rotate_vector(x[index], float(positions[index]), inv_freq, layout,
+                                      attention_factor, inverse)
+    return result
+
+
+def rope_cos_sin(positions, inv_freq, attention_factor=1.0):
+    """cos and sin of position * inv_freq[i], times the attention factor."""
+    positions = np.asarray(positions, dtype=np.float64)
+    cos = np.zeros(positions.shape + (len(inv_freq),))
+    sin = np.zeros(positions.shape + (len(inv_freq),))
+    for index in np.ndindex(positions.shape):
+        for i, frequency in enumerate(inv_freq):
+            theta = float(positions[index]) * frequency
+            cos[index + (i,)] = math.cos(theta) * attention_factor
+            sin[index + (i,)] = math.sin(theta) * attention_factor
+    return cos, sin

@@ -1,0 +1,285 @@
+"""Rotary position embedding (RoPE): RotaryEmbedding, apply_rotary and the cos/sin entry points.
+
+Every call reduces to the same two kernels: a cos/sin table with one row per
+distinct position (float64 angles, rounded once to the data's dtype, the
+attention factor folded in), and a rotation of every row of x by the table
+row its position maps to.  Scaling methods only change the frequencies and
+the factor (see ``_frequencies``), never the kernels.
+"""
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from . import _validate as v
+from ._dispatch import kernels
+from ._frequencies import resolve_rope_scaling
+from ._rows import RowOutput, cos_sin_table, row_table
+from ._threads import threads_for
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _data(x, name: str, dim: int) -> np.ndarray:
+    x = v.float_array(x, name)
+    if x.ndim < 1 or x.shape[-1] != dim:
+        raise ValueError(f"{name} must have shape (..., {dim}) (last axis = dim), got {x.shape}")
+    return x
+
+
+def _call_positions(lead: tuple, positions, offset: float, seq_axis, name: str = "x"):
+    """Positions of one call: (float64 values, their index shape against `lead`)."""
+    if positions is None:
+        if not lead:
+            raise ValueError(f"{name} has no sequence axis (shape (dim,)); pass positions")
+        axis = v.seq_axis_index(seq_axis, len(lead) + 1)
+        values = v.with_offset(np.arange(lead[axis], dtype=np.float64), offset)
+        return values, (lead[axis],) + (1,) * (len(lead) - 1 - axis)
+    values = v.with_offset(v.positions_array(positions), offset)
+    v.broadcast_target(values.shape, lead, "positions", f"{name}.shape[:-1]")
+    return values, values.shape
+
+
+def _seq_len(values: np.ndarray) -> int:
+    # "max(positions) + 1" of the call, at least 1.
+    return max(1, math.floor(values.max()) + 1) if values.size else 1
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, half: bool,
+            inverse: bool, out, in_place: bool) -> np.ndarray:
+    # index: for each row of x (C order), the cos/sin row it uses.
+    rows = RowOutput(x, out, in_place)
+    kernels.rotate_rows(rows.x_rows, rows.rows, cos, sin, index, half, inverse,
+                        threads_for(x.size))
+    return rows.result()
+
+
+class RotaryEmbedding:
+    """Rotary position embedding for query/key arrays of head dimension `dim`.
+
+    Pair ``i`` at position ``p`` is rotated by ``theta = p * inv_freq[i]``:
+    ``(a, b) -> (a*cos - b*sin, a*sin + b*cos)``, then scaled by
+    ``attention_factor``.  Angles are formed in float64.
+
+    Parameters
+    ----------
+    dim : int
+        Head dimension: the last axis of the arrays it rotates.
+    base : float, optional
+        ``inv_freq[i] = base ** (-2*i/rotary_dim)`` before scaling (Hugging
+        Face's ``rope_theta``).
+    rotary_dim : int, optional
+        How many leading features rotate: even, ``2 <= rotary_dim <= dim``;
+        default `dim`, which must then be even.  Features past it pass
+        through unchanged (partial rotary, GPT-NeoX/Phi).
+    layout : {"interleaved", "half"}, optional
+        ``"interleaved"``: pair ``i`` is ``(x[2i], x[2i+1])`` (GPT-J, Meta
+        Llama, llama.cpp normal).  ``"half"``: pair ``i`` is ``(x[i],
+        x[i + rotary_dim/2])`` (GPT-NeoX, Hugging Face ``rotate_half``).
+    scaling : dict, optional
+        Hugging Face ``rope_scaling`` vocabulary: ``{"rope_type": "linear",
+        "factor": 4.0}`` etc.; see the README for every method.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc_fast as pf
+    >>> rope = pf.RotaryEmbedding(64, layout="half")
+    >>> q = np.ones((1, 4, 10, 64), np.float32)
+    >>> rope.apply(q).shape
+    (1, 4, 10, 64)
+    """
+
+    def __init__(self, dim, *, base=10000.0, rotary_dim=None, layout="interleaved",
+                 scaling=None):
+        dim = v.integer(dim, "dim", minimum=1)
+        if rotary_dim is None:
+            if dim % 2:
+                raise ValueError(f"dim must be even when rotary_dim is not given, got {dim}")
+            rotary_dim = dim
+        rotary_dim = v.integer(rotary_dim, "rotary_dim")
+        if rotary_dim % 2 or not 2 <= rotary_dim <= dim:
+            raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= dim={dim}, "
+                             f"got {rotary_dim}")
+        base = v.real(base, "base", positive=True)
+        layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
+        if scaling is not None and not isinstance(scaling, Mapping):
+            raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        self._dim = dim
+        self._rotary_dim = rotary_dim
+        self._base = base
+        self._layout = layout
+        self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
+                                                 rotary_dim=rotary_dim, base=base)
+
+    @classmethod
+    def from_hf_config(cls, config) -> "RotaryEmbedding":
+        """Build the rotary embedding a Hugging Face model config describes.
+
+        Parameters
+        ----------
+        config : dict or str or os.PathLike
+            A parsed ``config.json`` or its path.  Read as transformers' own
+            configuration class for its ``model_type`` reads it (head_dim,
+            partial rotary, ``rope_theta``/``rope_scaling`` or
+            ``rope_parameters``, per-model rules).
+
+        Returns
+        -------
+        RotaryEmbedding
+        """
+        from ._hf_config import rotary_kwargs_from_hf_config
+
+        kwargs = rotary_kwargs_from_hf_config(config)
+        return cls(kwargs.pop("dim"), **kwargs)
+
+    dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
+    rotary_dim = property(lambda self: self._rotary_dim, doc="Leading features that rotate.")
+    layout = property(lambda self: self._layout, doc='"interleaved" or "half".')
+    base = property(lambda self: self._base, doc="Frequency base (rope_theta).")
+    inv_freq = property(lambda self: self._frequencies.inv_freq,
+                        doc="float64 (rotary_dim//2,) frequencies, read-only.")
+    attention_factor = property(lambda self: float(self._frequencies.attention_factor),
+                                doc="Factor multiplying the rotated features (1.0 unless scaled).")
+
+    @property
+    def scaling(self) -> dict | None:
+        """The scaling dict (a copy), or None."""
+        params = self._frequencies.params
+        return None if params is None else dict(params)
+
+    def __repr__(self) -> str:
+        return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
+                f"layout={self._layout!r}, scaling={self.scaling!r})")
+
+    def inv_freq_for(self, seq_len) -> np.ndarray:
+        """Frequencies a call with ``max(positions) + 1 == seq_len`` uses (float64, read-only)."""
+        return self._frequencies.inv_freq_for(v.integer(seq_len, "seq_len", minimum=1))
+
+    def _table(self, values: np.ndarray, dtype: np.dtype, inverse: bool = False):
+        seq_len = _seq_len(values)
+        freqs = self._frequencies.inv_freq_for(seq_len)
+        factor = float(self._frequencies.attention_factor_for(seq_len))
+        return cos_sin_table(values.reshape(-1), freqs, 1.0 / factor if inverse else factor,
+                             dtype)
+
+    def apply(self, x, positions=None, *, offset=0, seq_axis=-2, inverse=False, out=None):
+        """Rotate the pairs of `x` by their positions.
+
+        Parameters
+        ----------
+        x : ndarray of shape (..., dim), float32 or float64
+            Queries or keys (never values).
+        positions : array_like of real numbers, optional
+            Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
+            seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
+            Default ``arange(n)`` laid along `seq_axis`.
+        offset : float, optional
+            Added to every position (the KV-cache length when decoding).
+        seq_axis : int, optional
+            The sequence axis when `positions` is None: -2 for ``(batch,
+            heads, seq, dim)``, -3 for ``(batch, seq, heads, dim)``.
+        inverse : bool, optional
+            Rotate by ``-theta`` and divide by the attention factor.
+        out : ndarray of x's shape and dtype, optional
+            May be `x` itself (in place).
+
+        Returns
+        -------
+        ndarray of x's shape and dtype
+        """
+        x = _data(x, "x", self._dim)
+        offset = v.real(offset, "offset")
+        inverse = _flag(inverse, "inverse")
+        values, index_shape = _call_positions(x.shape[:-1], positions, offset, seq_axis)
+        out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
+        cos, sin = self._table(values, x.dtype, inverse)
+        return _rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
+                       self._layout == "half", inverse, out, in_place)
+
+    def apply_qk(self, q, k, positions=None, *, offset=0, seq_axis=-2, inverse=False,
+                 out_q=None, out_k=None):
+        """Rotate queries and keys with one cos/sin computation.
+
+        `q` and `k` may have different head counts (grouped-query attention)
+        and dtypes; their positions (explicit, or along `seq_axis`) must agree.
+        Arguments as in `apply`; `out_q` may be `q` and `out_k` may be `k`.
+
+        Returns
+        -------
+        (q_rot, k_rot)
+        """
+        q = _data(q, "q", self._dim)
+        k = _data(k, "k", self._dim)
+        offset = v.real(offset, "offset")
+        inverse = _flag(inverse, "inverse")
+        values, q_index = _call_positions(q.shape[:-1], positions, offset, seq_axis, "q")
+        if positions is None:
+            k_values, k_index = _call_positions(k.shape[:-1], None, offset, seq_axis, "k")
+            if k_values.shape != values.shape:
+                raise ValueError(f"q and k must have the same length along seq_axis={seq_axis}, "
+                                 f"got {values.shape[0]} and {k_values.shape[0]}")
+        else:
+            v.broadcast_target(values.shape, k.shape[:-1], "positions", "k.shape[:-1]")
+            k_index = values.shape
+        out_q, q_in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
+                                     must_not_overlap=(k,))
+        out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
+                                     must_not_overlap=(q, out_q))
+        half = self._layout == "half"
+        q_cos, q_sin = self._table(values, q.dtype, inverse)
+        k_cos, k_sin = (q_cos, q_sin) if k.dtype == q.dtype else self._table(values, k.dtype,
+                                                                               inverse)
+        q_rot = _rotate(q, q_cos, q_sin, row_table(q_index, q.shape[:-1]), half, inverse,
+                        out_q, q_in_place)
+        k_rot = _rotate(k, k_cos, k_sin, row_table(k_index, k.shape[:-1]), half, inverse,
+                        out_k, k_in_place)
+        return q_rot, k_rot
+
+    def cos_sin(self, positions, *, dtype=np.float32):
+        """Return ``(cos, sin)`` of the rotation angles, attention factor applied.
+
+        Parameters
+        ----------
+        positions : array_like of real numbers, any shape
+        dtype : {np.float32, np.float64}, optional
+
+        Returns
+        -------
+        cos, sin : ndarrays of shape positions.shape + (rotary_dim//2,)
+        """
+        values = v.positions_array(positions)
+        dtype = v.table_dtype(dtype)
+        cos, sin = self._table(values, dtype)
+        shape = values.shape + (self._rotary_dim // 2,)
+        return cos.reshape(shape), sin.reshape(shape)
+
+
+def apply_rotary(x, positions=None, *, base=10000.0, interpolation_factor=1.0,
+                 layout="interleaved", rotary_dim=None, offset=0, seq_axis=-2, inverse=False,
+                 out=None):
+    """Rotate `x` in one call, without building a `RotaryEmbedding`.
+
+    ``interpolation_factor`` is linear position interpolation: positions are
+    divided by it (``inv_freq / factor``).  Other arguments as in
+    `RotaryEmbedding` and `RotaryEmbedding.apply`; ``dim`` is
+    ``x.shape[-1]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc_fast as pf
+    >>> x = np.ones((2, 8, 16), np.float32)
+    >>> y = pf.apply_rotary(x, layout="half", offset=100)
+    """
+    x = v.float_array(x, "x")
+    if x.ndim < 1:
+        raise ValueError(f"x must have shape (..., dim), got {x.shape}")
+    factor = v.real(interpolation_factor, "interpolation_factor", positive=True)
+    scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    rope = RotaryEmbedding(x.shape[-1], base=base, rotary_dim=rotary_dim, layout=layout,
+                           scaling=scaling)
+    return rope.apply(x, positions, offset=offset, seq_axis=seq_axis, inverse=inverse, out=out)
