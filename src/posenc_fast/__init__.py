@@ -4,7 +4,8 @@ from ._info import build_info
 from ._threads import get_num_threads, set_num_threads
 from ._version import __version__
 from .absolute import add_position_table, add_sinusoidal, sinusoidal, sinusoidal_table
-from .rotary import RotaryEmbedding, apply_rotary
+from .rotary import (RotaryEmbedding, apply_rotary, apply_rotary_cos_sin,
+                     apply_rotary_cos_sin_qk)
 
 __all__ = [
     "RotaryEmbedding",
@@ -12,6 +13,8 @@ __all__ = [
     "add_position_table",
     "add_sinusoidal",
     "apply_rotary",
+    "apply_rotary_cos_sin",
+    "apply_rotary_cos_sin_qk",
     "build_info",
     "get_num_threads",
     "set_num_threads",
