@@ -1,0 +1,295 @@
+"""Read a Hugging Face ``config.json`` into ``RotaryEmbedding`` keyword arguments.
+
+The rules follow transformers 5's configuration classes and rotary modules for
+each ``model_type`` (``RotaryEmbeddingConfigMixin`` plus the per-model
+overrides), and accept both the transformers-4 form (``rope_theta`` +
+``rope_scaling``) and the transformers-5 form (``rope_parameters``).
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+from collections.abc import Mapping
+
+from ._frequencies import ROPE_TYPES
+
+__all__ = ["rotary_kwargs_from_hf_config"]
+
+_DEFAULT_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
+
+# max_position_embeddings when config.json leaves it out: each class's default
+_MAX_POSITIONS = {
+    "llama": 2048,  # LlamaConfig
+    "mistral": 131072,  # MistralConfig (4096 * 32)
+    "qwen2": 32768,  # Qwen2Config
+    "qwen3": 32768,  # Qwen3Config
+    "gemma": 8192,  # GemmaConfig
+    "gemma2": 8192,  # Gemma2Config
+    "phi": 2048,  # PhiConfig
+    "phi3": 4096,  # Phi3Config
+    "gpt_neox": 2048,  # GPTNeoXConfig
+    "stablelm": 4096,  # StableLmConfig
+    "deepseek_v3": 4096,  # DeepseekV3Config
+    "gptj": 2048,  # GPTJConfig.n_positions
+}
+
+# head_dim when config.json leaves it out (others derive hidden_size // num_attention_heads)
+_HEAD_DIM_DEFAULTS = {
+    "qwen3": 128,  # Qwen3Config.head_dim = 128
+    "gemma": 256,  # GemmaConfig.head_dim = 256
+    "gemma2": 256,  # Gemma2Config.head_dim = 256
+}
+
+# partial_rotary_factor when config.json gives none (a top-level key or rope_parameters entry wins)
+_PARTIAL_DEFAULTS = {
+    "phi": 0.5,  # PhiConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.5)
+    "stablelm": 0.25,  # StableLmConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25)
+}
+
+# models whose attention rotates only int(head_dim * partial_rotary_factor) leading features
+_PARTIAL_MODELS = {"phi", "phi3", "gpt_neox", "stablelm"}
+
+# Llama-style models: compute_default_rope_parameters ignores partial_rotary_factor and the whole head rotates
+_FULL_HEAD_MODELS = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "deepseek_v3"}
+
+_SCALED_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
+
+
+def _load(config) -> tuple[dict, str]:
+    """Return (config dict, description for messages)."""
+    if isinstance(config, Mapping):
+        return dict(config), "config"
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except OSError as error:
+            raise ValueError(f"cannot read config file {path!r}: {error}") from error
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"config file {path!r} is not valid JSON: {error}") from error
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {path!r} must hold a JSON object, got {type(data).__name__}")
+        return data, f"config file {path!r}"
+    raise TypeError(f"config must be a dict or a path to a config.json, got {type(config).__name__}")
+
+
+def _int(cfg: Mapping, key: str, where: str, default=None) -> int:
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise ValueError(f"{where} is missing {key!r}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{where}: {key!r} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _real(value, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{where}: {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _head_dim(cfg: Mapping, model_type: str, where: str) -> int:
+    if model_type == "gptj":
+        # GPTJConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
+        hidden = _int(cfg, "n_embd", where) if "n_embd" in cfg else _int(cfg, "hidden_size", where)
+        heads = _int(cfg, "n_head", where) if "n_head" in cfg else _int(cfg, "num_attention_heads", where)
+        return hidden // heads
+    if model_type in _HEAD_DIM_DEFAULTS and "head_dim" not in cfg:
+        return _HEAD_DIM_DEFAULTS[model_type]
+    if cfg.get("head_dim") is not None:
+        return _int(cfg, "head_dim", where)
+    # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
+    return _int(cfg, "hidden_size", where) // _int(cfg, "num_attention_heads", where)
+
+
+def _rope_parameters(cfg: Mapping, where: str) -> dict:
+    """The rope parameter dict transformers standardises: rope_scaling wins over rope_parameters."""
+    # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
+    labels = set(cfg.get("layer_types") or ()) | {"full_attention", "sliding_attention"}
+    nested = sorted(key for key in params if key in labels and isinstance(params[key], Mapping))
+    if nested:
+        raise ValueError(
+            f"{where}: rope_parameters holds one RoPE per layer type {nested}; "
+            "build one RotaryEmbedding per layer type instead"
+        )
+    return dict(params)
+
+
+def _theta(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
+    if params.get("rope_theta") is not None:
+        return _real(params["rope_theta"], "rope_theta", where)
+    if model_type == "gpt_neox":
+        # GPTNeoXConfig.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
+        value, key = cfg.get("rotary_emb_base", _DEFAULT_THETA), "rotary_emb_base"
+    else:
+        value, key = cfg.get("rope_theta", _DEFAULT_THETA), "rope_theta"
+    if value is None:
+        raise ValueError(f"{where}: {key!r} is null")
+    return _real(value, key, where)
+
+
+def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
+    if params.get("partial_rotary_factor") is not None:
+        value, key = params["partial_rotary_factor"], "rope_parameters['partial_rotary_factor']"
+    elif model_type == "gpt_neox":
+        # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25))
+        value, key = cfg.get("rotary_pct", 0.25), "rotary_pct"
+    else:
+        value = cfg.get("partial_rotary_factor")
+        if value is None:
+            value = _PARTIAL_DEFAULTS.get(model_type, 1.0)
+        key = "partial_rotary_factor"
+    value = _real(value, key, where)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{where}: {key} must be in (0, 1], got {value!r}")
+    return value
+
+
+def _rope_type(params: Mapping, model_type: str, where: str) -> str:
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if not isinstance(rope_type, str):
+        raise ValueError(f"{where}: rope_type must be a string, got {rope_type!r}")
+    if rope_type == "su" or (model_type == "phi3" and rope_type == "yarn"):
+        # Phi3Config.convert_rope_params_to_dict renames the legacy "su" and "yarn" to "longrope"
+        return "longrope"
+    return rope_type
+
+
+def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, where: str) -> dict | None:
+    if rope_type == "default":
+        return None
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"{where}: rope_type {rope_type!r} is not supported; expected one of {sorted(ROPE_TYPES)}"
+        )
+    # transformers ignores (with a warning) keys the method does not use
+    scaling = {key: params[key] for key in ROPE_TYPES[rope_type] if params.get(key) is not None}
+    scaling["rope_type"] = rope_type
+
+    def max_positions() -> int:
+        return _int(cfg, "max_position_embeddings", where, _MAX_POSITIONS.get(model_type))
+
+    if rope_type == "dynamic":
+        # _compute_dynamic_ntk_parameters uses max_position_embeddings as the original length, whatever else is set
+        scaling["original_max_position_embeddings"] = max_positions()
+    elif rope_type in _SCALED_WITH_ORIGINAL:
+        # standardize_rope_params: a top-level original_max_position_embeddings wins over the one in the dict
+        # (Phi3Config always has one: its class default is 4096); else max_position_embeddings
+        if cfg.get("original_max_position_embeddings") is not None:
+            scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        elif model_type == "phi3":
+            scaling["original_max_position_embeddings"] = 4096
+        elif "original_max_position_embeddings" not in scaling:
+            scaling["original_max_position_embeddings"] = max_positions()
+        if rope_type in ("yarn", "longrope") and "factor" not in scaling:
+            # _compute_yarn_parameters / _compute_longrope_parameters: factor = max_pos / original
+            scaling["factor"] = max_positions() / _real(
+                scaling["original_max_position_embeddings"], "original_max_position_embeddings", where
+            )
+    return scaling
+
+
+def rotary_kwargs_from_hf_config(config) -> dict:
+    """Keyword arguments for ``RotaryEmbedding`` from a Hugging Face model config.
+
+    Parameters
+    ----------
+    config : dict or str or os.PathLike
+        A parsed ``config.json`` or the path to one. Both the transformers-4
+        form (``rope_theta`` + ``rope_scaling``) and the transformers-5 form
+        (``rope_parameters``, possibly holding ``rope_theta`` and
+        ``partial_rotary_factor``) are read. Per-model rules follow
+        transformers 5 for ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
+        ``gemma``, ``gemma2``, ``phi``, ``phi3``, ``gpt_neox``, ``gptj``,
+        ``stablelm`` and ``deepseek_v3``. Another ``model_type`` (or none) is
+        read with the generic rules: ``head_dim`` or ``hidden_size //
+        num_attention_heads``, ``partial_rotary_factor`` honoured, layout
+        ``"half"``.
+
+    Returns
+    -------
+    dict
+        ``dim`` (int, the last axis of the q/k the model rotates),
+        ``rotary_dim`` (int, how many of those rotate), ``base`` (float),
+        ``layout`` (``"half"`` or ``"interleaved"``) and ``scaling`` (None or
+        a self-contained dict for ``resolve_rope_scaling``: the method's keys
+        only, ``original_max_position_embeddings`` and ``factor`` filled in
+        as transformers derives them).
+
+    Raises
+    ------
+    TypeError
+        If ``config`` is neither a mapping nor a path.
+    ValueError
+        If the file cannot be read or is not a JSON object, a needed key is
+        missing (named in the message), a value is invalid, the RoPE type is
+        unsupported or the config holds one RoPE per layer type (Gemma 3).
+
+    Notes
+    -----
+    - Phi-3 renames ``"su"`` (and ``"yarn"``) to ``"longrope"``, and its
+      top-level ``original_max_position_embeddings`` (class default 4096)
+      wins. transformers 5.24 itself rejects a ``"su"`` dict that lacks
+      ``original_max_position_embeddings``; this reads it as transformers 4
+      did.
+    - GPT-NeoX reads ``rotary_emb_base`` and ``rotary_pct`` (default 0.25).
+    - GPT-J rotates ``rotary_dim`` (default 64) features in interleaved
+      pairs with a fixed base of 10000 and no scaling.
+    - DeepSeek-V3 rotates the ``qk_rope_head_dim`` (default 64) features,
+      interleaved unless ``rope_interleave`` is false; those features are
+      the whole array it rotates, so ``dim == rotary_dim``.
+    - Llama-style models (llama, mistral, qwen2, qwen3, gemma, gemma2,
+      deepseek_v3) rotate the whole head and ignore ``partial_rotary_factor``
+      for default RoPE; with a scaled RoPE and ``partial_rotary_factor < 1``
+      transformers computes fewer frequencies than it rotates, which is
+      rejected here.
+    """
+    cfg, where = _load(config)
+    model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
+    where = f"{where} (model_type {model_type!r})"
+
+    if model_type == "gptj":
+        # GPTJRotaryEmbedding: create_sinusoidal_positions(n_positions, rotary_dim or hidden_size), base 10000
+        head_dim = _head_dim(cfg, model_type, where)
+        rotary_dim = cfg.get("rotary_dim", 64)
+        rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
+        return dict(dim=head_dim, rotary_dim=rotary_dim, base=_DEFAULT_THETA, layout="interleaved", scaling=None)
+
+    params = _rope_parameters(cfg, where)
+    base = _theta(cfg, params, model_type, where)
+    rope_type = _rope_type(params, model_type, where)
+    scaling = _scaling(cfg, params, rope_type, model_type, where)
+    partial = _partial_factor(cfg, params, model_type, where)
+
+    if model_type == "deepseek_v3":
+        # DeepseekV3Config: head_dim = qk_rope_head_dim; the attention rotates q_rot / k_rot only
+        dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64)
+        layout = "half" if cfg.get("rope_interleave", True) is False else "interleaved"
+    else:
+        dim = _head_dim(cfg, model_type, where)
+        layout = "half"
+        if model_type in _FULL_HEAD_MODELS:
+            rotary_dim = dim
+        else:
+            rotary_dim = int(dim * partial)
+    if model_type in _FULL_HEAD_MODELS and partial < 1.0 and scaling is not None:
+        raise ValueError(
+            f"{where}: partial_rotary_factor={partial!r} with rope_type {rope_type!r}: transformers computes "
+            f"int(head_dim * partial_rotary_factor) frequencies but this model rotates all {dim} head features"
+        )
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"{where}: the rotated width must be even and >= 2, got rotary_dim={rotary_dim} "
+            f"(head_dim={dim}, partial_rotary_factor={partial!r})"
+        )
+    return dict(dim=dim, rotary_dim=rotary_dim, base=base, layout=layout, scaling=scaling)
