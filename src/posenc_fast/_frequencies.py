@@ -148,9 +148,19 @@ def _factor_list(params: Mapping, key: str, rope_type: str, rotary_dim: int) -> 
 # --------------------------------------------------------------------------- formulas
 
 
+def _base_powers(base: float, exponent_sign: int, rotary_dim: int) -> np.ndarray:
+    """``base ** (sign * 2i / rotary_dim)`` for each pair i, by libm's pow.
+
+    Python's float pow is libm's (as in ``reference.py``); NumPy's SIMD power
+    may differ from it by an ulp.
+    """
+    return np.array([base ** (exponent_sign * 2 * i / rotary_dim) for i in range(rotary_dim // 2)],
+                    dtype=np.float64)
+
+
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
-    """``1 / base ** (2i / rotary_dim)``, HF's ``compute_default_rope_parameters``."""
-    return 1.0 / (base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    """``base ** (-2i / rotary_dim)`` (API.md); HF's ``1 / base ** (2i/d)`` to float32 rounding."""
+    return _base_powers(base, -1, rotary_dim)
 
 
 def _get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -187,7 +197,7 @@ def _yarn(base: float, rotary_dim: int, p: dict) -> tuple[np.ndarray, float]:
 
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
     extrapolation_weight = 1.0 - ramp
-    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    pos_freqs = _base_powers(base, 1, dim)
     inv_freq_extrapolation = 1.0 / pos_freqs
     inv_freq_interpolation = 1.0 / (factor * pos_freqs)
     inv_freq = (
@@ -224,7 +234,7 @@ def _longrope_attention(p: dict) -> float:
 
 
 def _longrope_inv_freq(base: float, rotary_dim: int, ext_factors: np.ndarray) -> np.ndarray:
-    return 1.0 / (ext_factors * base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    return 1.0 / (ext_factors * _base_powers(base, 1, rotary_dim))
 
 
 def _dynamic_base(base: float, rotary_dim: int, factor: float, original: int, seq_len: int) -> float:

@@ -264,8 +264,8 @@ def apply_rotary(x, positions=None, *, base=10000.0, interpolation_factor=1.0,
                  out=None):
     """Rotate `x` in one call, without building a `RotaryEmbedding`.
 
-    ``interpolation_factor`` is linear position interpolation: positions are
-    divided by it (``inv_freq / factor``).  Other arguments as in
+    ``interpolation_factor`` (>= 1) is linear position interpolation:
+    positions are divided by it (``inv_freq / factor``).  Other arguments as in
     `RotaryEmbedding` and `RotaryEmbedding.apply`; ``dim`` is
     ``x.shape[-1]``.
 
@@ -278,7 +278,10 @@ def apply_rotary(x, positions=None, *, base=10000.0, interpolation_factor=1.0,
     x = v.float_array(x, "x")
     if x.ndim < 1:
         raise ValueError(f"x must have shape (..., dim), got {x.shape}")
-    factor = v.real(interpolation_factor, "interpolation_factor", positive=True)
+    factor = v.real(interpolation_factor, "interpolation_factor")
+    if factor < 1.0:
+        raise ValueError(f"interpolation_factor must be >= 1 (positions are divided by it), "
+                         f"got {factor}")
     scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
     rope = RotaryEmbedding(x.shape[-1], base=base, rotary_dim=rotary_dim, layout=layout,
                            scaling=scaling)
