@@ -253,12 +253,13 @@ def add_position_table(x, table, positions=None, *, offset=0, out=None):
         # Python ints: no overflow for huge or unsigned positions.
         lowest, highest = int(index.min()) + offset, int(index.max()) + offset
         if lowest < 0 or highest >= max_len:
-            raise ValueError(f"positions (plus offset) must lie in [0, max_len) = [0, {max_len}), "
-                             f"got largest {highest} and smallest {lowest}: a learned table "
-                             f"has no row for a position outside it")
+            raise ValueError(f"positions (plus offset) must lie in [0, max_len={max_len}), got "
+                             f"largest {highest} and smallest {lowest}: a learned table has "
+                             f"no row for a position outside it")
     if table.strides[1] != table.itemsize:
         table = np.ascontiguousarray(table)
     rows = RowOutput(x, out, in_place)
-    table_rows = np.broadcast_to(index.astype(np.intp) + offset, x.shape[:-1]).reshape(-1)
+    table_rows = np.ascontiguousarray(
+        np.broadcast_to(index.astype(np.intp) + offset, x.shape[:-1])).reshape(-1)
     kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
     return rows.result()

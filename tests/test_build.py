@@ -1,0 +1,102 @@
+"""build_info, threads, instruction-set variants and the info command."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import posenc_fast as pf
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment, timeout=120)
+
+
+def test_build_info_reports_the_build():
+    info = pf.build_info()
+    assert info["version"] == pf.__version__
+    assert info["compiler"]
+    assert "baseline" in info["isa_built"] and "baseline" in info["isa_supported"]
+    assert info["isa_in_use"] in info["isa_built"] and info["isa_in_use"] in info["isa_supported"]
+    assert info["simd"] in ("scalar", "sse2", "avx", "avx2", "avx512", "neon")
+    assert isinstance(info["openmp"], bool)
+    assert info["num_threads"] == pf.get_num_threads()
+
+
+def test_set_num_threads():
+    previous = pf.get_num_threads()
+    try:
+        pf.set_num_threads(3)
+        assert pf.get_num_threads() == 3 and pf.build_info()["num_threads"] == 3
+        with pytest.raises(ValueError, match="n must be >= 1"):
+            pf.set_num_threads(0)
+        with pytest.raises(TypeError, match="n must be an integer"):
+            pf.set_num_threads(2.0)
+        with pytest.raises(TypeError, match="n must be an integer"):
+            pf.set_num_threads(True)
+        assert pf.get_num_threads() == 3
+    finally:
+        pf.set_num_threads(previous)
+
+
+def test_thread_count_from_environment():
+    code = "import posenc_fast as pf; print(pf.get_num_threads())"
+    assert run_python(code, POSENC_FAST_NUM_THREADS="5").stdout.strip() == "5"
+    bad = run_python(code, POSENC_FAST_NUM_THREADS="zero")
+    assert bad.returncode == 0 and "not a positive integer" in bad.stderr
+
+
+def test_every_built_variant_gives_bitwise_equal_results():
+    code = ("import numpy as np, posenc_fast as pf, sys\n"
+            "x = np.random.default_rng(0).standard_normal((3, 50, 64)).astype(np.float32)\n"
+            "r = pf.RotaryEmbedding(64, layout='half').apply(x, offset=10**6)\n"
+            "t = pf.sinusoidal_table(300, 37, offset=12345)\n"
+            "i = pf.RotaryEmbedding(64).apply(x, np.arange(50) * 7)\n"
+            "sys.stdout.buffer.write(r.tobytes() + t.tobytes() + i.tobytes())\n"
+            "print(pf.build_info()['isa_in_use'], file=sys.stderr)\n")
+    outputs = {}
+    info = pf.build_info()
+    for variant in info["isa_built"]:
+        if variant not in info["isa_supported"]:
+            continue
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
+                                env={**os.environ, "POSENC_FAST_ISA": variant})
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.decode().strip().endswith(variant)
+        outputs[variant] = result.stdout
+    assert len(set(outputs.values())) == 1, f"variants differ: {list(outputs)}"
+
+
+def test_unknown_isa_request_falls_back_with_a_warning():
+    result = run_python("import posenc_fast as pf; print(pf.build_info()['isa_in_use'])",
+                        POSENC_FAST_ISA="sve9")
+    assert result.returncode == 0
+    assert "POSENC_FAST_ISA='sve9' is not available" in result.stderr
+
+
+def test_info_command():
+    result = subprocess.run([sys.executable, "-m", "posenc_fast", "info"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0
+    for key in ("version", "compiler", "isa_in_use", "openmp", "num_threads"):
+        assert key in result.stdout
+    as_json = subprocess.run([sys.executable, "-m", "posenc_fast", "info", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    assert json.loads(as_json.stdout)["version"] == pf.__version__
+
+
+def test_gil_is_released_threads_agree():
+    from concurrent.futures import ThreadPoolExecutor
+
+    rope = pf.RotaryEmbedding(128, layout="half")
+    x = np.random.default_rng(1).standard_normal((8, 256, 128)).astype(np.float32)
+    want = rope.apply(x)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: rope.apply(x), range(16)))
+    for result in results:
+        np.testing.assert_array_equal(result, want)
