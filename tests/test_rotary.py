@@ -199,9 +199,10 @@ def test_interpolation_8000_with_factor_4_is_2000_unscaled():
     x = random((2, 64))
     scaled = pf.RotaryEmbedding(64, scaling={"rope_type": "linear", "factor": 4.0})
     plain = pf.RotaryEmbedding(64)
-    np.testing.assert_array_equal(scaled.apply(x, 8000), plain.apply(x, 2000))
+    # Equal to rounding: the two cos/sin values come from different anchors.
+    np.testing.assert_allclose(scaled.apply(x, 8000), plain.apply(x, 2000), rtol=0, atol=1e-13)
     np.testing.assert_array_equal(pf.apply_rotary(x, 8000, interpolation_factor=4.0),
-                                  plain.apply(x, 2000))
+                                  scaled.apply(x, 8000))
     factor3 = pf.RotaryEmbedding(64, scaling={"rope_type": "linear", "factor": 3.0})
     np.testing.assert_allclose(factor3.apply(x, 6000), plain.apply(x, 2000), atol=1e-12)
 
@@ -447,3 +448,40 @@ def test_apply_rotary_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         pf.apply_rotary(x, out=x, **kwargs)
     assert (x == 1).all()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape, positions, seq_axis", [
+    ((2, 4, 300, 64), None, -2),
+    ((2, 300, 4, 64), None, -3),
+    ((7, 4, 64), np.arange(7, dtype=np.int64).reshape(7, 1) * 31, -2),
+    ((3, 5, 1, 64), np.array([[[9]], [[0]], [[4000]]]), -2),
+    ((2, 3, 1, 64), 77, -2),
+    ((2, 3, 9, 64), np.arange(9, dtype=np.int64) + 1020, -2),
+])
+def test_compiled_fast_path_equals_general_path(layout, dtype, x_shape, positions, seq_axis):
+    # An int offset with int64 positions takes the compiled path; a float
+    # offset sends the same call through the general Python path.
+    rope = pf.RotaryEmbedding(64, layout=layout, rotary_dim=48)
+    x = random(x_shape, dtype, seed=9)
+    fast = rope.apply(x, positions, offset=3, seq_axis=seq_axis)
+    general = rope.apply(x, positions, offset=3.0, seq_axis=seq_axis)
+    np.testing.assert_array_equal(fast, general)
+    fast_q, fast_k = rope.apply_qk(x, x.copy(), positions, offset=3, seq_axis=seq_axis,
+                                   inverse=True)
+    np.testing.assert_array_equal(fast_q, rope.apply(x, positions, offset=3.0,
+                                                     seq_axis=seq_axis, inverse=True))
+    np.testing.assert_array_equal(fast_k, fast_q)
+    in_place = x.copy()
+    rope.apply(in_place, positions, offset=3, seq_axis=seq_axis, out=in_place)
+    np.testing.assert_array_equal(in_place, general)
+
+
+def test_cache_grows_and_stays_consistent():
+    rope = pf.RotaryEmbedding(32, layout="half")
+    x = random((2, 8, 32), np.float32)
+    early = rope.apply(x, offset=5)
+    rope.apply(x, offset=50_000)  # grows the cache far beyond the first rows
+    np.testing.assert_array_equal(rope.apply(x, offset=5), early)
+    np.testing.assert_array_equal(rope.apply(x, offset=5.0), early)  # general path

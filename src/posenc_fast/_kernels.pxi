@@ -5,17 +5,12 @@
 # shapes, contiguity, ranges and aliasing, and allocated every output.  They
 # never raise, never allocate and run without the GIL.
 #
-# Angles are formed in double precision, exactly: the anchors take the
-# rounding error of p*w into account, so a value is cos/sin of the exact
-# product of the position and the float64 frequency.  Rows of consecutive positions use
-# the angle-addition recurrence (rotate the previous row's (cos, sin) by the
-# step angle), re-anchored with libm sin/cos every ANCHOR_ROWS rows and at
-# every position that does not follow its predecessor by exactly 1.  The
-# anchors sit at fixed row numbers, so results do not depend on the number of
-# threads.
+# Angles are formed in double precision, exactly (see the trig section): a
+# cos/sin value depends only on the position and the frequency, never on the
+# call, the row or the number of threads.
 
 from cython.parallel cimport prange, threadid
-from libc.math cimport sin, cos, fma
+from libc.math cimport sin, cos, fma, floor, fabs
 from libc.string cimport memcpy
 
 ctypedef fused data_t:
@@ -47,16 +42,11 @@ cdef extern from *:
     #define POSENC_SIMD "scalar"
     #endif
     #define POSENC_CHUNK 64
-    #define POSENC_ANCHOR_ROWS 32
     """
     int POSENC_OPENMP
     const char* POSENC_SIMD
     # Pairs a row function copies to local arrays at a time.
     enum: POSENC_CHUNK
-    # Rows between two exact (libm) anchors of the recurrence: 32 steps keep
-    # the accumulated error near 1e-14, far below a float32 ulp, while libm
-    # runs on only 1/32 of the rows.
-    enum: ANCHOR_ROWS "POSENC_ANCHOR_ROWS"
 
 
 def openmp_enabled():
@@ -69,16 +59,56 @@ def simd_level():
     return POSENC_SIMD.decode()
 
 
-def anchor_rows():
-    """Return the number of rows between exact anchors of the recurrence."""
-    return ANCHOR_ROWS
-
-
 # ---------------------------------------------------------------------------
 # sin/cos of position * frequency, row by row
+#
+# The value for an integer position k is canonical: a function of k and the
+# frequency only, whatever call, row or thread computes it.  With
+# k2 = k rounded down to a multiple of 1024 and k1 = k rounded down to a
+# multiple of 32, it is the exact cos/sin at k2, rotated (k1-k2)/32 times by
+# 32w, then k-k1 times by w: at most 62 rotations (error ~1e-14).  Rows of
+# consecutive positions get there incrementally, one rotation per row, so
+# libm runs on one row in 1024.  Non-integer positions get exact values.
 
-cdef inline void _trig_anchor(double p, const double* w, double* c, double* s,
-                              Py_ssize_t n) noexcept nogil:
+cdef struct TrigSteps:
+    const double* w      # frequencies (n)
+    double* c1           # cos/sin of w: one position
+    double* s1
+    double* c32          # cos/sin of 32*w: one 32-row block
+    double* s32
+    Py_ssize_t n
+
+cdef struct TrigState:
+    double* c            # cos/sin of the current position
+    double* s
+    double* ca           # cos/sin at the current position's multiple of 32
+    double* sa
+    double last          # the position (c, s) hold, if `valid`
+    bint valid
+
+cdef extern from *:
+    """
+    #define POSENC_TRIG_SHARED_ROWS 4
+    #define POSENC_TRIG_THREAD_ROWS 4
+    #define POSENC_TRIG_CHUNK_ROWS 512
+    #define POSENC_MAX_EXACT_INTEGER 4503599627370496.0
+    """
+    # Work rows: 4 shared (c1, s1, c32, s32) + 4 per thread (c, s, ca, sa).
+    enum: TRIG_SHARED_ROWS "POSENC_TRIG_SHARED_ROWS"
+    enum: TRIG_THREAD_ROWS "POSENC_TRIG_THREAD_ROWS"
+    # Rows per parallel work item of the table kernels.
+    enum: TRIG_CHUNK_ROWS "POSENC_TRIG_CHUNK_ROWS"
+    # 2**52: integers up to it are exact in float64, with room for +1.
+    double MAX_EXACT_INTEGER "POSENC_MAX_EXACT_INTEGER"
+
+
+def trig_work_rows(int num_threads):
+    """Rows of the float64 scratch array the trig kernels need for `num_threads`."""
+    return TRIG_SHARED_ROWS + TRIG_THREAD_ROWS * num_threads
+
+
+cdef inline void _exact(double p, const double* w, double* c, double* s,
+                        Py_ssize_t n) noexcept nogil:
     # cos/sin of the exact product p*w[i] = hi + lo (fma gives the rounding
     # error lo exactly): sin(hi + lo) = sin(hi) + lo*cos(hi) to ~1e-21.
     cdef Py_ssize_t i
@@ -92,33 +122,82 @@ cdef inline void _trig_anchor(double p, const double* w, double* c, double* s,
         s[i] = sh + lo * ch
 
 
-cdef inline void _trig_step(const double* cw, const double* sw, double* c, double* s,
+cdef inline void _rotate_by(double* c, double* s, const double* rc, const double* rs,
                             Py_ssize_t n) noexcept nogil:
-    # (c, s) <- rotation of (c, s) by the step angle w: cos/sin of angle + w.
+    # (c, s) <- (c, s) rotated by the angle whose cos/sin are (rc, rs).
     cdef Py_ssize_t i
     cdef double ci, si
     for i in range(n):
         ci = c[i]
         si = s[i]
-        c[i] = ci * cw[i] - si * sw[i]
-        s[i] = si * cw[i] + ci * sw[i]
+        c[i] = ci * rc[i] - si * rs[i]
+        s[i] = si * rc[i] + ci * rs[i]
 
 
-cdef inline void _trig_row(Py_ssize_t r, Py_ssize_t block_start, const double* pos,
-                           const double* w, const double* cw, const double* sw,
-                           double* c, double* s, Py_ssize_t n) noexcept nogil:
-    # Fill (c, s) for row r, given that they hold row r - 1 unless r starts a block.
-    if r == block_start or pos[r] - pos[r - 1] != 1.0:
-        _trig_anchor(pos[r], w, c, s, n)
-    else:
-        _trig_step(cw, sw, c, s, n)
-
-
-cdef inline void _step_tables(const double* w, double* cw, double* sw, Py_ssize_t n) noexcept nogil:
+cdef inline void _trig_steps_init(TrigSteps* steps, const double* w, double* work,
+                                  Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
+    steps.w = w
+    steps.n = n
+    steps.c1 = work
+    steps.s1 = work + n
+    steps.c32 = work + 2 * n
+    steps.s32 = work + 3 * n
     for i in range(n):
-        cw[i] = cos(w[i])
-        sw[i] = sin(w[i])
+        steps.c1[i] = cos(w[i])
+        steps.s1[i] = sin(w[i])
+        steps.c32[i] = cos(32.0 * w[i])  # 32*w is exact
+        steps.s32[i] = sin(32.0 * w[i])
+
+
+cdef inline TrigState _trig_state(double* work, Py_ssize_t n) noexcept nogil:
+    # Returned by value so that, assigned inside prange, it is thread-private.
+    cdef TrigState state
+    state.c = work
+    state.s = work + n
+    state.ca = work + 2 * n
+    state.sa = work + 3 * n
+    state.valid = False
+    state.last = 0.0
+    return state
+
+
+cdef inline void _canonical_from_scratch(long long k, const TrigSteps* steps,
+                                         TrigState* state) noexcept nogil:
+    cdef Py_ssize_t n = steps.n
+    cdef long long j
+    _exact(<double>(k - (k & 1023)), steps.w, state.ca, state.sa, n)
+    for j in range((k & 1023) >> 5):
+        _rotate_by(state.ca, state.sa, steps.c32, steps.s32, n)
+    memcpy(state.c, state.ca, n * sizeof(double))
+    memcpy(state.s, state.sa, n * sizeof(double))
+    for j in range(k & 31):
+        _rotate_by(state.c, state.s, steps.c1, steps.s1, n)
+
+
+cdef inline void _trig_position(double p, const TrigSteps* steps, TrigState* state) noexcept nogil:
+    # Fill state.c / state.s for position p, reusing the previous position's values.
+    cdef long long k
+    cdef Py_ssize_t n = steps.n
+    if p == floor(p) and fabs(p) <= MAX_EXACT_INTEGER:
+        k = <long long>p
+        if state.valid and p == state.last + 1.0:
+            if (k & 31) != 0:
+                _rotate_by(state.c, state.s, steps.c1, steps.s1, n)
+            else:
+                if (k & 1023) == 0:
+                    _exact(p, steps.w, state.ca, state.sa, n)
+                else:
+                    _rotate_by(state.ca, state.sa, steps.c32, steps.s32, n)
+                memcpy(state.c, state.ca, n * sizeof(double))
+                memcpy(state.s, state.sa, n * sizeof(double))
+        else:
+            _canonical_from_scratch(k, steps, state)
+        state.valid = True
+    else:
+        _exact(p, steps.w, state.c, state.s, n)
+        state.valid = False
+    state.last = p
 
 
 cdef inline void _emit_cos_sin(const double* c, const double* s, double scale,
@@ -155,53 +234,47 @@ def cos_sin_rows(const double[::1] positions, const double[::1] freqs, double sc
                  int num_threads):
     """cos_out[r, i] = scale*cos(positions[r]*freqs[i]); sin_out likewise.
 
-    `work` has shape (2 + 2*num_threads, len(freqs)).
+    `work` has shape (trig_work_rows(num_threads), len(freqs)).
     """
     cdef Py_ssize_t nrows = positions.shape[0], n = freqs.shape[0]
-    cdef Py_ssize_t nblocks = (nrows + ANCHOR_ROWS - 1) // ANCHOR_ROWS
-    cdef Py_ssize_t b, r, r0, r1
-    cdef double* c
-    cdef double* s
+    cdef Py_ssize_t nchunks = (nrows + TRIG_CHUNK_ROWS - 1) // TRIG_CHUNK_ROWS
+    cdef Py_ssize_t b, r
+    cdef TrigSteps steps
+    cdef TrigState state
     if nrows == 0 or n == 0:
         return
     with nogil:
-        _step_tables(&freqs[0], &work[0, 0], &work[1, 0], n)
-        for b in prange(nblocks, num_threads=num_threads, schedule="static"):
-            c = &work[2 + 2 * threadid(), 0]
-            s = &work[3 + 2 * threadid(), 0]
-            r0 = b * ANCHOR_ROWS
-            r1 = min(r0 + ANCHOR_ROWS, nrows)
-            for r in range(r0, r1):
-                _trig_row(r, r0, &positions[0], &freqs[0], &work[0, 0], &work[1, 0], c, s, n)
-                _emit_cos_sin(c, s, scale, &cos_out[r, 0], &sin_out[r, 0], n)
+        _trig_steps_init(&steps, &freqs[0], &work[0, 0], n)
+        for b in prange(nchunks, num_threads=num_threads, schedule="static"):
+            state = _trig_state(&work[TRIG_SHARED_ROWS + TRIG_THREAD_ROWS * threadid(), 0], n)
+            for r in range(b * TRIG_CHUNK_ROWS, min((b + 1) * TRIG_CHUNK_ROWS, nrows)):
+                _trig_position(positions[r], &steps, &state)
+                _emit_cos_sin(state.c, state.s, scale, &cos_out[r, 0], &sin_out[r, 0], n)
 
 
 def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t[:, ::1] out,
                     bint split, double[:, ::1] work, int num_threads):
     """out[r] = the sinusoidal encoding of positions[r] (len(freqs) == ceil(dim/2)).
 
-    `work` has shape (2 + 2*num_threads, len(freqs)).
+    `work` has shape (trig_work_rows(num_threads), len(freqs)).
     """
     cdef Py_ssize_t nrows = positions.shape[0], n = freqs.shape[0], dim = out.shape[1]
-    cdef Py_ssize_t nblocks = (nrows + ANCHOR_ROWS - 1) // ANCHOR_ROWS
-    cdef Py_ssize_t b, r, r0, r1
-    cdef double* c
-    cdef double* s
+    cdef Py_ssize_t nchunks = (nrows + TRIG_CHUNK_ROWS - 1) // TRIG_CHUNK_ROWS
+    cdef Py_ssize_t b, r
+    cdef TrigSteps steps
+    cdef TrigState state
     if nrows == 0 or n == 0:
         return
     with nogil:
-        _step_tables(&freqs[0], &work[0, 0], &work[1, 0], n)
-        for b in prange(nblocks, num_threads=num_threads, schedule="static"):
-            c = &work[2 + 2 * threadid(), 0]
-            s = &work[3 + 2 * threadid(), 0]
-            r0 = b * ANCHOR_ROWS
-            r1 = min(r0 + ANCHOR_ROWS, nrows)
-            for r in range(r0, r1):
-                _trig_row(r, r0, &positions[0], &freqs[0], &work[0, 0], &work[1, 0], c, s, n)
+        _trig_steps_init(&steps, &freqs[0], &work[0, 0], n)
+        for b in prange(nchunks, num_threads=num_threads, schedule="static"):
+            state = _trig_state(&work[TRIG_SHARED_ROWS + TRIG_THREAD_ROWS * threadid(), 0], n)
+            for r in range(b * TRIG_CHUNK_ROWS, min((b + 1) * TRIG_CHUNK_ROWS, nrows)):
+                _trig_position(positions[r], &steps, &state)
                 if split:
-                    _emit_split(c, s, &out[r, 0], dim)
+                    _emit_split(state.c, state.s, &out[r, 0], dim)
                 else:
-                    _emit_interleaved(c, s, &out[r, 0], dim)
+                    _emit_interleaved(state.c, state.s, &out[r, 0], dim)
 
 
 # ---------------------------------------------------------------------------
@@ -314,3 +387,414 @@ def add_table_rows(const data_t[:, ::1] x, data_t[:, ::1] out, const table_t[:, 
             trow = tbase + row_table[r] * tstride
             for i in range(dim):
                 orow[i] = <data_t>(xrow[i] + trow[i])
+
+
+# ---------------------------------------------------------------------------
+# RoPE fast path: RotaryBase, the compiled half of RotaryEmbedding
+#
+# RotaryEmbedding (rotary.py) derives from this class.  `apply` and
+# `apply_qk` first try a path that does all its checks in C: contiguous
+# native float arrays, an integer offset, positions None / an int / an int64
+# array that varies along one axis, and positions covered by a per-instance
+# cos/sin cache.  Anything else (and every error) goes to the general path
+# in Python, which validates fully and raises the documented errors.  Both
+# paths use the same canonical cos/sin values and row functions, so they give
+# bitwise the same results.
+
+cimport numpy as cnp
+from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    /* Positions per parallel work item of the fast path; cache growth unit. */
+    #define POSENC_POSITION_BLOCK 64
+    #define POSENC_CACHE_GROWTH 1024
+    /* Largest cos/sin cache per dtype, in bytes. */
+    #define POSENC_CACHE_BYTES (64 * 1024 * 1024)
+    /* Elements below which a call stays on one thread (as _threads.py). */
+    #define POSENC_MIN_ELEMENTS_PER_THREAD 65536
+    """
+    enum: POSITION_BLOCK "POSENC_POSITION_BLOCK"
+    enum: CACHE_GROWTH "POSENC_CACHE_GROWTH"
+    enum: CACHE_BYTES "POSENC_CACHE_BYTES"
+    enum: MIN_ELEMENTS_PER_THREAD "POSENC_MIN_ELEMENTS_PER_THREAD"
+
+cdef int _thread_limit = 1
+
+
+def set_thread_limit(int n):
+    """Mirror of posenc_fast.set_num_threads for the fast path (called by _threads.py)."""
+    global _thread_limit
+    _thread_limit = max(1, n)
+
+
+cdef inline int _threads_for(Py_ssize_t elements) noexcept nogil:
+    cdef Py_ssize_t n = elements // MIN_ELEMENTS_PER_THREAD
+    return <int>max(<Py_ssize_t>1, min(<Py_ssize_t>_thread_limit, n))
+
+
+cdef struct RowPlan:
+    # Rows of x as (outer, seq, inner); row (o, s, i) uses cache row
+    # base + (positions[s] if positions else s).
+    Py_ssize_t outer
+    Py_ssize_t seq
+    Py_ssize_t inner
+    const long long* positions
+    long long base
+    long long lowest
+    long long highest
+
+
+cdef inline void _rotate_row(const data_t* x, data_t* out, const data_t* c, const data_t* s,
+                             Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
+                             bint in_place) noexcept nogil:
+    if half:
+        _rotate_half(x, out, c, s, npairs, inverse)
+    else:
+        _rotate_interleaved(x, out, c, s, npairs, inverse)
+    if 2 * npairs < dim and not in_place:
+        memcpy(out + 2 * npairs, x + 2 * npairs, (dim - 2 * npairs) * sizeof(data_t))
+
+
+cdef void _rotate_planned(const data_t* x, data_t* out, const data_t* cos_cache,
+                          const data_t* sin_cache, RowPlan plan, Py_ssize_t dim,
+                          Py_ssize_t npairs, bint half, bint inverse,
+                          int num_threads) noexcept nogil:
+    cdef Py_ssize_t nitems = (plan.seq + POSITION_BLOCK - 1) // POSITION_BLOCK * plan.outer
+    cdef Py_ssize_t item
+    if num_threads == 1:  # no parallel region: it costs a microsecond
+        for item in range(nitems):
+            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse)
+    else:
+        for item in prange(nitems, num_threads=num_threads, schedule="static"):
+            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse)
+
+
+cdef inline void _rotate_item(Py_ssize_t item, const data_t* x, data_t* out,
+                              const data_t* cos_cache, const data_t* sin_cache,
+                              const RowPlan* plan, Py_ssize_t dim, Py_ssize_t npairs, bint half,
+                              bint inverse) noexcept nogil:
+    # Work item = (block of POSITION_BLOCK positions, outer index): the cache
+    # rows of a block stay in L1 while every head of every batch uses them.
+    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, i, r
+    cdef long long t
+    cdef bint in_place = x == out
+    for s in range(block * POSITION_BLOCK, min((block + 1) * POSITION_BLOCK, plan.seq)):
+        t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
+        for i in range(plan.inner):
+            r = (o * plan.seq + s) * plan.inner + i
+            _rotate_row(x + r * dim, out + r * dim, cos_cache + t * npairs,
+                        sin_cache + t * npairs, npairs, dim, half, inverse, in_place)
+
+
+cdef inline bint _fits(long long a, long long b) noexcept nogil:
+    # True if a + b cannot overflow for |a|, |b| < 2**61.
+    return -(1LL << 61) < a < (1LL << 61) and -(1LL << 61) < b < (1LL << 61)
+
+
+cdef bint _plan_rows(cnp.ndarray x, object positions, object seq_axis, long long offset,
+                     RowPlan* plan) except -1:
+    """Fill `plan` for x's rows; return False if the fast path does not apply."""
+    cdef int nd = cnp.PyArray_NDIM(x), pnd, k, axis, varying
+    cdef cnp.npy_intp* shape = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp* pshape
+    cdef cnp.ndarray parr
+    cdef long long value
+    cdef int overflow = 0
+    cdef Py_ssize_t j, lead = nd - 1
+    plan.positions = NULL
+    plan.base = offset
+    if positions is None:
+        if lead < 1 or not PyLong_CheckExact(seq_axis):
+            return False
+        axis = PyLong_AsLongLongAndOverflow(seq_axis, &overflow)
+        if overflow:
+            return False
+        if axis < 0:
+            axis += nd
+        if axis < 0 or axis >= lead:
+            return False
+    elif PyLong_CheckExact(positions):
+        value = PyLong_AsLongLongAndOverflow(positions, &overflow)
+        if overflow or not _fits(value, offset):
+            return False
+        plan.base = offset + value
+        axis = lead  # no sequence axis: every row has the same position
+    elif cnp.PyArray_CheckExact(positions):
+        parr = <cnp.ndarray>positions
+        pnd = cnp.PyArray_NDIM(parr)
+        if (cnp.PyArray_TYPE(parr) != cnp.NPY_INT64 or not cnp.PyArray_ISCARRAY_RO(parr)
+                or not cnp.PyArray_ISNOTSWAPPED(parr) or pnd > lead):
+            return False
+        pshape = cnp.PyArray_DIMS(parr)
+        axis = lead
+        varying = 0
+        for k in range(pnd):
+            j = lead - pnd + k
+            if pshape[k] != 1:
+                if pshape[k] != shape[j]:
+                    return False
+                axis = j
+                varying += 1
+        if varying > 1:
+            return False
+        plan.positions = <const long long*>cnp.PyArray_DATA(parr)
+        if cnp.PyArray_SIZE(parr) == 0:
+            plan.positions = NULL
+    else:
+        return False
+    plan.outer = 1
+    plan.inner = 1
+    for k in range(axis):
+        plan.outer *= shape[k]
+    for k in range(axis + 1, lead):
+        plan.inner *= shape[k]
+    plan.seq = shape[axis] if axis < lead else 1
+    if plan.positions != NULL and axis == lead:  # a single position, any shape of ones
+        value = plan.positions[0]
+        plan.positions = NULL
+        if not _fits(value, offset):
+            return False
+        plan.base = offset + value
+    # Range of the cache rows used.
+    if plan.positions == NULL:
+        if not _fits(plan.base, plan.seq):
+            return False
+        plan.lowest = plan.base
+        plan.highest = plan.base + plan.seq - 1
+    else:
+        plan.lowest = plan.positions[0]
+        plan.highest = plan.positions[0]
+        for j in range(plan.seq):
+            plan.lowest = min(plan.lowest, plan.positions[j])
+            plan.highest = max(plan.highest, plan.positions[j])
+        if not (_fits(plan.lowest, offset) and _fits(plan.highest, offset)):
+            return False
+        plan.lowest += offset
+        plan.highest += offset
+    return True
+
+
+cdef inline bint _fast_array(object x, Py_ssize_t dim):
+    # A C-contiguous, aligned, native float32/float64 ndarray of shape (..., dim).
+    cdef cnp.ndarray arr
+    cdef int typenum
+    if not cnp.PyArray_CheckExact(x):
+        return False
+    arr = <cnp.ndarray>x
+    typenum = cnp.PyArray_TYPE(arr)
+    return ((typenum == cnp.NPY_FLOAT32 or typenum == cnp.NPY_FLOAT64)
+            and cnp.PyArray_ISCARRAY_RO(arr) and cnp.PyArray_ISNOTSWAPPED(arr)
+            and cnp.PyArray_NDIM(arr) >= 1
+            and cnp.PyArray_DIMS(arr)[cnp.PyArray_NDIM(arr) - 1] == dim)
+
+
+cdef inline bint _disjoint(cnp.ndarray a, cnp.ndarray b):
+    cdef char* a0 = <char*>cnp.PyArray_DATA(a)
+    cdef char* b0 = <char*>cnp.PyArray_DATA(b)
+    return a0 + cnp.PyArray_NBYTES(a) <= b0 or b0 + cnp.PyArray_NBYTES(b) <= a0
+
+
+cdef object _fast_out(cnp.ndarray x, object out, tuple others):
+    """The array to write: new, x itself, or a valid `out`; None to fall back."""
+    cdef cnp.ndarray arr
+    cdef int k
+    if out is None:
+        return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+    if not cnp.PyArray_CheckExact(out):
+        return None
+    arr = <cnp.ndarray>out
+    if (cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(x) or not cnp.PyArray_ISCARRAY(arr)
+            or not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != cnp.PyArray_NDIM(x)):
+        return None
+    for k in range(cnp.PyArray_NDIM(x)):
+        if cnp.PyArray_DIMS(arr)[k] != cnp.PyArray_DIMS(x)[k]:
+            return None
+    if arr is not x and not _disjoint(arr, x):
+        return None
+    for other in others:
+        if other is not None and not _disjoint(arr, <cnp.ndarray>other):
+            return None
+    return arr
+
+
+cdef class RotaryBase:
+    """Compiled state and fast path of RotaryEmbedding (see rotary.py)."""
+
+    cdef Py_ssize_t _fast_dim
+    cdef Py_ssize_t _fast_npairs
+    cdef bint _fast_half
+    cdef double _fast_factor
+    cdef long long _fast_valid_below
+    cdef object _fast_freqs
+    # cos/sin caches of rows 0 .. rows-1 (canonical values, attention factor
+    # applied), per dtype: (cos, sin) arrays or None.
+    cdef object _cache32
+    cdef object _cache64
+
+    def _init_fast_path(self, Py_ssize_t dim, Py_ssize_t rotary_dim, bint half, freqs,
+                        double attention_factor, long long valid_below):
+        """Set the state the fast path uses (called by RotaryEmbedding.__init__).
+
+        `valid_below`: positions p with p + 1 <= valid_below use `freqs`.
+        """
+        self._fast_dim = dim
+        self._fast_npairs = rotary_dim // 2
+        self._fast_half = half
+        self._fast_factor = attention_factor
+        self._fast_valid_below = valid_below
+        self._fast_freqs = freqs
+        self._cache32 = None
+        self._cache64 = None
+
+    cdef object _cache_for(self, int typenum, long long highest):
+        """(cos, sin) cache arrays of the dtype covering row `highest`, or None."""
+        cdef object cache = self._cache32 if typenum == cnp.NPY_FLOAT32 else self._cache64
+        cdef Py_ssize_t itemsize = 4 if typenum == cnp.NPY_FLOAT32 else 8
+        cdef Py_ssize_t limit = CACHE_BYTES // (2 * itemsize * max(self._fast_npairs, 1))
+        cdef Py_ssize_t rows = 0 if cache is None else (<cnp.ndarray>cache[0]).shape[0]
+        cdef Py_ssize_t new_rows
+        if highest < rows:
+            return cache
+        if highest >= limit:
+            return None
+        new_rows = min(limit, max(2 * rows, (highest // CACHE_GROWTH + 1) * CACHE_GROWTH))
+        cache = self._grow_cache(typenum, cache, rows, new_rows)
+        if typenum == cnp.NPY_FLOAT32:
+            self._cache32 = cache
+        else:
+            self._cache64 = cache
+        return cache
+
+    cdef object _grow_cache(self, int typenum, object old, Py_ssize_t rows, Py_ssize_t new_rows):
+        import numpy
+        dtype = numpy.float32 if typenum == cnp.NPY_FLOAT32 else numpy.float64
+        cos = numpy.empty((new_rows, self._fast_npairs), dtype=dtype)
+        sin = numpy.empty((new_rows, self._fast_npairs), dtype=dtype)
+        if old is not None:
+            cos[:rows] = old[0]
+            sin[:rows] = old[1]
+        threads = _threads_for((new_rows - rows) * self._fast_npairs)
+        work = numpy.empty((trig_work_rows(threads), max(self._fast_npairs, 1)))
+        cos_sin_rows(numpy.arange(rows, new_rows, dtype=numpy.float64), self._fast_freqs,
+                     self._fast_factor, cos[rows:], sin[rows:], work, threads)
+        cos.flags.writeable = False
+        sin.flags.writeable = False
+        return (cos, sin)
+
+    cdef bint _run(self, cnp.ndarray x, cnp.ndarray out, object cache, RowPlan plan, bint inverse):
+        cdef cnp.ndarray cos = <cnp.ndarray>cache[0]
+        cdef cnp.ndarray sin = <cnp.ndarray>cache[1]
+        cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+        cdef int threads = _threads_for(size)
+        if size == 0:
+            return True
+        if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
+            with nogil:
+                _rotate_planned(<const float*>cnp.PyArray_DATA(x), <float*>cnp.PyArray_DATA(out),
+                                <const float*>cnp.PyArray_DATA(cos),
+                                <const float*>cnp.PyArray_DATA(sin), plan, self._fast_dim,
+                                self._fast_npairs, self._fast_half, inverse, threads)
+        else:
+            with nogil:
+                _rotate_planned(<const double*>cnp.PyArray_DATA(x),
+                                <double*>cnp.PyArray_DATA(out),
+                                <const double*>cnp.PyArray_DATA(cos),
+                                <const double*>cnp.PyArray_DATA(sin), plan, self._fast_dim,
+                                self._fast_npairs, self._fast_half, inverse, threads)
+        return True
+
+    cdef int _fast_flags(self, object offset, object inverse, long long* offset_value):
+        # -1: fall back; else inverse as 0/1.
+        cdef int overflow = 0
+        if not PyLong_CheckExact(offset):
+            return -1
+        offset_value[0] = PyLong_AsLongLongAndOverflow(offset, &overflow)
+        if overflow or not _fits(offset_value[0], 0):
+            return -1
+        if inverse is False:
+            return 0
+        if inverse is True and self._fast_factor == 1.0:
+            return 1
+        return -1
+
+    cdef bint _usable(self, RowPlan* plan):
+        return plan.lowest >= 0 and plan.highest < self._fast_valid_below
+
+    def apply(self, x, positions=None, *, offset=0, seq_axis=-2, inverse=False, out=None):
+        """Rotate the pairs of `x` by their positions.
+
+        Parameters
+        ----------
+        x : ndarray of shape (..., dim), float32 or float64
+            Queries or keys (never values).
+        positions : array_like of real numbers, optional
+            Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
+            seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
+            Default ``arange(n)`` laid along `seq_axis`.
+        offset : float, optional
+            Added to every position (the KV-cache length when decoding).
+        seq_axis : int, optional
+            The sequence axis when `positions` is None: -2 for ``(batch,
+            heads, seq, dim)``, -3 for ``(batch, seq, heads, dim)``.
+        inverse : bool, optional
+            Rotate by ``-theta`` and divide by the attention factor.
+        out : ndarray of x's shape and dtype, optional
+            May be `x` itself (in place).
+
+        Returns
+        -------
+        ndarray of x's shape and dtype
+        """
+        cdef RowPlan plan
+        cdef long long offset_value = 0
+        cdef int flags
+        cdef object cache, result
+        if _fast_array(x, self._fast_dim):
+            flags = self._fast_flags(offset, inverse, &offset_value)
+            if (flags >= 0 and _plan_rows(<cnp.ndarray>x, positions, seq_axis, offset_value, &plan)
+                    and self._usable(&plan)):
+                result = _fast_out(<cnp.ndarray>x, out, ())
+                if result is not None:
+                    cache = self._cache_for(cnp.PyArray_TYPE(<cnp.ndarray>x), plan.highest)
+                    if cache is not None:
+                        self._run(<cnp.ndarray>x, <cnp.ndarray>result, cache, plan, flags)
+                        return result
+        return self._apply_general(x, positions, offset, seq_axis, inverse, out)
+
+    def apply_qk(self, q, k, positions=None, *, offset=0, seq_axis=-2, inverse=False,
+                 out_q=None, out_k=None):
+        """Rotate queries and keys with one cos/sin computation.
+
+        `q` and `k` may have different head counts (grouped-query attention)
+        and dtypes; their positions (explicit, or along `seq_axis`) must agree.
+        Arguments as in `apply`; `out_q` may be `q` and `out_k` may be `k`.
+
+        Returns
+        -------
+        (q_rot, k_rot)
+        """
+        cdef RowPlan q_plan, k_plan
+        cdef long long offset_value = 0
+        cdef int flags
+        cdef object q_cache, k_cache, q_out, k_out
+        if _fast_array(q, self._fast_dim) and _fast_array(k, self._fast_dim):
+            flags = self._fast_flags(offset, inverse, &offset_value)
+            if (flags >= 0
+                    and _plan_rows(<cnp.ndarray>q, positions, seq_axis, offset_value, &q_plan)
+                    and _plan_rows(<cnp.ndarray>k, positions, seq_axis, offset_value, &k_plan)
+                    and q_plan.seq == k_plan.seq
+                    and self._usable(&q_plan) and self._usable(&k_plan)
+                    and _disjoint(<cnp.ndarray>q, <cnp.ndarray>k)):
+                q_out = _fast_out(<cnp.ndarray>q, out_q, (k,))
+                k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
+                if q_out is not None and k_out is not None:
+                    q_cache = self._cache_for(cnp.PyArray_TYPE(<cnp.ndarray>q), q_plan.highest)
+                    k_cache = self._cache_for(cnp.PyArray_TYPE(<cnp.ndarray>k), k_plan.highest)
+                    if q_cache is not None and k_cache is not None:
+                        self._run(<cnp.ndarray>q, <cnp.ndarray>q_out, q_cache, q_plan, flags)
+                        self._run(<cnp.ndarray>k, <cnp.ndarray>k_out, k_cache, k_plan, flags)
+                        return q_out, k_out
+        return self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q, out_k)

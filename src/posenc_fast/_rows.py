@@ -65,8 +65,8 @@ class RowOutput:
 
 
 def trig_work(nfreqs: int, num_threads: int) -> np.ndarray:
-    """Scratch for the recurrence: step cos/sin plus one (cos, sin) pair per thread."""
-    return np.empty((2 + 2 * num_threads, max(nfreqs, 1)), dtype=np.float64)
+    """Scratch for the trig kernels: shared step rotations plus per-thread state."""
+    return np.empty((kernels.trig_work_rows(num_threads), max(nfreqs, 1)), dtype=np.float64)
 
 
 def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float,

@@ -8,6 +8,8 @@ calls always stay on one thread: starting a team costs more than it saves.
 import os
 import warnings
 
+from ._dispatch import kernels
+
 ENV_VAR = "POSENC_FAST_NUM_THREADS"
 # Elements (of x, or of a table written) below which a call stays on one thread.
 MIN_ELEMENTS_PER_THREAD = 1 << 16
@@ -36,6 +38,7 @@ def _from_environment() -> int:
 
 
 _num_threads = _from_environment()
+kernels.set_thread_limit(_num_threads)
 
 
 def set_num_threads(n: int) -> None:
@@ -61,6 +64,7 @@ def set_num_threads(n: int) -> None:
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     _num_threads = n
+    kernels.set_thread_limit(n)
 
 
 def get_num_threads() -> int:

@@ -7,6 +7,7 @@ row its position maps to.  Scaling methods only change the frequencies and
 the factor (see ``_frequencies``), never the kernels.
 """
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -45,6 +46,16 @@ def _call_positions(lead: tuple, positions, offset: float, seq_axis, name: str =
     return values, values.shape
 
 
+def _length_with_base_frequencies(frequencies) -> int:
+    # The largest seq_len whose calls use frequencies.inv_freq: unbounded unless
+    # the method depends on the length (dynamic NTK, LongRoPE).
+    if not frequencies.depends_on_length:
+        return 2**62
+    length = int(frequencies.params["original_max_position_embeddings"])
+    same = np.array_equal(frequencies.inv_freq_for(length), frequencies.inv_freq)
+    return length if same else 0
+
+
 def _seq_len(values: np.ndarray) -> int:
     # "max(positions) + 1" of the call, at least 1.
     return max(1, math.floor(values.max()) + 1) if values.size else 1
@@ -59,7 +70,7 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, 
     return rows.result()
 
 
-class RotaryEmbedding:
+class RotaryEmbedding(kernels.RotaryBase):
     """Rotary position embedding for query/key arrays of head dimension `dim`.
 
     Pair ``i`` at position ``p`` is rotated by ``theta = p * inv_freq[i]``:
@@ -115,6 +126,9 @@ class RotaryEmbedding:
         self._layout = layout
         self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
                                                  rotary_dim=rotary_dim, base=base)
+        self._init_fast_path(dim, rotary_dim, layout == "half", self._frequencies.inv_freq,
+                             float(self._frequencies.attention_factor),
+                             _length_with_base_frequencies(self._frequencies))
 
     @classmethod
     def from_hf_config(cls, config) -> "RotaryEmbedding":
@@ -167,31 +181,10 @@ class RotaryEmbedding:
         return cos_sin_table(values.reshape(-1), freqs, 1.0 / factor if inverse else factor,
                              dtype)
 
-    def apply(self, x, positions=None, *, offset=0, seq_axis=-2, inverse=False, out=None):
-        """Rotate the pairs of `x` by their positions.
+    # apply() and apply_qk() live in RotaryBase (compiled): they take a fast
+    # path for the common cases and call these general versions otherwise.
 
-        Parameters
-        ----------
-        x : ndarray of shape (..., dim), float32 or float64
-            Queries or keys (never values).
-        positions : array_like of real numbers, optional
-            Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
-            seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
-            Default ``arange(n)`` laid along `seq_axis`.
-        offset : float, optional
-            Added to every position (the KV-cache length when decoding).
-        seq_axis : int, optional
-            The sequence axis when `positions` is None: -2 for ``(batch,
-            heads, seq, dim)``, -3 for ``(batch, seq, heads, dim)``.
-        inverse : bool, optional
-            Rotate by ``-theta`` and divide by the attention factor.
-        out : ndarray of x's shape and dtype, optional
-            May be `x` itself (in place).
-
-        Returns
-        -------
-        ndarray of x's shape and dtype
-        """
+    def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
         x = _data(x, "x", self._dim)
         offset = v.real(offset, "offset")
         inverse = _flag(inverse, "inverse")
@@ -201,18 +194,7 @@ class RotaryEmbedding:
         return _rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
                        self._layout == "half", inverse, out, in_place)
 
-    def apply_qk(self, q, k, positions=None, *, offset=0, seq_axis=-2, inverse=False,
-                 out_q=None, out_k=None):
-        """Rotate queries and keys with one cos/sin computation.
-
-        `q` and `k` may have different head counts (grouped-query attention)
-        and dtypes; their positions (explicit, or along `seq_axis`) must agree.
-        Arguments as in `apply`; `out_q` may be `q` and `out_k` may be `k`.
-
-        Returns
-        -------
-        (q_rot, k_rot)
-        """
+    def _apply_qk_general(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
         q = _data(q, "q", self._dim)
         k = _data(k, "k", self._dim)
         offset = v.real(offset, "offset")
@@ -282,10 +264,19 @@ def apply_rotary(x, positions=None, *, base=10000.0, interpolation_factor=1.0,
     if factor < 1.0:
         raise ValueError(f"interpolation_factor must be >= 1 (positions are divided by it), "
                          f"got {factor}")
-    scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
-    rope = RotaryEmbedding(x.shape[-1], base=base, rotary_dim=rotary_dim, layout=layout,
-                           scaling=scaling)
+    # Checked here first: the embedding cache below needs hashable arguments.
+    base = v.real(base, "base", positive=True)
+    layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
+    rotary_dim = None if rotary_dim is None else v.integer(rotary_dim, "rotary_dim")
+    rope = _shortcut_embedding(x.shape[-1], base, rotary_dim, layout, factor)
     return rope.apply(x, positions, offset=offset, seq_axis=seq_axis, inverse=inverse, out=out)
+
+
+@functools.lru_cache(maxsize=32)
+def _shortcut_embedding(dim, base, rotary_dim, layout, factor) -> RotaryEmbedding:
+    # apply_rotary reuses embeddings (and their cos/sin caches) across calls.
+    scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling)
 
 
 def _cache_tables(cos, sin):
