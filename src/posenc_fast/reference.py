@@ -149,3 +149,106 @@ def rope_cos_sin(positions, inv_freq, attention_factor=1.0):
             cos[index + (i,)] = math.cos(theta) * attention_factor
             sin[index + (i,)] = math.sin(theta) * attention_factor
     return cos, sin
+
+
+# ---------------------------------------------------------------------------
+# relative schemes
+#
+# Query i sits at position offset + i, key j at position j; k_len defaults to
+# offset + q_len.
+
+
+def alibi_slopes(num_heads):
+    """2**(-8*(h+1)/n) for the largest power of two n <= num_heads, then every other slope of 2n."""
+    closest = 1
+    while 2 * closest <= num_heads:
+        closest *= 2
+    slopes = [2.0 ** (-8 * (h + 1) / closest) for h in range(closest)]
+    every_other_of_double = [2.0 ** (-8 * (h + 1) / (2 * closest)) for h in range(0, 2 * closest, 2)]
+    slopes += every_other_of_double[:num_heads - closest]
+    return np.array(slopes)
+
+
+def alibi_bias(num_heads, q_len, k_len=None, *, offset=0, causal=True):
+    """bias[h, i, j] = -slope_h * (q_pos - k_pos), or -slope_h * |q_pos - k_pos| if not causal.
+
+    Written as slope * (k_pos - q_pos) and slope * -|q_pos - k_pos|: the same
+    numbers, with +0.0 rather than -0.0 on the diagonal.
+    """
+    if k_len is None:
+        k_len = offset + q_len
+    slopes = alibi_slopes(num_heads)
+    result = np.zeros((num_heads, q_len, k_len))
+    for h in range(num_heads):
+        for i in range(q_len):
+            for j in range(k_len):
+                q_pos, k_pos = offset + i, j
+                distance = k_pos - q_pos if causal else -abs(q_pos - k_pos)
+                result[h, i, j] = float(slopes[h]) * distance
+    return result
+
+
+def add_alibi(scores, *, offset=0, causal=True):
+    """scores (..., heads, q_len, k_len) plus the ALiBi bias of its head count, in float64."""
+    scores = np.asarray(scores, dtype=np.float64)
+    heads, q_len, k_len = scores.shape[-3:]
+    bias = alibi_bias(heads, q_len, k_len, offset=offset, causal=causal) if heads else None
+    result = scores.copy()
+    for index in np.ndindex(scores.shape):
+        h, i, j = index[-3:]
+        result[index] = float(scores[index]) + float(bias[h, i, j])
+    return result
+
+
+def relative_position_index(q_len, k_len=None, *, max_distance, offset=0):
+    """clip(k_pos - q_pos, -max_distance, max_distance) + max_distance, as int64."""
+    if k_len is None:
+        k_len = offset + q_len
+    result = np.zeros((q_len, k_len), dtype=np.int64)
+    for i in range(q_len):
+        for j in range(k_len):
+            distance = j - (offset + i)
+            result[i, j] = min(max(distance, -max_distance), max_distance) + max_distance
+    return result
+
+
+def _float32(value):
+    return float(np.float32(value))
+
+
+def t5_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+    """T5's bucket of one relative position (k_pos - q_pos), as transformers computes it.
+
+    transformers' T5Attention._relative_position_bucket does the logarithmic
+    part in float32 (torch tensors): every step below is rounded to float32
+    the same way (the logarithm is libm's float32 log, which equals the
+    float64 log rounded to float32 on every input the tests use).
+    """
+    bucket = 0
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        if relative_position > 0:
+            bucket += n
+        distance = abs(relative_position)
+    else:
+        distance = max(-relative_position, 0)
+    max_exact = n // 2
+    if distance < max_exact:
+        return bucket + distance
+    ratio = _float32(_float32(distance) / _float32(max_exact))
+    scaled = _float32(_float32(math.log(ratio)) / _float32(math.log(max_distance / max_exact)))
+    scaled = _float32(scaled * _float32(n - max_exact))
+    return bucket + min(max_exact + int(scaled), n - 1)
+
+
+def t5_relative_bucket(q_len, k_len=None, *, bidirectional=True, num_buckets=32,
+                       max_distance=128, offset=0):
+    """The T5 bucket of k_pos - q_pos for every (query, key), as int64."""
+    if k_len is None:
+        k_len = offset + q_len
+    result = np.zeros((q_len, k_len), dtype=np.int64)
+    for i in range(q_len):
+        for j in range(k_len):
+            result[i, j] = t5_bucket(j - (offset + i), bidirectional, num_buckets, max_distance)
+    return result
