@@ -798,3 +798,6 @@ cdef class RotaryBase:
                         self._run(<cnp.ndarray>k, <cnp.ndarray>k_out, k_cache, k_plan, flags)
                         return q_out, k_out
         return self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
+
+
+include "_relative.pxi"

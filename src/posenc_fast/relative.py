@@ -4,7 +4,7 @@ These do not touch the token embeddings; they give each (query, key) pair a
 value that depends only on the distance ``k_pos - q_pos``: an additive bias
 on the attention scores (ALiBi) or an integer bucket that indexes a learned
 table (Shaw et al., T5).  This module checks the arguments and allocates;
-the loops over ``(q_len, k_len)`` are in ``_relative``.
+the loops over ``(q_len, k_len)`` are in ``_relative.pxi`` (part of the kernels).
 
 Positions: query ``i`` sits at ``q_pos = offset + i`` and key ``j`` at
 ``k_pos = j``.  ``k_len`` defaults to ``offset + q_len``: the keys are the
@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from . import _relative
 from . import _validate as v
+from ._dispatch import kernels
 from ._rows import RowOutput
 from ._threads import threads_for
 
@@ -160,7 +160,7 @@ def alibi_bias(num_heads, q_len, k_len=None, *, offset=0, causal=True, dtype=np.
         target = np.empty(shape, dtype=dtype)
     else:
         target = out
-    _relative.alibi_fill_rows(target.reshape(num_heads * q_len, k_len), _slopes(num_heads),
+    kernels.alibi_fill_rows(target.reshape(num_heads * q_len, k_len), _slopes(num_heads),
                               q_len, offset, causal, threads_for(target.size))
     if out is None:
         return target
@@ -215,7 +215,7 @@ def add_alibi(scores, *, offset=0, causal=True, out=None):
     heads, q_len = scores.shape[-3:-1]
     slopes = _slopes(heads) if heads else np.empty(0)
     rows = RowOutput(scores, out, in_place)
-    _relative.alibi_add_rows(rows.x_rows, rows.rows, slopes, q_len, offset, causal,
+    kernels.alibi_add_rows(rows.x_rows, rows.rows, slopes, q_len, offset, causal,
                              threads_for(scores.size))
     return rows.result()
 
@@ -257,18 +257,18 @@ def relative_position_index(q_len, k_len=None, *, max_distance, offset=0):
     if max_distance > MAX_BUCKET_ARGUMENT:
         raise ValueError(f"max_distance must be <= 2**52, got {max_distance}")
     vector = _distance_vector(q_len, k_len)
-    _relative.clipped_vector(-(offset + q_len - 1), max_distance, vector)
+    kernels.clipped_vector(-(offset + q_len - 1), max_distance, vector)
     return _diagonal(vector, q_len, k_len)
 
 
 def _distance_vector(q_len: int, k_len: int) -> np.ndarray:
-    # One entry per distance that occurs (see _relative); none for an empty result.
+    # One entry per distance that occurs (see _relative.pxi); none for an empty result.
     return np.empty(q_len + k_len - 1 if q_len and k_len else 0, dtype=np.int64)
 
 
 def _diagonal(vector: np.ndarray, q_len: int, k_len: int) -> np.ndarray:
     out = np.empty((q_len, k_len), dtype=np.int64)
-    _relative.diagonal_rows(vector, out, threads_for(out.size))
+    kernels.diagonal_rows(vector, out, threads_for(out.size))
     return out
 
 
@@ -337,6 +337,6 @@ def t5_relative_bucket(q_len, k_len=None, *, bidirectional=True, num_buckets=32,
     # As transformers: Python's double log, used by torch as a float32 scalar.
     log_ratio = math.log(max_distance / max_exact)
     vector = _distance_vector(q_len, k_len)
-    _relative.t5_bucket_vector(-(offset + q_len - 1), bidirectional, num_buckets, log_ratio,
+    kernels.t5_bucket_vector(-(offset + q_len - 1), bidirectional, num_buckets, log_ratio,
                                vector)
     return _diagonal(vector, q_len, k_len)

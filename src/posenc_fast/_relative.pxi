@@ -1,28 +1,24 @@
-# cython: language_level=3, freethreading_compatible=True
-"""Kernels of the relative schemes: ALiBi biases, Shaw clipped distances, T5 buckets.
-
-Every scheme depends on a query and a key only through their distance
-``d = k_pos - q_pos``, and along a row of a ``(q_len, k_len)`` matrix ``d``
-grows by one per column.
-
-* ALiBi rows are computed on the fly: ``slope * d`` with ``d`` formed
-  exactly in double as ``base + ramp[t]`` (``ramp`` = 0, 1, 2, ... kept in
-  L1), added to the scores in double and rounded once.  Those loops are C
-  functions compiled for AVX-512, AVX2 and the baseline and chosen when the
-  module loads (GCC's ``target_clones`` on x86-64 glibc; elsewhere one
-  portable build): in the baseline build the double arithmetic of a float32
-  row costs more than the memory traffic.  Every clone gives bitwise the same
-  results (IEEE double operations, no FMA contraction, no fast-math).
-* Integer schemes (clipped distances, T5 buckets) fill a short vector with
-  one entry per distance that occurs (``q_len + k_len - 1`` of them: entry
-  ``t`` holds ``d = dstart + t``, ``dstart = -(offset + q_len - 1)``), and
-  row ``i`` of the matrix is the slice of it starting at ``t = q_len - 1 - i``.
-
-The kernels trust their inputs: ``relative.py`` has checked types, shapes,
-ranges (every position and distance below 2**53 in magnitude, so exact in
-double) and aliasing, and allocated every array.  They never raise, never
-allocate and run without the GIL; no result depends on the thread count.
-"""
+# Kernels of the relative schemes: ALiBi biases, Shaw clipped distances, T5
+# buckets (included by _kernels.pxi, so compiled once per ISA variant).
+#
+# Every scheme depends on a query and a key only through their distance
+# ``d = k_pos - q_pos``, and along a row of a ``(q_len, k_len)`` matrix ``d``
+# grows by one per column.
+#
+# * ALiBi rows are computed on the fly: ``slope * d`` with ``d`` formed
+#   exactly in double as ``base + ramp[t]`` (``ramp`` = 0, 1, 2, ... kept in
+#   L1), added to the scores in double and rounded once.  In the baseline
+#   build the double arithmetic of a float32 row costs more than the memory
+#   traffic; the AVX2/AVX-512 variants keep up with memory.
+# * Integer schemes (clipped distances, T5 buckets) fill a short vector with
+#   one entry per distance that occurs (``q_len + k_len - 1`` of them: entry
+#   ``t`` holds ``d = dstart + t``, ``dstart = -(offset + q_len - 1)``), and
+#   row ``i`` of the matrix is the slice of it starting at ``t = q_len - 1 - i``.
+#
+# The kernels trust their inputs: ``relative.py`` has checked types, shapes,
+# ranges (every position and distance below 2**53 in magnitude, so exact in
+# double) and aliasing, and allocated every array.  They never raise, never
+# allocate and run without the GIL; no result depends on the thread count.
 
 from cython cimport floating
 from cython.parallel cimport prange
@@ -32,20 +28,13 @@ from libc.string cimport memcpy
 
 cdef extern from *:
     """
-    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
-    #define POSENC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-    #define POSENC_ALIBI_DISPATCH "target_clones(avx512f, avx2, default)"
-    #else
-    #define POSENC_CLONES
-    #define POSENC_ALIBI_DISPATCH "none"
-    #endif
     #define POSENC_RAMP 512
 
     /* out[j] = (x[j] +) slope * (start + step*j), in double, rounded once to T.
        ramp[t] = step * t for t < POSENC_RAMP; start + step*j0 + ramp[t] is an
        exact integer, so the bias equals slope * d as the reference forms it. */
     #define POSENC_ALIBI_ROW_FUNCTIONS(T, SUFFIX)                                         \\
-    POSENC_CLONES static void posenc_alibi_fill_##SUFFIX(                                 \\
+    static void posenc_alibi_fill_##SUFFIX(                                 \\
             T* out, double slope, double start, double step, const double* ramp,          \\
             Py_ssize_t n) {                                                               \\
         for (Py_ssize_t j0 = 0; j0 < n; j0 += POSENC_RAMP) {                              \\
@@ -55,7 +44,7 @@ cdef extern from *:
             for (Py_ssize_t t = 0; t < m; t++) o[t] = (T)(slope * (base + ramp[t]));      \\
         }                                                                                 \\
     }                                                                                     \\
-    POSENC_CLONES static void posenc_alibi_add_##SUFFIX(                                  \\
+    static void posenc_alibi_add_##SUFFIX(                                  \\
             const T* x, T* out, double slope, double start, double step,                  \\
             const double* ramp, Py_ssize_t n) {                                           \\
         for (Py_ssize_t j0 = 0; j0 < n; j0 += POSENC_RAMP) {                              \\
@@ -69,7 +58,7 @@ cdef extern from *:
     }                                                                                     \\
     /* One pointer: with x == out, the overlap check the compiler puts in front  */     \\
     /* of the vector loop of posenc_alibi_add would choose the scalar loop.      */     \\
-    POSENC_CLONES static void posenc_alibi_add_in_place_##SUFFIX(                         \\
+    static void posenc_alibi_add_in_place_##SUFFIX(                         \\
             T* x, double slope, double start, double step, const double* ramp,            \\
             Py_ssize_t n) {                                                               \\
         for (Py_ssize_t j0 = 0; j0 < n; j0 += POSENC_RAMP) {                              \\
@@ -85,7 +74,6 @@ cdef extern from *:
     POSENC_ALIBI_ROW_FUNCTIONS(double, f64)
     """
     enum: POSENC_RAMP
-    const char* POSENC_ALIBI_DISPATCH
     void posenc_alibi_fill_f32(float* out, double slope, double start, double step,
                                const double* ramp, Py_ssize_t n) noexcept nogil
     void posenc_alibi_fill_f64(double* out, double slope, double start, double step,
@@ -106,11 +94,6 @@ cdef double _RAMP_DOWN[POSENC_RAMP]
 for _t in range(POSENC_RAMP):
     _RAMP_UP[_t] = _t
     _RAMP_DOWN[_t] = -_t
-
-
-def alibi_dispatch():
-    """Return how the ALiBi row loops pick their instruction set at load time."""
-    return POSENC_ALIBI_DISPATCH.decode()
 
 
 # ---------------------------------------------------------------------------
