@@ -82,7 +82,8 @@ def rope_angles(pf: Any) -> Any:
         for pair in pairs:
             angle = np.arctan2(sin[:, pair], cos[:, pair])
             wavelength = 2 * np.pi / rope.inv_freq[pair]
-            ax.plot(*_wrapped_line(positions, angle), lw=1.8, label=f"pair {pair}: wavelength {wavelength:,.1f}")
+            ax.plot(*_wrapped_line(positions, angle), lw=1.8,
+                    label=f"pair {pair}: wavelength {wavelength:,.1f}")
         _pi_ticks(ax)
         ax.set_title(title)
         ax.set_xlabel("position p")
