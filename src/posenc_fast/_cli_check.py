@@ -163,10 +163,9 @@ class Draw:
             return self.rng.integers(0, 3_000_000, shape)
         return self.rng.uniform(0, 1000, shape)
 
-    def offset(self, integral: bool = False) -> float:
-        """Return 0, a small, a large or (unless `integral`) a fractional offset."""
-        options: tuple[float, ...] = (0, 0, 7, 1_000_003) if integral else (0, 7, 1_000_003, 2.5)
-        return self.pick(options, "offset")
+    def offset(self) -> float:
+        """Return 0, a small, a large or a fractional offset."""
+        return float(self.pick((0, 7, 1_000_003, 2.5), "offset"))
 
 
 def _row_scale(x: Array) -> Array:
@@ -237,7 +236,7 @@ def _add_position_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     x = d.data(batch + (seq, dim), dtype)
     d.note("shape", x.shape)
     table = d.data((max_len, dim), table_dtype, "table")
-    offset = int(d.int(0, 4, "offset"))
+    offset = d.int(0, 4, "offset")
     form = d.pick(("none", "seq", "full", "per-sequence"), "positions_form")
     if form == "none":
         positions = None

@@ -8,6 +8,7 @@ skipped with a note.
 """
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -238,9 +239,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the figures; print each path; return 2 if matplotlib is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         print(f"plot needs matplotlib: {INSTALL_HINT}", file=sys.stderr)
         return 2
     import posenc_fast as pf
