@@ -113,7 +113,7 @@ class Draw:
             self.note(label, value)
         return value
 
-    def int(self, low: int, high: int, label: str | None = None) -> int:
+    def integer(self, low: int, high: int, label: str | None = None) -> int:
         """Return an integer in ``[low, high]``."""
         value = int(self.rng.integers(low, high + 1))
         if label is not None:
@@ -172,7 +172,7 @@ def _row_scale(x: Array) -> Array:
     """Magnitude of each row of `x` (largest |entry| of the last axis), keepdims."""
     if x.size == 0:
         return np.ones(x.shape[:-1] + (1,))
-    return np.max(np.abs(x.astype(np.float64)), axis=-1, keepdims=True)
+    return np.asarray(np.max(np.abs(x.astype(np.float64)), axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def _row_scale(x: Array) -> Array:
 
 
 def _sinusoidal_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    length, dim = d.int(0, 40, "length"), d.int(1, 40, "dim")
+    length, dim = d.integer(0, 40, "length"), d.integer(1, 40, "dim")
     offset = d.offset()
     base = d.pick((10000.0, 10000.0, 500.0, 1e6), "base")
     layout = d.pick(("interleaved", "split"), "layout")
@@ -197,7 +197,7 @@ def _sinusoidal_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 def _sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     shape = d.pick(((), (5,), (3, 4), (2, 1, 3)), "shape")
     positions = d.positions(shape)
-    dim = d.int(1, 24, "dim")
+    dim = d.integer(1, 24, "dim")
     layout = d.pick(("interleaved", "split"), "layout")
     dtype = d.pick((np.float32, np.float64), "dtype")
     as_list = d.pick((False, True))
@@ -209,7 +209,7 @@ def _sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _add_sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    batch, seq, dim = d.pick(((), (2,), (2, 3))), d.int(1, 12), d.int(1, 20)
+    batch, seq, dim = d.pick(((), (2,), (2, 3))), d.integer(1, 12), d.integer(1, 20)
     dtype = d.pick((np.float32, np.float64), "dtype")
     x = d.data(batch + (seq, dim), dtype)
     d.note("shape", x.shape)
@@ -229,14 +229,14 @@ def _add_sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _add_position_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    batch, seq, dim = d.pick(((), (2,), (2, 2))), d.int(1, 10), d.int(1, 24)
+    batch, seq, dim = d.pick(((), (2,), (2, 2))), d.integer(1, 10), d.integer(1, 24)
     dtype = d.pick((np.float32, np.float64), "dtype")
     table_dtype = d.pick((np.float32, np.float64), "table_dtype")
-    max_len = d.int(seq + 8, 60, "max_len")
+    max_len = d.integer(seq + 8, 60, "max_len")
     x = d.data(batch + (seq, dim), dtype)
     d.note("shape", x.shape)
     table = d.data((max_len, dim), table_dtype, "table")
-    offset = d.int(0, 4, "offset")
+    offset = d.integer(0, 4, "offset")
     form = d.pick(("none", "seq", "full", "per-sequence"), "positions_form")
     if form == "none":
         positions = None
@@ -293,9 +293,9 @@ def supported_scalings(pf: Any) -> tuple[str, ...]:
 
 
 def _rope(pf: Any, d: Draw, methods: tuple[str, ...]) -> Any:
-    dim = 2 * d.int(1, 16)
+    dim = 2 * d.integer(1, 16)
     partial = d.pick((False, False, True))
-    rotary_dim = 2 * d.int(1, dim // 2) if partial else None
+    rotary_dim = 2 * d.integer(1, dim // 2) if partial else None
     layout = d.pick(("interleaved", "half"), "layout")
     base = d.pick((10000.0, 10000.0, 500000.0), "base")
     scaling = _scaling(d, rotary_dim or dim, methods)
@@ -310,7 +310,7 @@ def _rope_input(d: Draw, dim: int, dtype: Any, label: str = "x",
                 heads: int | None = None) -> tuple[Array, Any, int, str]:
     """Draw ``(x, positions, seq_axis, form)`` for one call of ``apply``."""
     form = d.pick(("bhsd", "bshd", "seq", "per-sequence", "decode", "tokens"), "form")
-    b, h, s = d.int(1, 2), heads or d.int(1, 3), d.int(1, 9)
+    b, h, s = d.integer(1, 2), heads or d.integer(1, 3), d.integer(1, 9)
     positions: Any = None
     seq_axis = -2
     if form == "bhsd":
@@ -404,7 +404,7 @@ def _rotary_cos_sin(pf: Any, ref: Any, d: Draw, methods: tuple[str, ...]) -> lis
 
 
 def _rotary_inv_freq(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    rotary_dim = 2 * d.int(1, 32)
+    rotary_dim = 2 * d.integer(1, 32)
     d.note("rotary_dim", rotary_dim)
     base = d.pick((10000.0, 500000.0, 1e6), "base")
     factor = d.pick((None, 2.0, 8.0), "linear_factor")
@@ -417,8 +417,8 @@ def _rotary_inv_freq(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _apply_rotary(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    dim = 2 * d.int(1, 16)
-    rotary_dim = d.pick((None, None, 2 * d.int(1, dim // 2)), "rotary_dim")
+    dim = 2 * d.integer(1, 16)
+    rotary_dim = d.pick((None, None, 2 * d.integer(1, dim // 2)), "rotary_dim")
     base = d.pick((10000.0, 1e6), "base")
     factor = d.pick((1.0, 1.0, 4.0), "interpolation_factor")
     layout = d.pick(("interleaved", "half"), "layout")
@@ -441,7 +441,7 @@ def _apply_rotary(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 def _cos_sin_args(ref: Any, d: Draw, x_lead: tuple[int, ...], seq_axis: int, dim: int,
                   dtype: Any) -> tuple[Array, Array, Any, Array, Array]:
     """Draw a cache form; return ``(cos, sin, positions, row positions, inv_freq)``."""
-    r = d.pick((dim, dim, 2 * d.int(1, dim // 2)), "r")
+    r = d.pick((dim, dim, 2 * d.integer(1, dim // 2)), "r")
     inv_freq = np.array(ref.rope_inv_freq(r, 10000.0))
     # float32 caches only for float32 data: a float64 result must not see float32 rounding.
     cache_dtype = d.pick((np.float32, np.float64)) if dtype == np.float32 else np.float64
@@ -459,7 +459,7 @@ def _cos_sin_args(ref: Any, d: Draw, x_lead: tuple[int, ...], seq_axis: int, dim
 
 
 def _apply_rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    dim = 2 * d.int(1, 16)
+    dim = 2 * d.integer(1, 16)
     dtype = d.pick((np.float32, np.float64), "dtype")
     x, _, seq_axis, _ = _rope_input(d, dim, dtype)
     cos, sin, positions, where, inv_freq = _cos_sin_args(ref, d, x.shape[:-1], seq_axis, dim,
@@ -475,7 +475,7 @@ def _apply_rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _apply_rotary_cos_sin_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    dim = 2 * d.int(1, 16)
+    dim = 2 * d.integer(1, 16)
     dtype = d.pick((np.float32, np.float64), "dtype")
     q, _, seq_axis, _ = _rope_input(d, dim, dtype, "q")
     k = d.data(q.shape, dtype, "k")
@@ -496,15 +496,15 @@ def _apply_rotary_cos_sin_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _alibi_slopes(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    heads = d.int(1, 40, "num_heads")
+    heads = d.integer(1, 40, "num_heads")
     return [Comparison("slopes", pf.alibi_slopes(heads), np.asarray(ref.alibi_slopes(heads)),
                        np.float64, scale=0.0)]
 
 
 def _alibi_bias(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    heads, q_len = d.int(1, 12, "num_heads"), d.int(1, 9, "q_len")
-    k_len = d.pick((None, q_len + d.int(0, 9)), "k_len")
-    offset = d.int(0, 20, "offset")
+    heads, q_len = d.integer(1, 12, "num_heads"), d.integer(1, 9, "q_len")
+    k_len = d.pick((None, q_len + d.integer(0, 9)), "k_len")
+    offset = d.integer(0, 20, "offset")
     causal = d.pick((True, False), "causal")
     dtype = d.pick((np.float32, np.float64), "dtype")
     got = pf.alibi_bias(heads, q_len, k_len, offset=offset, causal=causal, dtype=dtype)
@@ -514,10 +514,10 @@ def _alibi_bias(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _add_alibi(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    heads, q_len, k_len = d.int(1, 8, "num_heads"), d.int(1, 7, "q_len"), d.int(1, 9, "k_len")
+    heads, q_len, k_len = d.integer(1, 8, "num_heads"), d.integer(1, 7, "q_len"), d.integer(1, 9, "k_len")
     dtype = d.pick((np.float32, np.float64), "dtype")
     scores = d.data(d.pick(((), (2,))) + (heads, q_len, k_len), dtype, "scores")
-    offset = d.int(0, 20, "offset")
+    offset = d.integer(0, 20, "offset")
     causal = d.pick((True, False), "causal")
     scores0 = scores.copy()
     out, _ = d.out_for(scores)
@@ -527,9 +527,9 @@ def _add_alibi(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _relative_position_index(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    q_len = d.int(1, 12, "q_len")
-    k_len = d.pick((None, d.int(1, 12)), "k_len")
-    max_distance, offset = d.int(1, 10, "max_distance"), d.int(0, 10, "offset")
+    q_len = d.integer(1, 12, "q_len")
+    k_len = d.pick((None, d.integer(1, 12)), "k_len")
+    max_distance, offset = d.integer(1, 10, "max_distance"), d.integer(0, 10, "offset")
     got = pf.relative_position_index(q_len, k_len, max_distance=max_distance, offset=offset)
     want = np.asarray(ref.relative_position_index(q_len, k_len, max_distance=max_distance,
                                                   offset=offset))
@@ -537,11 +537,11 @@ def _relative_position_index(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 
 def _t5_relative_bucket(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
-    q_len = d.int(1, 40, "q_len")
-    k_len = d.pick((None, d.int(1, 200)), "k_len")
+    q_len = d.integer(1, 40, "q_len")
+    k_len = d.pick((None, d.integer(1, 200)), "k_len")
     bidirectional = d.pick((True, False), "bidirectional")
     num_buckets = d.pick((8, 32, 33), "num_buckets")
-    max_distance, offset = d.pick((16, 128), "max_distance"), d.int(0, 300, "offset")
+    max_distance, offset = d.pick((16, 128), "max_distance"), d.integer(0, 300, "offset")
     kwargs = dict(bidirectional=bidirectional, num_buckets=num_buckets,
                   max_distance=max_distance, offset=offset)
     got = pf.t5_relative_bucket(q_len, k_len, **kwargs)
