@@ -254,12 +254,6 @@ def _add_position_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     return [Comparison("sum", got, want, dtype, scale=scale, same_as=out)]
 
 
-def _scaling(d: Draw, rotary_dim: int, methods: tuple[str, ...]) -> dict[str, Any] | None:
-    """A scaling dict of one of the supported `methods` (None for no scaling)."""
-    method = d.pick(methods, "scaling")
-    return _scaling_dict(method, rotary_dim, float(d.pick((2.0, 4.0, 8.0))))
-
-
 def _scaling_dict(method: str, rotary_dim: int, factor: float) -> dict[str, Any] | None:
     original = {"original_max_position_embeddings": ORIGINAL_LENGTH}
     if method == "none":
@@ -293,15 +287,15 @@ def supported_scalings(pf: Any) -> tuple[str, ...]:
 
 
 def _rope(pf: Any, d: Draw, methods: tuple[str, ...]) -> Any:
-    dim = 2 * d.integer(1, 16)
+    method = d.pick(methods, "scaling")
+    # NTK-style bases divide by rotary_dim - 2: those need two pairs at least.
+    fewest = 2 if method in ("ntk", "dynamic") else 1
+    dim = 2 * d.integer(fewest, 16, "dim")
     partial = d.pick((False, False, True))
-    rotary_dim = 2 * d.integer(1, dim // 2) if partial else None
+    rotary_dim = 2 * d.integer(fewest, dim // 2, "rotary_dim") if partial else None
     layout = d.pick(("interleaved", "half"), "layout")
     base = d.pick((10000.0, 10000.0, 500000.0), "base")
-    scaling = _scaling(d, rotary_dim or dim, methods)
-    d.note("dim", dim)
-    if rotary_dim is not None:
-        d.note("rotary_dim", rotary_dim)
+    scaling = _scaling_dict(method, rotary_dim or dim, float(d.pick((2.0, 4.0, 8.0))))
     return pf.RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout,
                               scaling=scaling)
 
