@@ -1,11 +1,13 @@
 """build_info(): the facts of this build and of the running machine."""
 
+from typing import Any
+
 from . import _cpu, _dispatch
 from ._threads import get_num_threads
 from ._version import __version__
 
 
-def build_info() -> dict:
+def build_info() -> dict[str, Any]:
     """Return the build facts: version, compiler, instruction sets, OpenMP, threads.
 
     Returns

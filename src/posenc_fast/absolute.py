@@ -6,8 +6,10 @@ the recurrence kernel first.
 """
 
 import functools
+from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _validate as v
 from ._dispatch import kernels
@@ -37,8 +39,10 @@ def _fill_sinusoidal(positions: np.ndarray, dim: int, base: float, split: bool,
     return out
 
 
-def sinusoidal_table(length, dim, *, offset=0, base=10000.0, layout="interleaved",
-                     dtype=np.float32, out=None):
+def sinusoidal_table(length: int, dim: int, *, offset: float = 0, base: float = 10000.0,
+                     layout: Literal["interleaved", "split"] = "interleaved",
+                     dtype: DTypeLike = np.float32,
+                     out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Return the sinusoidal encodings of positions ``offset, offset+1, ...``.
 
     Pair ``i`` at position ``p`` uses ``w_i = base ** (-2*i/dim)``.  With
@@ -86,8 +90,10 @@ def sinusoidal_table(length, dim, *, offset=0, base=10000.0, layout="interleaved
     return _fill_sinusoidal(positions, dim, base, split, out)
 
 
-def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", dtype=np.float32,
-               out=None):
+def sinusoidal(positions: ArrayLike, dim: int, *, base: float = 10000.0,
+               layout: Literal["interleaved", "split"] = "interleaved",
+               dtype: DTypeLike = np.float32,
+               out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Return the sinusoidal encoding of arbitrary real positions.
 
     Parameters
@@ -121,7 +127,8 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", dtype=np.f
     return out
 
 
-def _leading_positions(x: np.ndarray, positions, offset: float, *, integral: bool):
+def _leading_positions(x: np.ndarray, positions: ArrayLike | None, offset: float, *,
+                       integral: bool) -> tuple[NDArray[np.float64], tuple[int, ...]]:
     """Positions for the rows of x (..., seq, dim): (values, index_shape)."""
     if positions is None:
         seq = x.shape[-2]
@@ -131,7 +138,7 @@ def _leading_positions(x: np.ndarray, positions, offset: float, *, integral: boo
     return v.with_offset(values, offset), values.shape
 
 
-def _data_array(x, name: str = "x") -> np.ndarray:
+def _data_array(x: ArrayLike, name: str = "x") -> np.ndarray:
     x = v.float_array(x, name)
     if x.ndim < 2:
         raise ValueError(f"{name} must have shape (..., seq, dim) with at least 2 "
@@ -139,14 +146,17 @@ def _data_array(x, name: str = "x") -> np.ndarray:
     return x
 
 
-def _add_rows(x: np.ndarray, table: np.ndarray, index_shape: tuple, out, in_place) -> np.ndarray:
+def _add_rows(x: np.ndarray, table: np.ndarray, index_shape: tuple[int, ...],
+              out: np.ndarray | None, in_place: bool) -> np.ndarray:
     rows = RowOutput(x, out, in_place)
     table_rows = row_table(index_shape, x.shape[:-1])
     kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
     return rows.result()
 
 
-def add_sinusoidal(x, *, positions=None, offset=0, base=10000.0, out=None):
+def add_sinusoidal(x: ArrayLike, *, positions: ArrayLike | None = None, offset: float = 0,
+                   base: float = 10000.0,
+                   out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Return ``x + PE``: x plus the interleaved sinusoidal encoding of each row's position.
 
     Parameters
@@ -185,7 +195,7 @@ def add_sinusoidal(x, *, positions=None, offset=0, base=10000.0, out=None):
     return _add_rows(x, table, index_shape, out, in_place)
 
 
-def _integer_positions(positions) -> np.ndarray:
+def _integer_positions(positions: ArrayLike) -> np.ndarray:
     if not isinstance(positions, np.ndarray):
         try:
             positions = np.asarray(positions)
@@ -196,7 +206,9 @@ def _integer_positions(positions) -> np.ndarray:
     return positions
 
 
-def add_position_table(x, table, positions=None, *, offset=0, out=None):
+def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | None = None, *,
+                       offset: int = 0,
+                       out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Return ``x + table[positions]``: add a learned absolute position table (GPT-2).
 
     Parameters

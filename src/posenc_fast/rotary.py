@@ -9,9 +9,12 @@ the factor (see ``_frequencies``), never the kernels.
 
 import functools
 import math
+import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _validate as v
 from ._dispatch import kernels
@@ -19,21 +22,28 @@ from ._frequencies import resolve_rope_scaling
 from ._rows import RowOutput, cos_sin_table, row_table
 from ._threads import threads_for
 
+if TYPE_CHECKING:  # every variant has the same API; the stub of one types them all
+    from ._kernels_baseline import RotaryBase
+else:
+    RotaryBase = kernels.RotaryBase
 
-def _flag(value, name: str) -> bool:
+
+def _flag(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return bool(value)
 
 
-def _data(x, name: str, dim: int) -> np.ndarray:
+def _data(x: ArrayLike, name: str, dim: int) -> np.ndarray:
     x = v.float_array(x, name)
     if x.ndim < 1 or x.shape[-1] != dim:
         raise ValueError(f"{name} must have shape (..., {dim}) (last axis = dim), got {x.shape}")
     return x
 
 
-def _call_positions(lead: tuple, positions, offset: float, seq_axis, name: str = "x"):
+def _call_positions(lead: tuple[int, ...], positions: ArrayLike | None, offset: float,
+                    seq_axis: int, name: str = "x"
+                    ) -> tuple[NDArray[np.float64], tuple[int, ...]]:
     """Positions of one call: (float64 values, their index shape against `lead`)."""
     if positions is None:
         if not lead:
@@ -62,7 +72,7 @@ def _seq_len(values: np.ndarray) -> int:
 
 
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, half: bool,
-            inverse: bool, out, in_place: bool) -> np.ndarray:
+            inverse: bool, out: np.ndarray | None, in_place: bool) -> np.ndarray:
     # index: for each row of x (C order), the cos/sin row it uses.
     rows = RowOutput(x, out, in_place)
     kernels.rotate_rows(rows.x_rows, rows.rows, cos, sin, index, half, inverse,
@@ -70,7 +80,7 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, 
     return rows.result()
 
 
-class RotaryEmbedding(kernels.RotaryBase):
+class RotaryEmbedding(RotaryBase):
     """Rotary position embedding for query/key arrays of head dimension `dim`.
 
     Pair ``i`` at position ``p`` is rotated by ``theta = p * inv_freq[i]``:
@@ -105,8 +115,9 @@ class RotaryEmbedding(kernels.RotaryBase):
     (1, 4, 10, 64)
     """
 
-    def __init__(self, dim, *, base=10000.0, rotary_dim=None, layout="interleaved",
-                 scaling=None):
+    def __init__(self, dim: int, *, base: float = 10000.0, rotary_dim: int | None = None,
+                 layout: Literal["interleaved", "half"] = "interleaved",
+                 scaling: Mapping[str, Any] | None = None) -> None:
         dim = v.integer(dim, "dim", minimum=1)
         if rotary_dim is None:
             if dim % 2:
@@ -131,7 +142,8 @@ class RotaryEmbedding(kernels.RotaryBase):
                              _length_with_base_frequencies(self._frequencies))
 
     @classmethod
-    def from_hf_config(cls, config) -> "RotaryEmbedding":
+    def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str]
+                       ) -> "RotaryEmbedding":
         """Build the rotary embedding a Hugging Face model config describes.
 
         Parameters
@@ -161,7 +173,7 @@ class RotaryEmbedding(kernels.RotaryBase):
                                 doc="Factor multiplying the rotated features (1.0 unless scaled).")
 
     @property
-    def scaling(self) -> dict | None:
+    def scaling(self) -> dict[str, Any] | None:
         """The scaling dict (a copy), or None."""
         params = self._frequencies.params
         return None if params is None else dict(params)
@@ -170,11 +182,12 @@ class RotaryEmbedding(kernels.RotaryBase):
         return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
                 f"layout={self._layout!r}, scaling={self.scaling!r})")
 
-    def inv_freq_for(self, seq_len) -> np.ndarray:
+    def inv_freq_for(self, seq_len: int) -> NDArray[np.float64]:
         """Frequencies a call with ``max(positions) + 1 == seq_len`` uses (float64, read-only)."""
         return self._frequencies.inv_freq_for(v.integer(seq_len, "seq_len", minimum=1))
 
-    def _table(self, values: np.ndarray, dtype: np.dtype, inverse: bool = False):
+    def _table(self, values: NDArray[np.float64], dtype: np.dtype[Any], inverse: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
         seq_len = _seq_len(values)
         freqs = self._frequencies.inv_freq_for(seq_len)
         factor = float(self._frequencies.attention_factor_for(seq_len))
@@ -222,7 +235,8 @@ class RotaryEmbedding(kernels.RotaryBase):
                         out_k, k_in_place)
         return q_rot, k_rot
 
-    def cos_sin(self, positions, *, dtype=np.float32):
+    def cos_sin(self, positions: ArrayLike, *, dtype: DTypeLike = np.float32
+                ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
         """Return ``(cos, sin)`` of the rotation angles, attention factor applied.
 
         Parameters
@@ -241,9 +255,12 @@ class RotaryEmbedding(kernels.RotaryBase):
         return cos.reshape(shape), sin.reshape(shape)
 
 
-def apply_rotary(x, positions=None, *, base=10000.0, interpolation_factor=1.0,
-                 layout="interleaved", rotary_dim=None, offset=0, seq_axis=-2, inverse=False,
-                 out=None):
+def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0,
+                 interpolation_factor: float = 1.0,
+                 layout: Literal["interleaved", "half"] = "interleaved",
+                 rotary_dim: int | None = None, offset: float = 0, seq_axis: int = -2,
+                 inverse: bool = False,
+                 out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Rotate `x` in one call, without building a `RotaryEmbedding`.
 
     ``interpolation_factor`` (>= 1) is linear position interpolation:

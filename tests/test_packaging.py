@@ -1,0 +1,98 @@
+"""Packaging: sdist and wheel build, the sdist builds from scratch, the wheel installs clean.
+
+Slow (minutes: it compiles every kernel variant in an isolated build
+environment and installs into a fresh venv), so it runs only with
+``POSENC_FAST_TEST_PACKAGING=1``.  Prints the time of each step.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("POSENC_FAST_TEST_PACKAGING") != "1",
+                       reason="set POSENC_FAST_TEST_PACKAGING=1 to build and install (minutes)"),
+    pytest.mark.skipif(importlib.util.find_spec("build") is None,
+                       reason="the 'build' package is not installed"),
+]
+
+
+def _version() -> str:
+    text = (ROOT / "src" / "posenc_fast" / "_version.py").read_text()
+    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+
+
+def _step(name: str, command: list, cwd: Path, timings: dict) -> str:
+    start = time.perf_counter()
+    # PYTHONPATH would put the source tree on the path; the point is to use none.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True,
+                            text=True, timeout=1800)
+    timings[name] = time.perf_counter() - start
+    assert result.returncode == 0, (f"{name} failed:\n{result.stdout[-4000:]}\n"
+                                    f"{result.stderr[-4000:]}")
+    return result.stdout
+
+
+@pytest.fixture
+def timings():
+    steps: dict[str, float] = {}
+    yield steps
+    print("\npackaging timings:")
+    for name, seconds in steps.items():
+        print(f"  {name:30} {seconds:7.1f} s")
+
+
+def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
+    dist = tmp_path / "dist"
+    version = _version()
+    # With no --sdist/--wheel, build makes the sdist and then the wheel *from
+    # the sdist*: the sdist must hold everything a build from scratch needs.
+    _step("build sdist + wheel from it", [sys.executable, "-m", "build", "--outdir", dist, ROOT],
+          tmp_path, timings)
+    sdist = dist / f"posenc_fast-{version}.tar.gz"
+    wheels = list(dist.glob(f"posenc_fast-{version}-*.whl"))
+    assert sdist.is_file() and len(wheels) == 1, sorted(p.name for p in dist.iterdir())
+
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    for needed in ("pyproject.toml", "setup.py", "README.md", "src/posenc_fast/_kernels.pxi",
+                   "src/posenc_fast/_kernels_baseline.pyx", "src/posenc_fast/_cpu.pyx",
+                   "src/posenc_fast/_cpu.pyi", "src/posenc_fast/py.typed",
+                   "src/posenc_fast/reference.py", "tests/test_cli.py",
+                   "examples/typing_example.py"):
+        assert needed in names, f"sdist lacks {needed}"
+    assert not [n for n in names if n.endswith((".so", ".pyd")) or n.startswith("build/")]
+
+    with zipfile.ZipFile(wheels[0]) as archive:
+        files = set(archive.namelist())
+    assert "posenc_fast/py.typed" in files and "posenc_fast/_kernels_baseline.pyi" in files
+    assert any(re.match(r"posenc_fast/_kernels_baseline\..*(so|pyd)$", f) for f in files)
+    assert not [f for f in files if f.endswith((".pyx", ".pxi", ".c"))]
+
+    venv = tmp_path / "venv"
+    _step("create venv", [sys.executable, "-m", "venv", venv], tmp_path, timings)
+    python = venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    _step("pip install wheel", [python, "-m", "pip", "install", "--quiet", wheels[0]],
+          tmp_path, timings)
+    # Run from an empty folder: only the installed package can be imported.
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    where = _step("import", [python, "-c", "import posenc_fast as pf; "
+                             "print(pf.__version__); print(pf.__file__)"], work, timings)
+    assert where.splitlines()[0] == version
+    assert str(venv) in where.splitlines()[1]
+    _step("posenc_fast info", [python, "-m", "posenc_fast", "info"], work, timings)
+    out = _step("posenc_fast check", [python, "-m", "posenc_fast", "check"], work, timings)
+    assert re.fullmatch(r"\d+ passed, 0 failed", out.strip().splitlines()[-1]), out
