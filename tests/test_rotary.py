@@ -485,3 +485,15 @@ def test_cache_grows_and_stays_consistent():
     rope.apply(x, offset=50_000)  # grows the cache far beyond the first rows
     np.testing.assert_array_equal(rope.apply(x, offset=5), early)
     np.testing.assert_array_equal(rope.apply(x, offset=5.0), early)  # general path
+
+
+def test_pickle_round_trip():
+    import pickle
+
+    rope = pf.RotaryEmbedding(64, base=500000.0, rotary_dim=32, layout="half",
+                              scaling={"rope_type": "yarn", "factor": 4.0,
+                                       "original_max_position_embeddings": 256})
+    x = random((2, 5, 64), np.float32)
+    clone = pickle.loads(pickle.dumps(rope))
+    assert repr(clone) == repr(rope)
+    np.testing.assert_array_equal(clone.apply(x, offset=3), rope.apply(x, offset=3))

@@ -535,7 +535,8 @@ def _t5_relative_bucket(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     k_len = d.pick((None, d.integer(1, 200)), "k_len")
     bidirectional = d.pick((True, False), "bidirectional")
     num_buckets = d.pick((8, 32, 33), "num_buckets")
-    max_distance, offset = d.pick((16, 128), "max_distance"), d.integer(0, 300, "offset")
+    # T5 needs max_distance above its exact buckets (num_buckets/4 or /2).
+    max_distance, offset = d.pick((20, 128), "max_distance"), d.integer(0, 300, "offset")
     kwargs = dict(bidirectional=bidirectional, num_buckets=num_buckets,
                   max_distance=max_distance, offset=offset)
     got = pf.t5_relative_bucket(q_len, k_len, **kwargs)

@@ -401,6 +401,7 @@ def add_table_rows(const data_t[:, ::1] x, data_t[:, ::1] out, const table_t[:, 
 # paths use the same canonical cos/sin values and row functions, so they give
 # bitwise the same results.
 
+cimport cython
 cimport numpy as cnp
 from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
@@ -620,6 +621,7 @@ cdef object _fast_out(cnp.ndarray x, object out, tuple others):
     return arr
 
 
+@cython.auto_pickle(False)  # RotaryEmbedding pickles by its constructor arguments
 cdef class RotaryBase:
     """Compiled state and fast path of RotaryEmbedding (see rotary.py)."""
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from typing_extensions import disjoint_base
 
 _F64 = NDArray[np.float64]
 _Float = NDArray[np.float32] | NDArray[np.float64]
@@ -42,6 +43,7 @@ def t5_bucket_vector(dstart: int, bidirectional: bool, num_buckets: int, log_rat
                      out: _Int64) -> None: ...
 def diagonal_rows(vector: _Int64, out: _Int64, num_threads: int) -> None: ...
 
+@disjoint_base
 class RotaryBase:
     def _init_fast_path(self, dim: int, rotary_dim: int, half: bool, freqs: _F64,
                         attention_factor: float, valid_below: int) -> None: ...

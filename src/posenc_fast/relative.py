@@ -14,9 +14,11 @@ and the bottom-right corner MPT and BLOOM slice from a longer bias).
 """
 
 import functools
+from typing import Any
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _validate as v
 from ._dispatch import kernels
@@ -67,7 +69,7 @@ def _slopes(num_heads: int) -> np.ndarray:
     return result
 
 
-def alibi_slopes(num_heads):
+def alibi_slopes(num_heads: int) -> NDArray[np.float64]:
     """Return the ALiBi slope of every head (Press et al., 2022; BLOOM).
 
     For a power of two ``n`` the slopes are ``2**(-8*(h+1)/n)``, ``h = 0 ..
@@ -102,8 +104,9 @@ def alibi_slopes(num_heads):
     return _slopes(v.integer(num_heads, "num_heads", minimum=1)).copy()
 
 
-def alibi_bias(num_heads, q_len, k_len=None, *, offset=0, causal=True, dtype=np.float32,
-               out=None):
+def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, offset: int = 0,
+               causal: bool = True, dtype: DTypeLike = np.float32,
+               out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Return the ALiBi attention bias ``-slope_h * (q_pos - k_pos)`` for every head.
 
     Query ``i`` sits at ``q_pos = offset + i``, key ``j`` at ``k_pos = j``.
@@ -169,7 +172,8 @@ def alibi_bias(num_heads, q_len, k_len=None, *, offset=0, causal=True, dtype=np.
     return out
 
 
-def add_alibi(scores, *, offset=0, causal=True, out=None):
+def add_alibi(scores: ArrayLike, *, offset: int = 0, causal: bool = True,
+              out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
     """Return ``scores + alibi_bias(heads, q_len, k_len, offset=offset, causal=causal)``.
 
     One pass over `scores`: each bias value is computed where it is added
@@ -220,7 +224,8 @@ def add_alibi(scores, *, offset=0, causal=True, out=None):
     return rows.result()
 
 
-def relative_position_index(q_len, k_len=None, *, max_distance, offset=0):
+def relative_position_index(q_len: int, k_len: int | None = None, *, max_distance: int,
+                            offset: int = 0) -> NDArray[np.int64]:
     """Return Shaw et al.'s clipped relative positions ``clip(k_pos - q_pos, -k, k) + k``.
 
     Query ``i`` sits at ``q_pos = offset + i``, key ``j`` at ``k_pos = j``,
@@ -272,8 +277,9 @@ def _diagonal(vector: np.ndarray, q_len: int, k_len: int) -> np.ndarray:
     return out
 
 
-def t5_relative_bucket(q_len, k_len=None, *, bidirectional=True, num_buckets=32,
-                       max_distance=128, offset=0):
+def t5_relative_bucket(q_len: int, k_len: int | None = None, *, bidirectional: bool = True,
+                       num_buckets: int = 32, max_distance: int = 128,
+                       offset: int = 0) -> NDArray[np.int64]:
     """Return T5's relative-position bucket of every (query, key) pair.
 
     The relative position ``k_pos - q_pos`` (query ``i`` at ``offset + i``,

@@ -178,6 +178,9 @@ class RotaryEmbedding(RotaryBase):
         params = self._frequencies.params
         return None if params is None else dict(params)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling))
+
     def __repr__(self) -> str:
         return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
                 f"layout={self._layout!r}, scaling={self.scaling!r})")
@@ -253,6 +256,12 @@ class RotaryEmbedding(RotaryBase):
         cos, sin = self._table(values, dtype)
         shape = values.shape + (self._rotary_dim // 2,)
         return cos.reshape(shape), sin.reshape(shape)
+
+
+def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
+             scaling: dict[str, Any] | None) -> RotaryEmbedding:
+    # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use).
+    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling)
 
 
 def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0,
@@ -344,7 +353,11 @@ def _check_cache_width(cos: np.ndarray, x: np.ndarray, name: str, positions) -> 
                          f"Hugging Face cache)")
 
 
-def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=False, out=None):
+def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
+                         positions: ArrayLike | None = None, *,
+                         layout: Literal["interleaved", "half"] = "half", inverse: bool = False,
+                         out: NDArray[np.floating[Any]] | None = None
+                         ) -> NDArray[np.floating[Any]]:
     """Rotate `x` with a cos/sin cache the caller already holds.
 
     Parameters
@@ -393,8 +406,12 @@ def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=
     return _rotate(x, _as_table(cos), _as_table(sin), index, half, inverse, out, in_place)
 
 
-def apply_rotary_cos_sin_qk(q, k, cos, sin, positions=None, *, layout="half", inverse=False,
-                            out_q=None, out_k=None):
+def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: ArrayLike,
+                            positions: ArrayLike | None = None, *,
+                            layout: Literal["interleaved", "half"] = "half", inverse: bool = False,
+                            out_q: NDArray[np.floating[Any]] | None = None,
+                            out_k: NDArray[np.floating[Any]] | None = None
+                            ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
     """Rotate queries and keys with one cos/sin cache (see `apply_rotary_cos_sin`).
 
     Returns
