@@ -144,7 +144,9 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim):
     if not -cos.ndim - 1 <= unsqueeze_dim <= cos.ndim:
         raise ValueError(f"unsqueeze_dim must be in [{-cos.ndim - 1}, {cos.ndim}] for cos of "
                          f"shape {cos.shape}, got {unsqueeze_dim}")
-    cos, sin = np.expand_dims(cos, unsqueeze_dim), np.expand_dims(sin, unsqueeze_dim)
+    axis = unsqueeze_dim + cos.ndim + 1 if unsqueeze_dim < 0 else unsqueeze_dim
+    shape = cos.shape[:axis] + (1,) + cos.shape[axis:]
+    cos, sin = cos.reshape(shape), sin.reshape(shape)  # views: np.expand_dims, faster
     if dim < 2 or dim % 2 or k.ndim < 1 or k.shape[-1] != dim or cos.shape[-1] != dim:
         raise ValueError(f"q, k and the unsqueezed cos/sin must end in the same even head_dim, "
                          f"got q {q.shape}, k {k.shape}, cos {cos.shape} (a full-width "
