@@ -129,7 +129,7 @@ def _numpy_can_take(torch, tensors) -> bool:
 def _torch_formula(torch, q, k, cos, sin, unsqueeze_dim):
     # transformers' own code, for what the NumPy path does not take.
     def rotate_half(x):
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        x1, x2 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat((-x2, x1), dim=-1)
 
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
@@ -146,7 +146,7 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim):
                          f"shape {cos.shape}, got {unsqueeze_dim}")
     axis = unsqueeze_dim + cos.ndim + 1 if unsqueeze_dim < 0 else unsqueeze_dim
     shape = cos.shape[:axis] + (1,) + cos.shape[axis:]
-    cos, sin = cos.reshape(shape), sin.reshape(shape)  # views: np.expand_dims, faster
+    cos, sin = cos.reshape(shape), sin.reshape(shape)  # np.expand_dims without its overhead
     if dim < 2 or dim % 2 or k.ndim < 1 or k.shape[-1] != dim or cos.shape[-1] != dim:
         raise ValueError(f"q, k and the unsqueezed cos/sin must end in the same even head_dim, "
                          f"got q {q.shape}, k {k.shape}, cos {cos.shape} (a full-width "
@@ -202,7 +202,9 @@ def install(model=None) -> Installation:
     module global on every call, so models already built are affected too.
     Results are those of transformers' own function (bit for bit in
     float32/float64 on the CPU); other dtypes, devices and training fall back
-    to transformers' formula.
+    to transformers' formula.  Run the model under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` (``generate`` does): otherwise q and k require
+    grad and every call takes the fallback.
 
     Parameters
     ----------
