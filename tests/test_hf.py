@@ -7,6 +7,7 @@ small configs with random weights: nothing is downloaded.
 import ast
 import importlib
 import inspect
+import sys
 
 import numpy as np
 import pytest
@@ -271,6 +272,26 @@ def test_install_errors():
         hf.install(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="model must be a torch.nn.Module or None, got str"):
         hf.install("llama")
+
+
+@pytest.mark.parametrize("missing, match", [
+    ("torch", "posenc_fast.hf needs torch: pip install torch"),
+    ("transformers", "posenc_fast.hf.install needs transformers: pip install transformers"),
+])
+def test_install_says_what_is_missing(monkeypatch, missing, match):
+    monkeypatch.setitem(sys.modules, missing, None)  # makes `import missing` fail
+    with pytest.raises(ImportError, match=match):
+        hf.install()
+
+
+def test_numpy_inputs_need_no_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    q, k = qk((1, 2, 5, 8), (1, 2, 5, 8), torch.float64, "contiguous")
+    cos, sin = hf_cache(1, 5, 8, torch.float64)
+    expected = HF_APPLY(q, k, cos, sin)
+    got = hf.apply_rotary_pos_emb(q.numpy(), k.numpy(), cos.numpy(), sin.numpy())
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e.numpy(), rtol=0, atol=1e-14)
 
 
 # ---------------------------------------------------------------------------
