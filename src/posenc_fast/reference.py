@@ -152,6 +152,57 @@ def rope_cos_sin(positions, inv_freq, attention_factor=1.0):
 
 
 # ---------------------------------------------------------------------------
+# rotation with a caller's cos/sin cache
+
+
+def rotate_vector_cos_sin(vector, cos, sin, layout="half", inverse=False):
+    """Rotate one vector with given cos/sin values, one per pair.
+
+    Pair i is rotated as (a, b) -> (a*cos[i] - b*sin[i], a*sin[i] + b*cos[i]);
+    `inverse` uses -sin.  Features past 2*len(cos) are copied unchanged.
+    """
+    result = [float(value) for value in vector]
+    rotary_dim = 2 * len(cos)
+    for i in range(len(cos)):
+        c, s = float(cos[i]), float(sin[i])
+        if inverse:
+            s = -s
+        first, second = rope_pair_indices(i, rotary_dim, layout)
+        a, b = result[first], result[second]
+        result[first] = a * c - b * s
+        result[second] = a * s + b * c
+    return result
+
+
+def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=False):
+    """Rotate every vector of x with a cos/sin cache.
+
+    Without `positions`, cos/sin (..., r/2) broadcast against
+    x.shape[:-1] + (r/2,); with `positions`, they are tables (n, r/2) and
+    vector x[idx] uses row positions[idx] (positions broadcast to x.shape[:-1]).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    cos = np.asarray(cos, dtype=np.float64)
+    sin = np.asarray(sin, dtype=np.float64)
+    lead, half = x.shape[:-1], cos.shape[-1]
+    if positions is None:
+        cos_rows = np.broadcast_to(cos, lead + (half,))
+        sin_rows = np.broadcast_to(sin, lead + (half,))
+    else:
+        positions = np.broadcast_to(np.asarray(positions), lead)
+    result = np.zeros(x.shape)
+    for index in np.ndindex(lead):
+        if positions is None:
+            c, s = cos_rows[index], sin_rows[index]
+        else:
+            p = int(positions[index])
+            if not 0 <= p < cos.shape[0]:
+                raise ValueError(f"position {p} outside [0, {cos.shape[0]})")
+            c, s = cos[p], sin[p]
+        result[index] = rotate_vector_cos_sin(x[index], c, s, layout, inverse)
+
+
+# ---------------------------------------------------------------------------
 # relative schemes
 #
 # Query i sits at position offset + i, key j at position j; k_len defaults to

@@ -339,7 +339,8 @@ def _cache_index(cos: np.ndarray, lead: tuple, positions, name: str) -> np.ndarr
     if index.size and (int(index.min()) < 0 or int(index.max()) >= n):
         raise ValueError(f"positions must lie in [0, {n}) (rows of the cos/sin table), got "
                          f"values from {int(index.min())} to {int(index.max())}")
-    return np.ascontiguousarray(np.broadcast_to(index.astype(np.intp, copy=False), lead)).reshape(-1)
+    index = np.broadcast_to(index.astype(np.intp, copy=False), lead)
+    return np.ascontiguousarray(index).reshape(-1)
 
 
 def _check_cache_width(cos: np.ndarray, x: np.ndarray, name: str, positions) -> None:

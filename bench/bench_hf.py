@@ -1,0 +1,123 @@
+"""posenc_fast.hf.apply_rotary_pos_emb vs transformers' own, on one CPU thread.
+
+A plain script (needs torch and transformers):
+
+    PYTHONPATH=src python bench/bench_hf.py [--repeats N]
+
+Part 1 times the rotation alone for q (1, 32, 4096, 128) and k (1, 8, 4096,
+128) float32, both as contiguous tensors and as Llama's (batch, heads, seq,
+dim) views of (batch, seq, heads, dim) projections, then for one decode step
+(seq 1), where the per-call overhead shows.  Part 2 times the forward
+pass of small random Llama models on a 512-token prompt with and without
+`hf.install`.  Each line is the median over interleaved repetitions
+(alternating which contender runs first), so drifts in machine speed hit
+both alike.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import transformers
+from transformers.models.llama import modeling_llama
+
+import posenc_fast as pf
+from posenc_fast import hf
+
+
+def interleaved_medians(contenders: dict, repeats: int) -> dict:
+    """Median seconds per contender, running each once per round in alternating order."""
+    times = {name: [] for name in contenders}
+    names = list(contenders)
+    for name in names:  # warm-up
+        contenders[name]()
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def report(title: str, medians: dict, nbytes: int | None = None) -> None:
+    baseline = medians["transformers"]
+    print(title)
+    for name, seconds in medians.items():
+        rate = f"  {nbytes / seconds / 1e9:6.2f} GB/s" if nbytes else ""
+        print(f"  {name:<14} {seconds * 1e3:9.3f} ms  {baseline / seconds:5.2f}x{rate}")
+
+
+def rotation(repeats: int) -> None:
+    batch, heads, kv_heads, seq, dim = 1, 32, 8, 4096, 128
+    rope = modeling_llama.LlamaRotaryEmbedding(transformers.LlamaConfig(
+        hidden_size=heads * dim, num_attention_heads=heads, max_position_embeddings=seq))
+    x = torch.empty(batch, seq, dim)
+    cos, sin = rope(x, torch.arange(seq)[None])
+    generator = torch.Generator().manual_seed(0)
+    for layout in ("contiguous", "llama view", "decode step"):
+        if layout == "decode step":  # one new token: per-call overhead
+            q = torch.randn(batch, 1, heads, dim, generator=generator).transpose(1, 2)
+            k = torch.randn(batch, 1, kv_heads, dim, generator=generator).transpose(1, 2)
+            cos, sin = cos[:, -1:], sin[:, -1:]
+        elif layout == "contiguous":
+            q = torch.randn(batch, heads, seq, dim, generator=generator)
+            k = torch.randn(batch, kv_heads, seq, dim, generator=generator)
+        else:
+            q = torch.randn(batch, seq, heads, dim, generator=generator).transpose(1, 2)
+            k = torch.randn(batch, seq, kv_heads, dim, generator=generator).transpose(1, 2)
+        with torch.no_grad():
+            medians = interleaved_medians({
+                "transformers": lambda: modeling_llama.apply_rotary_pos_emb(q, k, cos, sin),
+                "posenc_fast": lambda: hf.apply_rotary_pos_emb(q, k, cos, sin),
+            }, repeats * (100 if layout == "decode step" else 1))
+        # read q and k, write both results (the cache is small next to them)
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+        report(f"apply_rotary_pos_emb, q {tuple(q.shape)} k {tuple(k.shape)} float32, "
+               f"{layout}", medians, nbytes)
+
+
+def forward(repeats: int, prompt: int = 512) -> None:
+    original = modeling_llama.apply_rotary_pos_emb
+    configs = {
+        "2 layers, hidden 64, 4 heads (head_dim 16)":
+            dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+        "4 layers, hidden 1024, 16 heads (head_dim 64)":
+            dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                 num_attention_heads=16, num_key_value_heads=4),
+    }
+    for title, sizes in configs.items():
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=128, max_position_embeddings=prompt, **sizes)).eval()
+        ids = torch.randint(0, 128, (1, prompt))
+
+        def run(patched):
+            # What hf.install does, without its one-off module walk inside the timing.
+            modeling_llama.apply_rotary_pos_emb = hf.apply_rotary_pos_emb if patched else original
+            try:
+                with torch.no_grad():
+                    model(ids)
+            finally:
+                modeling_llama.apply_rotary_pos_emb = original
+
+        medians = interleaved_medians({"transformers": lambda: run(False),
+                                       "posenc_fast": lambda: run(True)}, repeats)
+        report(f"LlamaForCausalLM forward, {title}, prompt {prompt}", medians)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    pf.set_num_threads(1)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"posenc_fast {pf.build_info()}")
+    rotation(args.repeats)
+    forward(args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""posenc_fast.hf against transformers' own apply_rotary_pos_emb and inside real models.
+
+Skipped unless torch and transformers are installed.  Models are built from
+small configs with random weights: nothing is downloaded.
+"""
+
+import ast
+import importlib
+import inspect
+import sys
+
+import numpy as np
+import pytest
+
+import posenc_fast
+from posenc_fast import hf
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+modeling_llama = importlib.import_module("transformers.models.llama.modeling_llama")
+
+# transformers' function, kept even while a test has posenc_fast installed
+HF_APPLY = modeling_llama.apply_rotary_pos_emb
+TOL = {torch.float32: dict(rtol=0, atol=1e-6), torch.float64: dict(rtol=0, atol=1e-14)}
+
+
+@pytest.fixture(autouse=True)
+def restore_transformers():
+    yield
+    hf.uninstall()
+
+
+def hf_cache(batch, seq, dim, dtype=torch.float32, seed=0):
+    """A full-width (batch, seq, dim) cos/sin cache with repeated halves, as transformers builds."""
+    generator = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 4096, (batch, seq, 1), generator=generator).double()
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = positions * inv_freq
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def qk(shape_q, shape_k, dtype, layout, seed=1):
+    """Random q and k of the given logical shapes, laid out as `layout` says."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def make(shape):
+        if layout == "contiguous":
+            return torch.randn(shape, generator=generator, dtype=dtype)
+        if layout == "transposed":  # Llama: a (b, h, s, d) view of the (b, s, h, d) projection
+            b, h, s, d = shape
+            return torch.randn((b, s, h, d), generator=generator, dtype=dtype).transpose(1, 2)
+        return torch.randn(shape[:-1] + (2 * shape[-1],), generator=generator,
+                           dtype=dtype)[..., 1::2]  # strided last axis: needs a copy
+
+    return make(shape_q), make(shape_k)
+
+
+# ---------------------------------------------------------------------------
+# the function
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equals_transformers(dtype, unsqueeze_dim, layout):
+    b, heads, kv_heads, seq, dim = 2, 8, 2, 7, 32
+    if unsqueeze_dim == 1:
+        q, k = qk((b, heads, seq, dim), (b, kv_heads, seq, dim), dtype, layout)
+    else:
+        q, k = qk((b, seq, heads, dim), (b, seq, kv_heads, dim), dtype, layout)
+    cos, sin = hf_cache(b, seq, dim, dtype)
+    q_before, k_before = q.clone(), k.clone()
+    expected = HF_APPLY(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    got = hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for g, e in zip(got, expected):
+        assert type(g) is torch.Tensor and g.dtype == dtype and g.shape == e.shape
+        torch.testing.assert_close(g, e, **TOL[dtype])
+    if layout != "strided":  # torch's output strides follow the input's memory order; so do ours
+        assert [g.stride() for g in got] == [e.stride() for e in expected]
+    assert torch.equal(q, q_before) and torch.equal(k, k_before)
+
+
+def test_unsqueeze_dim_0_with_a_cache_without_batch():
+    # Pixtral's call: cos (seq, dim) for q (batch, heads, seq, dim).
+    q, k = qk((2, 4, 6, 16), (2, 4, 6, 16), torch.float32, "contiguous")
+    cos, sin = (t[0] for t in hf_cache(1, 6, 16))
+    for g, e in zip(hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0),
+                    HF_APPLY(q, k, cos, sin, unsqueeze_dim=0)):
+        torch.testing.assert_close(g, e, **TOL[torch.float32])
+
+
+def test_position_ids_is_ignored():
+    q, k = qk((1, 2, 5, 8), (1, 2, 5, 8), torch.float32, "contiguous")
+    cos, sin = hf_cache(1, 5, 8)
+    plain = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    with_ids = hf.apply_rotary_pos_emb(q, k, cos, sin, torch.arange(5)[None] + 100)
+    assert all(torch.equal(a, b) for a, b in zip(plain, with_ids))
+
+
+def test_torch_tensors_are_viewed_not_copied(monkeypatch):
+    q, k = qk((1, 4, 6, 16), (1, 2, 6, 16), torch.float32, "transposed")
+    cos, sin = hf_cache(1, 6, 16)
+    calls = []
+
+    def recording(x, c, s):
+        result = posenc_fast.apply_rotary_cos_sin(x, c, s)
+        calls.append((x, c, s, result))
+        return result
+
+    monkeypatch.setattr(hf, "apply_rotary_cos_sin", recording)
+    q_rot, k_rot = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    (xq, cq, sq, rq), (xk, _, _, rk) = calls
+    # The kernel saw q's and the cache's own memory, already in row order ...
+    assert np.shares_memory(xq, q.numpy()) and xq.flags.c_contiguous
+    assert np.shares_memory(xk, k.numpy()) and xk.flags.c_contiguous
+    assert np.shares_memory(cq, cos.numpy()) and np.shares_memory(sq, sin.numpy())
+    # ... and the tensors returned are its output arrays.
+    assert np.shares_memory(q_rot.numpy(), rq) and np.shares_memory(k_rot.numpy(), rk)
+
+
+def test_numpy_in_numpy_out():
+    q, k = qk((2, 4, 5, 16), (2, 2, 5, 16), torch.float64, "transposed")
+    cos, sin = hf_cache(2, 5, 16, torch.float64)
+    got = hf.apply_rotary_pos_emb(q.numpy(), k.numpy(), cos.numpy(), sin.numpy())
+    expected = HF_APPLY(q, k, cos, sin)
+    for g, e in zip(got, expected):
+        assert type(g) is np.ndarray
+        np.testing.assert_allclose(g, e.numpy(), rtol=0, atol=1e-14)
+
+
+def test_inference_mode():
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float32, "transposed")
+    cos, sin = hf_cache(1, 5, 16)
+    with torch.inference_mode():
+        got = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    for g, e in zip(got, HF_APPLY(q, k, cos, sin)):
+        torch.testing.assert_close(g, e, **TOL[torch.float32])
+
+
+# ---------------------------------------------------------------------------
+# what falls back to transformers' formula
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_falls_back_to_transformers(dtype):
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), dtype, "transposed")
+    cos, sin = hf_cache(1, 5, 16, dtype)
+    for g, e in zip(hf.apply_rotary_pos_emb(q, k, cos, sin), HF_APPLY(q, k, cos, sin)):
+        assert g.dtype == dtype
+        assert torch.equal(g, e)
+
+
+def test_wider_cache_promotes_like_torch():
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float32, "contiguous")
+    cos, sin = hf_cache(1, 5, 16, torch.float64)
+    for g, e in zip(hf.apply_rotary_pos_emb(q, k, cos, sin), HF_APPLY(q, k, cos, sin)):
+        assert g.dtype == e.dtype == torch.float64
+        torch.testing.assert_close(g, e, **TOL[torch.float64])
+
+
+def test_narrower_cache_computes_in_the_data_dtype():
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float64, "transposed")
+    cos, sin = hf_cache(1, 5, 16, torch.float32)
+    for g, e in zip(hf.apply_rotary_pos_emb(q, k, cos, sin), HF_APPLY(q, k, cos, sin)):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, e, **TOL[torch.float64])
+
+
+def test_gradients_flow_through_the_fallback(monkeypatch):
+    monkeypatch.setattr(hf, "apply_rotary_cos_sin", None)  # the kernel must not be reached
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float64, "contiguous")
+    cos, sin = hf_cache(1, 5, 16, torch.float64)
+    grads = []
+    for function in (hf.apply_rotary_pos_emb, HF_APPLY):
+        q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
+        q_rot, k_rot = function(q_leaf, k_leaf, cos, sin)
+        (q_rot.square().sum() + k_rot.pow(3).sum()).backward()
+        grads.append((q_leaf.grad, k_leaf.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_requires_grad_without_autograd_takes_the_kernel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hf, "apply_rotary_cos_sin",
+                        lambda *args: calls.append(1) or posenc_fast.apply_rotary_cos_sin(*args))
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float32, "contiguous")
+    cos, sin = hf_cache(1, 5, 16)
+    q.requires_grad_()
+    with torch.no_grad():
+        got = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert len(calls) == 2
+    torch.testing.assert_close(got[0], HF_APPLY(q.detach(), k, cos, sin)[0],
+                               **TOL[torch.float32])
+
+
+# ---------------------------------------------------------------------------
+# errors
+
+
+def test_errors():
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float32, "contiguous")
+    cos, sin = hf_cache(1, 5, 16)
+    with pytest.raises(TypeError, match="all torch tensors or all NumPy arrays"):
+        hf.apply_rotary_pos_emb(q, k, cos.numpy(), sin.numpy())
+    with pytest.raises(TypeError, match="all torch tensors or all NumPy arrays"):
+        hf.apply_rotary_pos_emb(q.numpy(), k.numpy(), cos, sin)
+    with pytest.raises(ValueError, match=r"same even head_dim, got q \(1, 4, 5, 16\), k "
+                                         r"\(1, 2, 5, 16\), cos \(1, 1, 5, 8\)"):
+        hf.apply_rotary_pos_emb(q, k, cos[..., :8], sin[..., :8])
+    with pytest.raises(ValueError, match=r"cos and sin must have the same shape"):
+        hf.apply_rotary_pos_emb(q, k, cos, sin[:, :4])
+    with pytest.raises(ValueError, match=r"unsqueezed at 2: their leading shape of shape "
+                                         r"\(1, 5, 1\) does not broadcast against q"):
+        hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    with pytest.raises(ValueError, match=r"unsqueeze_dim must be in \[-4, 3\]"):
+        hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=4)
+    with pytest.raises(TypeError, match="q must be a float32 or float64 array, got dtype int64"):
+        hf.apply_rotary_pos_emb(np.zeros((1, 4, 5, 16), int), k.numpy(), cos.numpy(),
+                                sin.numpy())
+
+
+# ---------------------------------------------------------------------------
+# install
+
+
+def function_body(function):
+    tree = ast.parse(inspect.getsource(function)).body[0]
+    tree.decorator_list = []
+    return ast.dump(ast.Module(body=tree.body[1:], type_ignores=[]))  # without the docstring
+
+
+@pytest.mark.parametrize("family", hf.SUPPORTED_FAMILIES)
+def test_supported_families_define_the_llama_function(family):
+    try:
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except ModuleNotFoundError:
+        pytest.skip(f"this transformers has no {family}")
+    assert function_body(module.apply_rotary_pos_emb) == function_body(HF_APPLY)
+
+
+def test_install_and_uninstall():
+    mistral = importlib.import_module("transformers.models.mistral.modeling_mistral")
+    installation = hf.install()
+    assert modeling_llama.apply_rotary_pos_emb is hf.apply_rotary_pos_emb
+    assert mistral.apply_rotary_pos_emb is hf.apply_rotary_pos_emb
+    assert "transformers.models.qwen3.modeling_qwen3" in installation.modules
+    assert hf.install().modules == ()  # already in place
+    hf.uninstall()
+    assert modeling_llama.apply_rotary_pos_emb is HF_APPLY
+    assert mistral.apply_rotary_pos_emb is not hf.apply_rotary_pos_emb
+
+
+def test_install_for_a_model_patches_its_family_only():
+    model = transformers.Qwen3ForCausalLM(small_config("qwen3"))
+    with hf.install(model) as installation:
+        assert installation.modules == ("transformers.models.qwen3.modeling_qwen3",)
+        assert modeling_llama.apply_rotary_pos_emb is HF_APPLY
+    qwen3 = importlib.import_module("transformers.models.qwen3.modeling_qwen3")
+    assert qwen3.apply_rotary_pos_emb is not hf.apply_rotary_pos_emb
+
+
+def test_nested_installs_restore_only_their_own():
+    hf.install()
+    with hf.install(transformers.LlamaForCausalLM(small_config("llama"))) as inner:
+        assert inner.modules == ()
+    assert modeling_llama.apply_rotary_pos_emb is hf.apply_rotary_pos_emb
+
+
+def test_install_errors():
+    with pytest.raises(ValueError, match="Linear has no part from a supported family"):
+        hf.install(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module or None, got str"):
+        hf.install("llama")
+
+
+@pytest.mark.parametrize("missing, match", [
+    ("torch", "posenc_fast.hf needs torch: pip install torch"),
+    ("transformers", "posenc_fast.hf.install needs transformers: pip install transformers"),
+])
+def test_install_says_what_is_missing(monkeypatch, missing, match):
+    monkeypatch.setitem(sys.modules, missing, None)  # makes `import missing` fail
+    with pytest.raises(ImportError, match=match):
+        hf.install()
+
+
+def test_numpy_inputs_need_no_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    q, k = qk((1, 2, 5, 8), (1, 2, 5, 8), torch.float64, "contiguous")
+    cos, sin = hf_cache(1, 5, 8, torch.float64)
+    expected = HF_APPLY(q, k, cos, sin)
+    got = hf.apply_rotary_pos_emb(q.numpy(), k.numpy(), cos.numpy(), sin.numpy())
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e.numpy(), rtol=0, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# inside models
+
+ROPE_PARAMETERS = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+             "original_max_position_embeddings": 16},
+}
+CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+           "qwen3": "Qwen3Config"}
+
+
+def small_config(family, rope="default"):
+    return getattr(transformers, CONFIGS[family])(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=256,
+        rope_parameters=ROPE_PARAMETERS[rope], pad_token_id=0)
+
+
+def small_model(family, rope="default"):
+    torch.manual_seed(0)
+    model_class = getattr(transformers, CONFIGS[family].replace("Config", "ForCausalLM"))
+    return model_class(small_config(family, rope)).eval()
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    calls = []
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return posenc_fast.apply_rotary_cos_sin(*args)
+
+    monkeypatch.setattr(hf, "apply_rotary_cos_sin", counting)
+    return calls
+
+
+def generate(model, ids, attention_mask=None):
+    return model.generate(ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False,
+                          use_cache=True, output_logits=True, return_dict_in_generate=True)
+
+
+@pytest.mark.parametrize("family, rope", [("llama", "default"), ("llama", "llama3"),
+                                          ("llama", "yarn"), ("mistral", "default"),
+                                          ("qwen2", "default"), ("qwen3", "default")])
+def test_model_logits_unchanged(family, rope, kernel_calls):
+    model = small_model(family, rope)
+    ids = torch.randint(1, 128, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = model(ids).logits
+        with hf.install(model):
+            got = model(ids).logits
+    assert kernel_calls == [(2, 40, 4, 16), (2, 40, 2, 16)] * 2  # q, k in each layer
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family, rope", [("llama", "default"), ("llama", "llama3"),
+                                          ("qwen3", "default")])
+def test_cached_generation_unchanged(family, rope, kernel_calls):
+    model = small_model(family, rope)
+    ids = torch.randint(1, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    expected = generate(model, ids)
+    with hf.install(model):
+        got = generate(model, ids)
+    assert len(kernel_calls) == 2 * 2 * 6  # q and k, 2 layers, 6 forward passes
+    assert torch.equal(got.sequences, expected.sequences)
+    for step_got, step_expected in zip(got.logits, expected.logits, strict=True):
+        torch.testing.assert_close(step_got, step_expected, rtol=0, atol=1e-5)
+
+
+def test_left_padded_batch_generation_unchanged(kernel_calls):
+    # Padding gives each sequence its own positions: per-sequence caches.
+    model = small_model("llama")
+    ids = torch.randint(1, 128, (2, 10), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    ids[0, :4], mask[0, :4] = 0, 0
+    expected = generate(model, ids, mask)
+    with hf.install(model):
+        got = generate(model, ids, mask)
+    assert kernel_calls
+    assert torch.equal(got.sequences, expected.sequences)
+    for step_got, step_expected in zip(got.logits, expected.logits, strict=True):
+        torch.testing.assert_close(step_got, step_expected, rtol=0, atol=1e-5)
