@@ -57,7 +57,13 @@ def test_every_built_variant_gives_bitwise_equal_results():
             "r = pf.RotaryEmbedding(64, layout='half').apply(x, offset=10**6)\n"
             "t = pf.sinusoidal_table(300, 37, offset=12345)\n"
             "i = pf.RotaryEmbedding(64).apply(x, np.arange(50) * 7)\n"
-            "sys.stdout.buffer.write(r.tobytes() + t.tobytes() + i.tobytes())\n"
+            "c, s = pf.RotaryEmbedding(64).cos_sin(np.arange(50))\n"
+            "m = [pf.apply_rotary_cos_sin(x.astype(np.float64), c, s, layout=layout,\n"
+            "                             inverse=inverse).tobytes()\n"
+            "     for layout in ('interleaved', 'half') for inverse in (False, True)]\n"
+            "a = pf.add_alibi(x[:, :, :50].copy(), offset=3, causal=False)\n"
+            "sys.stdout.buffer.write(r.tobytes() + t.tobytes() + i.tobytes() + b''.join(m)\n"
+            "                        + a.tobytes())\n"
             "print(pf.build_info()['isa_in_use'], file=sys.stderr)\n")
     outputs = {}
     info = pf.build_info()

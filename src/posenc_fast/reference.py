@@ -200,6 +200,7 @@ def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=
                 raise ValueError(f"position {p} outside [0, {cos.shape[0]})")
             c, s = cos[p], sin[p]
         result[index] = rotate_vector_cos_sin(x[index], c, s, layout, inverse)
+    return result
 
 
 # ---------------------------------------------------------------------------
