@@ -100,9 +100,10 @@ class Timing:
 
 
 def measure(funcs: Mapping[str, Callable[[], object]], *, rounds: int = 15,
-            target_ns: int = 1_000_000, warmup: int = 2,
+            target_ns: int = 1_000_000, warmup: int = 1,
             before: Mapping[str, Callable[[], object]] | None = None,
-            progress: Callable[[str], None] | None = None) -> dict[str, Timing]:
+            progress: Callable[[str], None] | None = None,
+            budget_s: float | None = None, min_rounds: int = 3) -> dict[str, Timing]:
     """Time `funcs` in interleaved rounds; return a `Timing` per name.
 
     Parameters
@@ -114,12 +115,15 @@ def measure(funcs: Mapping[str, Callable[[], object]], *, rounds: int = 15,
         Each sample repeats the call enough times to last about this long
         (tiny calls are otherwise below the clock's resolution).
     warmup : int
-        Untimed calls of each callable first.
+        Untimed calls of each callable before the one that calibrates it.
     before : mapping of name to a callable, optional
         Run (untimed) before every sample of that name, e.g. to set a thread
         count; thread counts of posenc_fast and torch are restored at the end.
     progress : callable taking a str, optional
         Told "round i/n" as the rounds go.
+    budget_s : float, optional
+        Stop after `min_rounds` rounds once this many seconds have passed
+        (a slow baseline on a busy machine must not stall a quick run).
     """
     before = dict(before or {})
     names = list(funcs)
@@ -133,7 +137,11 @@ def measure(funcs: Mapping[str, Callable[[], object]], *, rounds: int = 15,
             numbers[name] = calibrate(funcs[name], target_ns)
         samples: dict[str, list[float]] = {name: [] for name in names}
         clock = time.perf_counter_ns
+        started = clock()
         for r in range(rounds):
+            if (budget_s is not None and r >= min_rounds
+                    and clock() - started > budget_s * 1e9):
+                break
             if progress is not None:
                 progress(f"round {r + 1}/{rounds}")
             shift = r % len(names)
@@ -939,3 +947,53 @@ def machine_line() -> str:
     except OSError:
         pass
     return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+@dataclass
+class Row:
+    """One implementation of a case, checked and timed."""
+
+    kind: str
+    label: str
+    timing: Timing
+    diff: Diff | None
+
+
+def time_case(case: Case, kinds, *, rounds: int, target_ns: int, warmup: int = 1,
+              threads: Mapping[str, int] | None = None,
+              progress: Callable[[str], None] | None = None,
+              budget_s: float | None = None) -> tuple[dict[str, Row], dict]:
+    """Check, then time the `kinds` of `case` interleaved; skip the unavailable ones.
+
+    `threads` maps a kind to the thread count set before each of its samples.
+    Returns ``(rows by kind, {kind: reason} for the kinds skipped)``.
+    """
+    impls, skipped = {}, {}
+    for kind in kinds:
+        if progress is not None:
+            progress(f"{kind}: setup and check")
+        try:
+            impls[kind] = case.impl(kind)
+        except Unavailable as exc:
+            skipped[kind] = str(exc)
+    diffs = {}
+    with restored_threads():
+        for kind, impl in impls.items():
+            if threads and kind in threads:
+                set_threads(threads[kind])
+            diffs[kind] = impl.verify()
+    before = {kind: (lambda n=n: set_threads(n)) for kind, n in (threads or {}).items()
+              if kind in impls}
+    timings = measure({kind: impl.run for kind, impl in impls.items()}, rounds=rounds,
+                      target_ns=target_ns, warmup=warmup, before=before, progress=progress,
+                      budget_s=budget_s)
+    rows = {kind: Row(kind, impl.label, timings[kind], diffs[kind]) for kind, impl in impls.items()}
+    return rows, skipped
+
+
+def format_time(ns: float) -> str:
+    """A duration with a unit a person reads at a glance."""
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
