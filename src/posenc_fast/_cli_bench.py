@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="dtype of the data and tables (default float32)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="threads posenc_fast (and torch) may use (default: posenc_fast's "
-                             "current setting, POSENC_FAST_NUM_THREADS or all cores)")
+                        help="threads posenc_fast and torch may use (default: posenc_fast's "
+                             "setting: POSENC_FAST_NUM_THREADS or all cores); NumPy uses one")
     parser.add_argument("--json", action="store_true",
                         help="print JSON only (progress still goes to stderr)")
 
@@ -149,6 +149,7 @@ def _print_table(report: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; return 0, or 1 if a result differs from the reference."""
+    from . import _threads
     from . import _workloads as wl
     from . import build_info
 
@@ -167,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
         kinds = tuple(k for k in CLI_KINDS if k != "torch")
     workloads = []
     with wl.restored_threads():
-        if args.threads is not None:
-            wl.set_threads(args.threads)
+        # posenc_fast and torch get the same count: --threads, else posenc_fast's setting.
+        wl.set_threads(args.threads if args.threads is not None else _threads.get_num_threads())
         info = build_info()
         keys = wl.CLI_WORKLOADS
         for number, key in enumerate(keys, 1):

@@ -306,6 +306,7 @@ class Case:
     reference: Callable[[], object]
     max_angle: float = 0.0                          # largest |angle| (for the tolerance)
     angles: Callable[[], object] | None = None      # tables: angles behind the reference
+    arrays: dict = field(default_factory=dict)      # the main input/output arrays, by name
     _impls: dict = field(default_factory=dict)
     _ref: object = None
 
@@ -522,7 +523,8 @@ def _rope_case(key, title, dtype, shape, positions, offset, *, in_place=False, g
     case = Case(key, title, dtype, tuple(shape), 2 * nbytes,
                 "np.multiply(x, 1, out=x)" if in_place else "np.copyto(out, x)", goal,
                 goal_text, builders, reference,
-                max_angle=float(np.abs(pos_b).max()) * float(inv_freq.max()))
+                max_angle=float(np.abs(pos_b).max()) * float(inv_freq.max()),
+                arrays={"x": x0, "out": out})
     return case
 
 
