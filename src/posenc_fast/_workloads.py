@@ -52,6 +52,7 @@ ALIBI_OFFSET = 0
 # (a product, an angle-addition recurrence) may differ from p*w by an ulp or two.
 TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 ANGLE_ULPS = 4
+CHUNK = 1 << 20  # elements per block when comparing or computing references
 
 KINDS = ("posenc_fast", "limit", "numpy", "torch", "torch.compile")
 
@@ -256,15 +257,21 @@ def difference(results, references, *, max_angle: float = 0.0, angles=None) -> D
         result = np.asarray(result)
         if result.shape != reference.shape:
             raise AssertionError(f"result shape {result.shape} != reference {reference.shape}")
-        err = np.abs(result.astype(np.float64) - reference)
-        if not np.isfinite(err).all():
-            err = np.where(np.isfinite(err), err, np.inf)
-        max_abs = max(max_abs, float(err.max(initial=0.0)))
-        max_ref = max(max_ref, float(np.abs(reference).max(initial=0.0)))
-        if angles is not None and result.dtype == np.float32:
-            unit = np.spacing(np.abs(reference).astype(np.float32)).astype(np.float64)
-            unit += np.abs(angles[n]) * 2.0**-53
-            max_ulp = max(max_ulp or 0.0, float((err / unit).max(initial=0.0)))
+        with_ulps = angles is not None and result.dtype == np.float32
+        flats = [result.reshape(-1), reference.reshape(-1)]
+        if with_ulps:
+            flats.append(np.broadcast_to(angles[n], reference.shape).reshape(-1))
+        # In blocks: no temporaries the size of the arrays (page faults dominate otherwise).
+        for start in range(0, flats[0].size, CHUNK):
+            got, ref = (f[start:start + CHUNK] for f in flats[:2])
+            err = np.abs(got.astype(np.float64) - ref)
+            err[~np.isfinite(err)] = np.inf
+            max_abs = max(max_abs, float(err.max(initial=0.0)))
+            max_ref = max(max_ref, float(np.abs(ref).max(initial=0.0)))
+            if with_ulps:
+                unit = np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64)
+                unit += np.abs(flats[2][start:start + CHUNK]) * 2.0**-53
+                max_ulp = max(max_ulp or 0.0, float((err / unit).max(initial=0.0)))
     dtype = np.result_type(*[np.asarray(r).dtype for r in results])
     tolerance = TOLERANCE.get(np.dtype(dtype), 1e-5) + ANGLE_ULPS * 2.0**-52 * max_angle
     return Diff(max_abs, max_abs / max(1.0, max_ref), max_ulp, tolerance)
@@ -416,8 +423,18 @@ def numpy_rope_half(x, positions, inv_freq):
 
 
 def reference_rope_half(x, positions, inv_freq):
-    """The float64 reference of a "half"-layout rotation."""
-    return numpy_rope_half(np.asarray(x, dtype=np.float64), positions, inv_freq)
+    """The float64 reference of a "half"-layout rotation (in blocks of rows for big x)."""
+    positions = np.asarray(positions, dtype=np.float64)
+    if positions.ndim != 1 or x.size <= CHUNK:
+        return numpy_rope_half(np.asarray(x, dtype=np.float64), positions, inv_freq)
+    # positions (seq,) along axis -2: every (seq, dim) block uses the same positions.
+    blocks = x.reshape(-1, x.shape[-2], x.shape[-1])
+    result = np.empty(blocks.shape)
+    step = max(1, CHUNK // (x.shape[-2] * x.shape[-1]))
+    for start in range(0, blocks.shape[0], step):
+        part = blocks[start:start + step].astype(np.float64)
+        result[start:start + step] = numpy_rope_half(part, positions, inv_freq)
+    return result.reshape(x.shape)
 
 
 def _torch_rope_half(torch):
