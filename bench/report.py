@@ -86,8 +86,9 @@ def measure_goal(label, key, dtype, ulp_bound, *, small, rounds, target_ns, prog
                                target_ns=target_ns, progress=progress)
     ours, limit = rows["posenc_fast"], rows["limit"]
     ratio = wl.paired_ratio(ours.timing, limit.timing)
+    quartiles = wl.paired_ratio_quartiles(ours.timing, limit.timing)
     exact_text, exact_ok = _exactness(ours.diff, ulp_bound)
-    row.update(measured=ratio, ours_median_ns=ours.timing.median_ns,
+    row.update(measured=ratio, quartiles=quartiles, ours_median_ns=ours.timing.median_ns,
                limit_median_ns=limit.timing.median_ns, ours_spread=ours.timing.spread,
                limit_spread=limit.timing.spread, rounds=len(ours.timing.samples),
                exact=exact_text, exact_ok=exact_ok,
@@ -124,10 +125,11 @@ def measure_threads(n, *, small, rounds, target_ns, progress):
     finally:
         copy_n.close()
     speedup = wl.paired_ratio(timings["ours_1"], timings["ours_n"])
+    quartiles = wl.paired_ratio_quartiles(timings["ours_1"], timings["ours_n"])
     to_copy = wl.paired_ratio(timings["ours_n"], timings["copy_n"])
     copy_speedup = wl.paired_ratio(timings["copy_1"], timings["copy_n"])
     exact_text, exact_ok = _exactness(diff, None)
-    row.update(measured=speedup, speedup=speedup, ratio_to_copy_n=to_copy,
+    row.update(measured=speedup, quartiles=quartiles, speedup=speedup, ratio_to_copy_n=to_copy,
                copy_speedup=copy_speedup, exact=exact_text, exact_ok=exact_ok,
                ours_median_ns=timings["ours_n"].median_ns,
                limit_median_ns=timings["copy_n"].median_ns,
@@ -139,9 +141,11 @@ def measure_threads(n, *, small, rounds, target_ns, progress):
 def _measured_text(row):
     if row.get("measured") is None:
         return row.get("note", "n/a")
+    low, high = row["quartiles"]
     if "speedup" in row:
-        return (f"{row['speedup']:.2f}x faster; {row['ratio_to_copy_n']:.2f}x of the copy")
-    return f"{row['measured']:.2f}x"
+        return (f"{row['speedup']:.2f}x faster ({low:.2f}-{high:.2f}); "
+                f"{row['ratio_to_copy_n']:.2f}x of the copy")
+    return f"{row['measured']:.2f}x ({low:.2f}-{high:.2f})"
 
 
 def print_table(report):
@@ -149,8 +153,8 @@ def print_table(report):
           f"{report['machine']}; {report['date']}")
     print(f"ISA {report['build_info']['isa_in_use']}, OpenMP "
           f"{'on' if report['build_info']['openmp'] else 'off'}, numpy {report['numpy']}, "
-          f"python {report['python']}; up to {report['rounds']} interleaved rounds, "
-          f"medians of time/limit; 1 thread unless stated"
+          f"python {report['python']}; {report['rounds']} interleaved rounds; measured = "
+          f"median over rounds of time/limit (quartiles); 1 thread unless stated"
           f"{'; SMALL shapes' if report['small'] else ''}")
     head = ("workload", "shape", "dtype", "goal (time/limit)", "measured", "exact",
             "ours / limit", "met?")
@@ -176,7 +180,7 @@ def print_table(report):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    parser.add_argument("--rounds", type=int, default=31, help="interleaved rounds (default 31)")
     parser.add_argument("--quick", action="store_true", help="5 rounds of shorter samples")
     parser.add_argument("--small", action="store_true",
                         help="reduced shapes (smoke test; not the issue's workloads)")

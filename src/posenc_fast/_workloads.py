@@ -168,6 +168,15 @@ def paired_ratio(a: Timing, b: Timing) -> float:
     return statistics.median(x / y for x, y in zip(a.samples, b.samples))
 
 
+def paired_ratio_quartiles(a: Timing, b: Timing) -> tuple[float, float]:
+    """First and third quartiles over rounds of a's time / b's time: how noisy the ratio is."""
+    ratios = [x / y for x, y in zip(a.samples, b.samples)]
+    if len(ratios) < 4:
+        return min(ratios), max(ratios)
+    q = statistics.quantiles(ratios, n=4)
+    return q[0], q[2]
+
+
 class restored_threads:
     """Context manager: restore posenc_fast's (and torch's, if imported) thread counts."""
 
