@@ -1,0 +1,205 @@
+"""``python -m posenc_fast bench``: time the standard workloads beside NumPy and PyTorch.
+
+For each workload (``_workloads.CLI_WORKLOADS``) it checks every
+implementation against the float64 reference, then times them interleaved
+in one process and prints one table: median time, GB/s (bytes the call must
+read and write), speed-up over the NumPy expression and the max |difference|
+to the reference.  The limit row is the cheapest NumPy call moving the same
+bytes (``np.copyto``, ``out.fill``): what "at the speed of memory" means here.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+# The check before timing is every callable's first (warm-up) call.
+QUICK = {"rounds": 5, "target_ns": 200_000, "warmup": 0, "budget_s": 1.0}
+FULL = {"rounds": 15, "target_ns": 1_000_000, "warmup": 1, "budget_s": None}
+CLI_KINDS = ("posenc_fast", "limit", "numpy", "torch")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``bench``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "Workloads: RoPE prefill (1,32,4096,128) out-of-place and in place, a decode step\n"
+        "(16,32,1,128) with one position per sequence, one token (1,32,1,128), cos/sin for\n"
+        "131072 positions x 64 frequencies, sinusoidal tables 131072x128 and 8192x1024.\n"
+        "Rows: posenc_fast, the limit (np.copyto / out.fill: the same bytes moved), the\n"
+        "NumPy expression a user would write and, when torch is importable, PyTorch eager.\n"
+        "Times are medians of interleaved rounds; every result is checked first.")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"up to {QUICK['rounds']} rounds (3 once a workload has taken "
+                             f"{QUICK['budget_s']:g} s) of ~{QUICK['target_ns'] // 1000} us "
+                             f"samples, no extra warm-up call, instead of {FULL['rounds']} "
+                             f"rounds of ~{FULL['target_ns'] // 1000} us; the same shapes")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="dtype of the data and tables (default float32)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="threads posenc_fast and torch may use (default: posenc_fast's "
+                             "setting: POSENC_FAST_NUM_THREADS or all cores); NumPy uses one")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON only (progress still goes to stderr)")
+
+
+class _Progress:
+    """One line on stderr, rewritten in place on a terminal."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.width = 0
+
+    def __call__(self, text: str) -> None:
+        if self.tty:
+            pad = max(0, self.width - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self.width = len(text)
+            self.stream.flush()
+
+    def step(self, text: str) -> None:
+        """A new stage: always shown (one line per stage when not a terminal)."""
+        if self.tty:
+            self(text)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+
+
+def _result_dict(case, rows, skipped) -> dict:
+    numpy_row = rows.get("numpy")
+    from ._workloads import paired_ratio
+
+    results = []
+    for kind, row in rows.items():
+        median = row.timing.median_ns
+        entry = {
+            "impl": kind, "label": row.label, "median_ns": median,
+            "samples": len(row.timing.samples), "calls_per_sample": row.timing.number,
+            "spread": row.timing.spread,
+            "gb_per_s": case.bytes_moved / median if median > 0 else None,
+            "speedup_vs_numpy": paired_ratio(numpy_row.timing, row.timing) if numpy_row else None,
+            "ratio_to_limit": (paired_ratio(row.timing, rows["limit"].timing)
+                               if "limit" in rows else None),
+        }
+        entry.update(row.diff.as_dict() if row.diff is not None else
+                     {"max_abs_diff": None, "max_rel_diff": None, "max_ulp": None,
+                      "tolerance": None, "ok": None})
+        results.append(entry)
+    shape = case.shape
+    return {"key": case.key, "title": case.title, "dtype": case.dtype.name,
+            "shape": [list(s) for s in shape] if isinstance(shape[0], tuple) else list(shape),
+            "bytes_moved": case.bytes_moved, "limit": case.limit_label,
+            "results": results, "skipped": skipped}
+
+
+def _print_table(report: dict) -> None:
+    from ._workloads import format_time
+
+    head = report["posenc_fast"]
+    print(f"posenc_fast {head['version']} ({head['isa_in_use']}, OpenMP "
+          f"{'on' if head['openmp'] else 'off'}), {report['threads']} thread(s), "
+          f"{report['dtype']}, numpy {report['numpy']}, "
+          f"torch {report['torch'] or 'not installed'}")
+    print(f"{report['machine']}; {report['rounds']} interleaved rounds, medians"
+          f"{' (--quick)' if report['quick'] else ''}")
+    columns = ("workload", "impl", "median", "GB/s", "vs NumPy", "max |diff|")
+    lines = []
+    for workload in report["workloads"]:
+        title = f"{workload['title']} {tuple(workload['shape'])}".replace(" ((", " (").replace(
+            "),)", ")")
+        for n, result in enumerate(workload["results"]):
+            impl = result["label"] if result["impl"] != "posenc_fast" else "posenc_fast"
+            if result["impl"] == "limit":
+                impl = f"limit: {result['label']}"
+            diff = "-" if result["max_abs_diff"] is None else f"{result['max_abs_diff']:.1e}"
+            if result["ok"] is False:
+                diff += " WRONG"
+            speedup = result["speedup_vs_numpy"]
+            lines.append((title if n == 0 else "", impl, format_time(result["median_ns"]),
+                          f"{result['gb_per_s']:.1f}", "-" if speedup is None else
+                          f"{speedup:.1f}x", diff))
+        for kind, reason in workload["skipped"].items():
+            if kind != "torch" or report["torch"]:
+                lines.append(("", kind, "skipped", "", "", reason[:40]))
+    widths = [max(len(str(line[i])) for line in lines + [columns]) for i in range(len(columns))]
+    right = (False, False, True, True, True, True)
+
+    def fmt(cells):
+        return "  ".join(str(c).rjust(w) if r else str(c).ljust(w)
+                         for c, w, r in zip(cells, widths, right)).rstrip()
+    print(fmt(columns))
+    print("  ".join("-" * w for w in widths))
+    for line in lines:
+        if line[0] and line is not lines[0]:
+            print()
+        print(fmt(line))
+    print("GB/s: bytes the call must read and write / median time.  vs NumPy: the NumPy "
+          "expression's time / this row's.\nmax |diff|: to the float64 reference "
+          "(angles, sin/cos and arithmetic in float64).")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; return 0, or 1 if a result differs from the reference."""
+    from . import _threads
+    from . import _workloads as wl
+    from . import build_info
+
+    if args.threads is not None and args.threads < 1:
+        print("bench: --threads must be >= 1", file=sys.stderr)
+        return 2
+    settings = QUICK if args.quick else FULL
+    progress = _Progress()
+    start = time.perf_counter()
+    kinds = CLI_KINDS
+    torch_version = None
+    try:
+        torch = wl.torch_or_unavailable()
+        torch_version = torch.__version__
+    except wl.Unavailable:
+        kinds = tuple(k for k in CLI_KINDS if k != "torch")
+    workloads = []
+    with wl.restored_threads():
+        # posenc_fast and torch get the same count: --threads, else posenc_fast's setting.
+        wl.set_threads(args.threads if args.threads is not None else _threads.get_num_threads())
+        info = build_info()
+        keys = wl.CLI_WORKLOADS
+        for number, key in enumerate(keys, 1):
+            title = wl.WORKLOADS[key].title
+            progress.step(f"[{number}/{len(keys)}] {title}: building")
+            case = wl.build_case(key, args.dtype)
+
+            def tell(text, number=number, title=title):
+                progress(f"[{number}/{len(keys)}] {title}: {text}")
+            rows, skipped = wl.time_case(case, kinds, rounds=settings["rounds"],
+                                         target_ns=settings["target_ns"],
+                                         warmup=settings["warmup"], progress=tell,
+                                         budget_s=settings["budget_s"])
+            workloads.append(_result_dict(case, rows, skipped))
+            del case, rows
+    progress.done()
+    report = {
+        "posenc_fast": info, "numpy": np.__version__, "torch": torch_version,
+        "machine": wl.machine_line(), "dtype": args.dtype, "threads": info["num_threads"],
+        "quick": bool(args.quick), "rounds": settings["rounds"],
+        "seconds": round(time.perf_counter() - start, 2), "workloads": workloads,
+    }
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_table(report)
+    wrong = [f"{w['title']}: {r['label']}" for w in workloads for r in w["results"]
+             if r["ok"] is False]
+    if wrong:
+        print("bench: results differ from the reference beyond tolerance: " + "; ".join(wrong),
+              file=sys.stderr)
+        return 1
+    return 0
