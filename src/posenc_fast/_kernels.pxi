@@ -280,61 +280,178 @@ def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t
 # ---------------------------------------------------------------------------
 # rotation of rows by a cos/sin table
 #
-# Each row function copies a chunk of the pairs into local arrays before it
-# writes, so the same code is correct in place (out == x) and the compiler
-# can vectorise the arithmetic without runtime alias checks.  Arithmetic runs
-# in the wider of data_t and table_t (C's usual promotion), rounded once.
+# The row functions are C, for `restrict` (no overlap tests in front of the
+# vector loops) and for constant-size copies of the loop at the common pair
+# counts 32 and 64 (no remainder loops: a row is only a few vectors long).
+# Arithmetic runs in the wider of the data type T and the table type C
+# (C's usual promotion), rounded once to T.  In place has its own functions:
+# `restrict` must not promise that the input and output do not overlap.
+#
+# The interleaved layout goes through local arrays: de-interleave, rotate,
+# re-interleave.  As one loop, GCC 12 turns the alternating -/+ into
+# vfmaddsub, a fused multiply-add that -ffp-contract=off does not stop, and
+# the AVX variants would no longer round like the baseline.
+
+cdef extern from *:
+    r"""
+    #if defined(__GNUC__) || defined(__clang__)
+    #define POSENC_R __restrict__
+    #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
+    #else
+    #define POSENC_R __restrict
+    #define POSENC_ALWAYS_INLINE static __forceinline
+    #endif
+    #define POSENC_ROTATE_FUNCTIONS(T, C, SFX)                                              \
+    POSENC_ALWAYS_INLINE void posenc_half_body_##SFX(                                       \
+            const T* POSENC_R xa, const T* POSENC_R xb, T* POSENC_R oa, T* POSENC_R ob,     \
+            const C* POSENC_R c, const C* POSENC_R s, Py_ssize_t n, int inverse) {          \
+        if (inverse) {                                                                      \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                T a = xa[i], b = xb[i];                                                     \
+                oa[i] = (T)(a * c[i] + b * s[i]);                                           \
+                ob[i] = (T)(b * c[i] - a * s[i]);                                           \
+            }                                                                               \
+        } else {                                                                            \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                T a = xa[i], b = xb[i];                                                     \
+                oa[i] = (T)(a * c[i] - b * s[i]);                                           \
+                ob[i] = (T)(b * c[i] + a * s[i]);                                           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    POSENC_ALWAYS_INLINE void posenc_half_in_place_body_##SFX(                              \
+            T* POSENC_R xa, T* POSENC_R xb, const C* POSENC_R c, const C* POSENC_R s,       \
+            Py_ssize_t n, int inverse) {                                                    \
+        if (inverse) {                                                                      \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                T a = xa[i], b = xb[i];                                                     \
+                xa[i] = (T)(a * c[i] + b * s[i]);                                           \
+                xb[i] = (T)(b * c[i] - a * s[i]);                                           \
+            }                                                                               \
+        } else {                                                                            \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                T a = xa[i], b = xb[i];                                                     \
+                xa[i] = (T)(a * c[i] - b * s[i]);                                           \
+                xb[i] = (T)(b * c[i] + a * s[i]);                                           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    POSENC_ALWAYS_INLINE void posenc_interleaved_body_##SFX(                                \
+            const T* x, T* out, const C* POSENC_R c, const C* POSENC_R s, Py_ssize_t n,     \
+            int inverse) {                                                                  \
+        T a[64], b[64], ra[64], rb[64];                                                     \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                         \
+            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                       \
+            for (Py_ssize_t i = 0; i < m; i++) {                                            \
+                a[i] = x[2 * (i0 + i)];                                                     \
+                b[i] = x[2 * (i0 + i) + 1];                                                 \
+            }                                                                               \
+            if (inverse) {                                                                  \
+                for (Py_ssize_t i = 0; i < m; i++) {                                        \
+                    ra[i] = (T)(a[i] * c[i0 + i] + b[i] * s[i0 + i]);                       \
+                    rb[i] = (T)(b[i] * c[i0 + i] - a[i] * s[i0 + i]);                       \
+                }                                                                           \
+            } else {                                                                        \
+                for (Py_ssize_t i = 0; i < m; i++) {                                        \
+                    ra[i] = (T)(a[i] * c[i0 + i] - b[i] * s[i0 + i]);                       \
+                    rb[i] = (T)(b[i] * c[i0 + i] + a[i] * s[i0 + i]);                       \
+                }                                                                           \
+            }                                                                               \
+            for (Py_ssize_t i = 0; i < m; i++) {                                            \
+                out[2 * (i0 + i)] = ra[i];                                                  \
+                out[2 * (i0 + i) + 1] = rb[i];                                              \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    /* x and out do not overlap.  Constant n = 64, 32 copies first. */                    \
+    static void posenc_half_##SFX(const T* x, T* out, const C* c, const C* s,               \
+                                  Py_ssize_t n, int inverse) {                              \
+        if (n == 64) posenc_half_body_##SFX(x, x + 64, out, out + 64, c, s, 64, inverse);   \
+        else if (n == 32) posenc_half_body_##SFX(x, x + 32, out, out + 32, c, s, 32, inverse); \
+        else posenc_half_body_##SFX(x, x + n, out, out + n, c, s, n, inverse);              \
+    }                                                                                       \
+    static void posenc_half_in_place_##SFX(T* x, const C* c, const C* s, Py_ssize_t n,      \
+                                           int inverse) {                                   \
+        if (n == 64) posenc_half_in_place_body_##SFX(x, x + 64, c, s, 64, inverse);         \
+        else if (n == 32) posenc_half_in_place_body_##SFX(x, x + 32, c, s, 32, inverse);    \
+        else posenc_half_in_place_body_##SFX(x, x + n, c, s, n, inverse);                   \
+    }                                                                                       \
+    /* out is x or does not overlap it. */                                                  \
+    static void posenc_interleaved_##SFX(const T* x, T* out, const C* c, const C* s,        \
+                                         Py_ssize_t n, int inverse) {                       \
+        if (n == 64) posenc_interleaved_body_##SFX(x, out, c, s, 64, inverse);              \
+        else if (n == 32) posenc_interleaved_body_##SFX(x, out, c, s, 32, inverse);         \
+        else posenc_interleaved_body_##SFX(x, out, c, s, n, inverse);                       \
+    }
+
+    POSENC_ROTATE_FUNCTIONS(float, float, ff)
+    POSENC_ROTATE_FUNCTIONS(float, double, fd)
+    POSENC_ROTATE_FUNCTIONS(double, float, df)
+    POSENC_ROTATE_FUNCTIONS(double, double, dd)
+    """
+    void posenc_half_ff(const float* x, float* out, const float* c, const float* s, Py_ssize_t n,
+                          int inverse) nogil
+    void posenc_half_in_place_ff(float* x, const float* c, const float* s, Py_ssize_t n,
+                                   int inverse) nogil
+    void posenc_interleaved_ff(const float* x, float* out, const float* c, const float* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_half_fd(const float* x, float* out, const double* c, const double* s, Py_ssize_t n,
+                          int inverse) nogil
+    void posenc_half_in_place_fd(float* x, const double* c, const double* s, Py_ssize_t n,
+                                   int inverse) nogil
+    void posenc_interleaved_fd(const float* x, float* out, const double* c, const double* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_half_df(const double* x, double* out, const float* c, const float* s, Py_ssize_t n,
+                          int inverse) nogil
+    void posenc_half_in_place_df(double* x, const float* c, const float* s, Py_ssize_t n,
+                                   int inverse) nogil
+    void posenc_interleaved_df(const double* x, double* out, const float* c, const float* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_half_dd(const double* x, double* out, const double* c, const double* s, Py_ssize_t n,
+                          int inverse) nogil
+    void posenc_half_in_place_dd(double* x, const double* c, const double* s, Py_ssize_t n,
+                                   int inverse) nogil
+    void posenc_interleaved_dd(const double* x, double* out, const double* c, const double* s,
+                                 Py_ssize_t n, int inverse) nogil
+
 
 cdef inline void _rotate_half(const data_t* x, data_t* out, const table_t* c, const table_t* s,
                               Py_ssize_t npairs, bint inverse) noexcept nogil:
-    # Pair i is (x[i], x[i + npairs]).
-    cdef data_t a[POSENC_CHUNK]
-    cdef data_t b[POSENC_CHUNK]
-    cdef Py_ssize_t i0 = 0, i, m
-    while i0 < npairs:
-        m = min(<Py_ssize_t>POSENC_CHUNK, npairs - i0)
-        memcpy(a, x + i0, m * sizeof(data_t))
-        memcpy(b, x + npairs + i0, m * sizeof(data_t))
-        if inverse:
-            for i in range(m):
-                out[i0 + i] = <data_t>(a[i] * c[i0 + i] + b[i] * s[i0 + i])
-                out[npairs + i0 + i] = <data_t>(b[i] * c[i0 + i] - a[i] * s[i0 + i])
-        else:
-            for i in range(m):
-                out[i0 + i] = <data_t>(a[i] * c[i0 + i] - b[i] * s[i0 + i])
-                out[npairs + i0 + i] = <data_t>(b[i] * c[i0 + i] + a[i] * s[i0 + i])
-        i0 += m
+    # Pair i is (x[i], x[i + npairs]); out does not overlap x.
+    if data_t is float and table_t is float:
+        posenc_half_ff(x, out, c, s, npairs, inverse)
+    elif data_t is float:
+        posenc_half_fd(x, out, c, s, npairs, inverse)
+    elif table_t is float:
+        posenc_half_df(x, out, c, s, npairs, inverse)
+    else:
+        posenc_half_dd(x, out, c, s, npairs, inverse)
+
+
+cdef inline void _rotate_half_in_place(data_t* x, const table_t* c, const table_t* s,
+                                       Py_ssize_t npairs, bint inverse) noexcept nogil:
+    if data_t is float and table_t is float:
+        posenc_half_in_place_ff(x, c, s, npairs, inverse)
+    elif data_t is float:
+        posenc_half_in_place_fd(x, c, s, npairs, inverse)
+    elif table_t is float:
+        posenc_half_in_place_df(x, c, s, npairs, inverse)
+    else:
+        posenc_half_in_place_dd(x, c, s, npairs, inverse)
 
 
 cdef inline void _rotate_interleaved(const data_t* x, data_t* out, const table_t* c,
                                      const table_t* s, Py_ssize_t npairs,
                                      bint inverse) noexcept nogil:
-    # Pair i is (x[2i], x[2i + 1]).  De-interleave, rotate, re-interleave: as
-    # one loop, GCC 12 turns the alternating -/+ into vfmaddsub, a fused
-    # multiply-add that -ffp-contract=off does not stop, and the AVX variants
-    # would no longer round like the baseline.
-    cdef data_t a[POSENC_CHUNK]
-    cdef data_t b[POSENC_CHUNK]
-    cdef data_t ra[POSENC_CHUNK]
-    cdef data_t rb[POSENC_CHUNK]
-    cdef Py_ssize_t i0 = 0, i, m
-    while i0 < npairs:
-        m = min(<Py_ssize_t>POSENC_CHUNK, npairs - i0)
-        for i in range(m):
-            a[i] = x[2 * (i0 + i)]
-            b[i] = x[2 * (i0 + i) + 1]
-        if inverse:
-            for i in range(m):
-                ra[i] = <data_t>(a[i] * c[i0 + i] + b[i] * s[i0 + i])
-                rb[i] = <data_t>(b[i] * c[i0 + i] - a[i] * s[i0 + i])
-        else:
-            for i in range(m):
-                ra[i] = <data_t>(a[i] * c[i0 + i] - b[i] * s[i0 + i])
-                rb[i] = <data_t>(b[i] * c[i0 + i] + a[i] * s[i0 + i])
-        for i in range(m):
-            out[2 * (i0 + i)] = ra[i]
-            out[2 * (i0 + i) + 1] = rb[i]
-        i0 += m
+    # Pair i is (x[2i], x[2i + 1]); out is x or does not overlap it.
+    if data_t is float and table_t is float:
+        posenc_interleaved_ff(x, out, c, s, npairs, inverse)
+    elif data_t is float:
+        posenc_interleaved_fd(x, out, c, s, npairs, inverse)
+    elif table_t is float:
+        posenc_interleaved_df(x, out, c, s, npairs, inverse)
+    else:
+        posenc_interleaved_dd(x, out, c, s, npairs, inverse)
 
 
 def rotate_rows(const data_t[:, ::1] x, data_t[:, ::1] out,
@@ -363,7 +480,10 @@ def rotate_rows(const data_t[:, ::1] x, data_t[:, ::1] out,
         for r in prange(nrows, num_threads=num_threads, schedule="static"):
             t = row_table[r]
             if npairs > 0:
-                if half_layout:
+                if half_layout and in_place:
+                    _rotate_half_in_place(&out[r, 0], cbase + t * cstride, sbase + t * sstride,
+                                          npairs, inverse)
+                elif half_layout:
                     _rotate_half(&x[r, 0], &out[r, 0], cbase + t * cstride, sbase + t * sstride,
                                  npairs, inverse)
                 else:
@@ -376,28 +496,40 @@ def rotate_rows(const data_t[:, ::1] x, data_t[:, ::1] out,
 # ---------------------------------------------------------------------------
 # adding a table row to every row (sinusoidal and learned absolute positions)
 
+cdef inline void _add_row(const data_t* x, data_t* out, const table_t* row,
+                          Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i] = <data_t>(x[i] + row[i])
+
+
+cdef inline void _add_row_in_place(data_t* x, const table_t* row, Py_ssize_t n) noexcept nogil:
+    # One pointer, so that the vector loop needs no overlap test (see _rotate_half_in_place).
+    cdef Py_ssize_t i
+    for i in range(n):
+        x[i] = <data_t>(x[i] + row[i])
+
+
 def add_table_rows(const data_t[:, ::1] x, data_t[:, ::1] out, const table_t[:, :] table,
                    const Py_ssize_t[::1] row_table, int num_threads):
     """out[r] = x[r] + table[row_table[r]], in the wider dtype, rounded once.
 
     `table` needs unit stride along its last axis; `out` may be `x`.
     """
-    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], r, i
+    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], r
     cdef Py_ssize_t tstride = table.strides[0] // <Py_ssize_t>sizeof(table_t)
     cdef const table_t* tbase
-    cdef const table_t* trow
-    cdef const data_t* xrow
-    cdef data_t* orow
+    cdef bint in_place
     if nrows == 0 or dim == 0:
         return
     tbase = &table[0, 0]
+    in_place = &x[0, 0] == &out[0, 0]
     with nogil:
         for r in prange(nrows, num_threads=num_threads, schedule="static"):
-            xrow = &x[r, 0]
-            orow = &out[r, 0]
-            trow = tbase + row_table[r] * tstride
-            for i in range(dim):
-                orow[i] = <data_t>(xrow[i] + trow[i])
+            if in_place:
+                _add_row_in_place(&out[r, 0], tbase + row_table[r] * tstride, dim)
+            else:
+                _add_row(&x[r, 0], &out[r, 0], tbase + row_table[r] * tstride, dim)
 
 
 # ---------------------------------------------------------------------------
@@ -462,7 +594,9 @@ cdef struct RowPlan:
 cdef inline void _rotate_row(const data_t* x, data_t* out, const data_t* c, const data_t* s,
                              Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
                              bint in_place) noexcept nogil:
-    if half:
+    if half and in_place:
+        _rotate_half_in_place(out, c, s, npairs, inverse)
+    elif half:
         _rotate_half(x, out, c, s, npairs, inverse)
     else:
         _rotate_interleaved(x, out, c, s, npairs, inverse)
