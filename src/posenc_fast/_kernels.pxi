@@ -200,6 +200,76 @@ cdef inline void _trig_position(double p, const TrigSteps* steps, TrigState* sta
     state.last = p
 
 
+# A row that follows its predecessor by one position and is not a multiple
+# of 32 is a single rotation by w; these C loops fuse that rotation with the
+# store of the row (one pass over the state instead of two).
+
+cdef extern from *:
+    r"""
+    #if defined(__GNUC__) || defined(__clang__)
+    #define POSENC_RS __restrict__
+    #else
+    #define POSENC_RS __restrict
+    #endif
+    #define POSENC_STEP(i)                                                               \
+        double ci = c[i], si = s[i];                                                     \
+        double nc = ci * c1[i] - si * s1[i], ns = si * c1[i] + ci * s1[i];               \
+        c[i] = nc;                                                                       \
+        s[i] = ns;
+    #define POSENC_STEP_EMIT_FUNCTIONS(T, SFX)                                           \
+    static void posenc_step_cos_sin_##SFX(double* POSENC_RS c, double* POSENC_RS s,      \
+            const double* POSENC_RS c1, const double* POSENC_RS s1, double scale,        \
+            T* POSENC_RS co, T* POSENC_RS so, Py_ssize_t n) {                            \
+        if (scale == 1.0) {                                                              \
+            for (Py_ssize_t i = 0; i < n; i++) { POSENC_STEP(i) co[i] = (T)nc; so[i] = (T)ns; } \
+        } else {                                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                         \
+                POSENC_STEP(i) co[i] = (T)(nc * scale); so[i] = (T)(ns * scale);         \
+            }                                                                            \
+        }                                                                                \
+    }                                                                                    \
+    static void posenc_step_interleaved_##SFX(double* POSENC_RS c, double* POSENC_RS s,  \
+            const double* POSENC_RS c1, const double* POSENC_RS s1, T* POSENC_RS row,    \
+            Py_ssize_t dim) {                                                            \
+        Py_ssize_t npairs = dim / 2;                                                     \
+        for (Py_ssize_t i = 0; i < npairs; i++) {                                        \
+            POSENC_STEP(i) row[2 * i] = (T)ns; row[2 * i + 1] = (T)nc;                   \
+        }                                                                                \
+        if (dim & 1) { POSENC_STEP(npairs) row[dim - 1] = (T)ns; (void)nc; }             \
+    }                                                                                    \
+    static void posenc_step_split_##SFX(double* POSENC_RS c, double* POSENC_RS s,        \
+            const double* POSENC_RS c1, const double* POSENC_RS s1, T* POSENC_RS row,    \
+            Py_ssize_t dim) {                                                            \
+        Py_ssize_t npairs = dim / 2, nsin = dim - dim / 2;                               \
+        T* POSENC_RS cos_part = row + nsin;                                              \
+        for (Py_ssize_t i = 0; i < npairs; i++) {                                        \
+            POSENC_STEP(i) row[i] = (T)ns; cos_part[i] = (T)nc;                          \
+        }                                                                                \
+        if (dim & 1) { POSENC_STEP(npairs) row[npairs] = (T)ns; (void)nc; }              \
+    }
+
+    POSENC_STEP_EMIT_FUNCTIONS(float, f)
+    POSENC_STEP_EMIT_FUNCTIONS(double, d)
+    """
+    void posenc_step_cos_sin_f(double* c, double* s, const double* c1, const double* s1,
+                               double scale, float* co, float* so, Py_ssize_t n) nogil
+    void posenc_step_cos_sin_d(double* c, double* s, const double* c1, const double* s1,
+                               double scale, double* co, double* so, Py_ssize_t n) nogil
+    void posenc_step_interleaved_f(double* c, double* s, const double* c1, const double* s1,
+                                   float* row, Py_ssize_t dim) nogil
+    void posenc_step_interleaved_d(double* c, double* s, const double* c1, const double* s1,
+                                   double* row, Py_ssize_t dim) nogil
+    void posenc_step_split_f(double* c, double* s, const double* c1, const double* s1,
+                             float* row, Py_ssize_t dim) nogil
+    void posenc_step_split_d(double* c, double* s, const double* c1, const double* s1,
+                             double* row, Py_ssize_t dim) nogil
+
+
+cdef inline bint _next_in_block(const TrigState* state, double p) noexcept nogil:
+    # True if p is one past the previous integer position and not a multiple of 32.
+    return state.valid and p == state.last + 1.0 and ((<long long>p) & 31) != 0
+
+
 cdef inline void _emit_cos_sin(const double* c, const double* s, double scale,
                                data_t* cos_row, data_t* sin_row, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
@@ -229,6 +299,20 @@ cdef inline void _emit_split(const double* c, const double* s, data_t* row,
         row[nsin + i] = <data_t>c[i]
 
 
+cdef inline void _step_sinusoidal(TrigState* state, const TrigSteps* steps, data_t* row,
+                                  Py_ssize_t dim, bint split) noexcept nogil:
+    if data_t is float:
+        if split:
+            posenc_step_split_f(state.c, state.s, steps.c1, steps.s1, row, dim)
+        else:
+            posenc_step_interleaved_f(state.c, state.s, steps.c1, steps.s1, row, dim)
+    else:
+        if split:
+            posenc_step_split_d(state.c, state.s, steps.c1, steps.s1, row, dim)
+        else:
+            posenc_step_interleaved_d(state.c, state.s, steps.c1, steps.s1, row, dim)
+
+
 def cos_sin_rows(const double[::1] positions, const double[::1] freqs, double scale,
                  data_t[:, ::1] cos_out, data_t[:, ::1] sin_out, double[:, ::1] work,
                  int num_threads):
@@ -248,8 +332,17 @@ def cos_sin_rows(const double[::1] positions, const double[::1] freqs, double sc
         for b in prange(nchunks, num_threads=num_threads, schedule="static"):
             state = _trig_state(&work[TRIG_SHARED_ROWS + TRIG_THREAD_ROWS * threadid(), 0], n)
             for r in range(b * TRIG_CHUNK_ROWS, min((b + 1) * TRIG_CHUNK_ROWS, nrows)):
-                _trig_position(positions[r], &steps, &state)
-                _emit_cos_sin(state.c, state.s, scale, &cos_out[r, 0], &sin_out[r, 0], n)
+                if _next_in_block(&state, positions[r]):
+                    if data_t is float:
+                        posenc_step_cos_sin_f(state.c, state.s, steps.c1, steps.s1, scale,
+                                              &cos_out[r, 0], &sin_out[r, 0], n)
+                    else:
+                        posenc_step_cos_sin_d(state.c, state.s, steps.c1, steps.s1, scale,
+                                              &cos_out[r, 0], &sin_out[r, 0], n)
+                    state.last = positions[r]
+                else:
+                    _trig_position(positions[r], &steps, &state)
+                    _emit_cos_sin(state.c, state.s, scale, &cos_out[r, 0], &sin_out[r, 0], n)
 
 
 def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t[:, ::1] out,
@@ -270,11 +363,15 @@ def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t
         for b in prange(nchunks, num_threads=num_threads, schedule="static"):
             state = _trig_state(&work[TRIG_SHARED_ROWS + TRIG_THREAD_ROWS * threadid(), 0], n)
             for r in range(b * TRIG_CHUNK_ROWS, min((b + 1) * TRIG_CHUNK_ROWS, nrows)):
-                _trig_position(positions[r], &steps, &state)
-                if split:
-                    _emit_split(state.c, state.s, &out[r, 0], dim)
+                if _next_in_block(&state, positions[r]):
+                    _step_sinusoidal(&state, &steps, &out[r, 0], dim, split)
+                    state.last = positions[r]
                 else:
-                    _emit_interleaved(state.c, state.s, &out[r, 0], dim)
+                    _trig_position(positions[r], &steps, &state)
+                    if split:
+                        _emit_split(state.c, state.s, &out[r, 0], dim)
+                    else:
+                        _emit_interleaved(state.c, state.s, &out[r, 0], dim)
 
 
 # ---------------------------------------------------------------------------
