@@ -41,12 +41,15 @@ cdef extern from *:
     #else
     #define POSENC_SIMD "scalar"
     #endif
-    #define POSENC_CHUNK 64
+    #define POSENC_ROW_CHUNK 256
+    #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
     """
     int POSENC_OPENMP
     const char* POSENC_SIMD
-    # Pairs a row function copies to local arrays at a time.
-    enum: POSENC_CHUNK
+    # Rows per parallel work item of the general rotation kernel.
+    enum: ROW_CHUNK "POSENC_ROW_CHUNK"
+    # Results at least this large are written with non-temporal stores.
+    enum: STREAM_BYTES "POSENC_STREAM_BYTES"
 
 
 def openmp_enabled():
@@ -398,6 +401,35 @@ cdef extern from *:
     #define POSENC_R __restrict
     #define POSENC_ALWAYS_INLINE static __forceinline
     #endif
+    /* Non-temporal stores: a large out-of-place result goes to memory without
+       being read into the cache first (as memcpy does above its threshold).
+       posenc_sfence() orders them before the kernel returns. */
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    #include <stdint.h>
+    static inline void posenc_stream_float(float* dst, const float* src, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i < n && ((uintptr_t)(dst + i) & 15); i++) dst[i] = src[i];
+        for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+        for (; i < n; i++) dst[i] = src[i];
+    }
+    static inline void posenc_stream_double(double* dst, const double* src, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i < n && ((uintptr_t)(dst + i) & 15); i++) dst[i] = src[i];
+        for (; i + 2 <= n; i += 2) _mm_stream_pd(dst + i, _mm_loadu_pd(src + i));
+        for (; i < n; i++) dst[i] = src[i];
+    }
+    static inline void posenc_sfence(void) { _mm_sfence(); }
+    #else
+    static inline void posenc_stream_float(float* dst, const float* src, Py_ssize_t n) {
+        memcpy(dst, src, n * sizeof(float));
+    }
+    static inline void posenc_stream_double(double* dst, const double* src, Py_ssize_t n) {
+        memcpy(dst, src, n * sizeof(double));
+    }
+    static inline void posenc_sfence(void) {}
+    #endif
+
     #define POSENC_ROTATE_FUNCTIONS(T, C, SFX)                                              \
     POSENC_ALWAYS_INLINE void posenc_half_body_##SFX(                                       \
             const T* POSENC_R xa, const T* POSENC_R xb, T* POSENC_R oa, T* POSENC_R ob,     \
@@ -479,6 +511,29 @@ cdef extern from *:
         if (n == 64) posenc_interleaved_body_##SFX(x, out, c, s, 64, inverse);              \
         else if (n == 32) posenc_interleaved_body_##SFX(x, out, c, s, 32, inverse);         \
         else posenc_interleaved_body_##SFX(x, out, c, s, n, inverse);                       \
+    }                                                                                       \
+    /* As posenc_half / posenc_interleaved, storing with non-temporal stores. */           \
+    static void posenc_half_stream_##SFX(const T* x, T* out, const C* c, const C* s,        \
+                                         Py_ssize_t n, int inverse) {                       \
+        T ra[64], rb[64];                                                                   \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                         \
+            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                       \
+            if (m == 64)                                                                    \
+                posenc_half_body_##SFX(x + i0, x + n + i0, ra, rb, c + i0, s + i0, 64, inverse); \
+            else                                                                            \
+                posenc_half_body_##SFX(x + i0, x + n + i0, ra, rb, c + i0, s + i0, m, inverse); \
+            posenc_stream_##T(out + i0, ra, m);                                             \
+            posenc_stream_##T(out + n + i0, rb, m);                                         \
+        }                                                                                   \
+    }                                                                                       \
+    static void posenc_interleaved_stream_##SFX(const T* x, T* out, const C* c, const C* s, \
+                                                Py_ssize_t n, int inverse) {                \
+        T pairs[128];                                                                       \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                         \
+            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                       \
+            posenc_interleaved_body_##SFX(x + 2 * i0, pairs, c + i0, s + i0, m, inverse);   \
+            posenc_stream_##T(out + 2 * i0, pairs, 2 * m);                                  \
+        }                                                                                   \
     }
 
     POSENC_ROTATE_FUNCTIONS(float, float, ff)
@@ -486,30 +541,47 @@ cdef extern from *:
     POSENC_ROTATE_FUNCTIONS(double, float, df)
     POSENC_ROTATE_FUNCTIONS(double, double, dd)
     """
+    void posenc_sfence() nogil
     void posenc_half_ff(const float* x, float* out, const float* c, const float* s, Py_ssize_t n,
                           int inverse) nogil
     void posenc_half_in_place_ff(float* x, const float* c, const float* s, Py_ssize_t n,
                                    int inverse) nogil
     void posenc_interleaved_ff(const float* x, float* out, const float* c, const float* s,
                                  Py_ssize_t n, int inverse) nogil
+    void posenc_half_stream_ff(const float* x, float* out, const float* c, const float* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_interleaved_stream_ff(const float* x, float* out, const float* c, const float* s,
+                                        Py_ssize_t n, int inverse) nogil
     void posenc_half_fd(const float* x, float* out, const double* c, const double* s, Py_ssize_t n,
                           int inverse) nogil
     void posenc_half_in_place_fd(float* x, const double* c, const double* s, Py_ssize_t n,
                                    int inverse) nogil
     void posenc_interleaved_fd(const float* x, float* out, const double* c, const double* s,
                                  Py_ssize_t n, int inverse) nogil
+    void posenc_half_stream_fd(const float* x, float* out, const double* c, const double* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_interleaved_stream_fd(const float* x, float* out, const double* c, const double* s,
+                                        Py_ssize_t n, int inverse) nogil
     void posenc_half_df(const double* x, double* out, const float* c, const float* s, Py_ssize_t n,
                           int inverse) nogil
     void posenc_half_in_place_df(double* x, const float* c, const float* s, Py_ssize_t n,
                                    int inverse) nogil
     void posenc_interleaved_df(const double* x, double* out, const float* c, const float* s,
                                  Py_ssize_t n, int inverse) nogil
+    void posenc_half_stream_df(const double* x, double* out, const float* c, const float* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_interleaved_stream_df(const double* x, double* out, const float* c, const float* s,
+                                        Py_ssize_t n, int inverse) nogil
     void posenc_half_dd(const double* x, double* out, const double* c, const double* s, Py_ssize_t n,
                           int inverse) nogil
     void posenc_half_in_place_dd(double* x, const double* c, const double* s, Py_ssize_t n,
                                    int inverse) nogil
     void posenc_interleaved_dd(const double* x, double* out, const double* c, const double* s,
                                  Py_ssize_t n, int inverse) nogil
+    void posenc_half_stream_dd(const double* x, double* out, const double* c, const double* s,
+                                 Py_ssize_t n, int inverse) nogil
+    void posenc_interleaved_stream_dd(const double* x, double* out, const double* c, const double* s,
+                                        Py_ssize_t n, int inverse) nogil
 
 
 cdef inline void _rotate_half(const data_t* x, data_t* out, const table_t* c, const table_t* s,
@@ -537,6 +609,57 @@ cdef inline void _rotate_half_in_place(data_t* x, const table_t* c, const table_
         posenc_half_in_place_dd(x, c, s, npairs, inverse)
 
 
+cdef inline void _rotate_half_stream(const data_t* x, data_t* out, const table_t* c,
+                                     const table_t* s, Py_ssize_t npairs,
+                                     bint inverse) noexcept nogil:
+    if data_t is float and table_t is float:
+        posenc_half_stream_ff(x, out, c, s, npairs, inverse)
+    elif data_t is float:
+        posenc_half_stream_fd(x, out, c, s, npairs, inverse)
+    elif table_t is float:
+        posenc_half_stream_df(x, out, c, s, npairs, inverse)
+    else:
+        posenc_half_stream_dd(x, out, c, s, npairs, inverse)
+
+
+cdef inline void _rotate_interleaved_stream(const data_t* x, data_t* out, const table_t* c,
+                                            const table_t* s, Py_ssize_t npairs,
+                                            bint inverse) noexcept nogil:
+    if data_t is float and table_t is float:
+        posenc_interleaved_stream_ff(x, out, c, s, npairs, inverse)
+    elif data_t is float:
+        posenc_interleaved_stream_fd(x, out, c, s, npairs, inverse)
+    elif table_t is float:
+        posenc_interleaved_stream_df(x, out, c, s, npairs, inverse)
+    else:
+        posenc_interleaved_stream_dd(x, out, c, s, npairs, inverse)
+
+
+cdef inline void _rotate_row(const data_t* x, data_t* out, const table_t* c, const table_t* s,
+                             Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
+                             bint in_place, bint stream) noexcept nogil:
+    # One row: the rotary pairs, then the features past 2*npairs copied.
+    if npairs > 0:
+        if half and in_place:
+            _rotate_half_in_place(out, c, s, npairs, inverse)
+        elif half and stream:
+            _rotate_half_stream(x, out, c, s, npairs, inverse)
+        elif half:
+            _rotate_half(x, out, c, s, npairs, inverse)
+        elif stream:
+            _rotate_interleaved_stream(x, out, c, s, npairs, inverse)
+        else:
+            _rotate_interleaved(x, out, c, s, npairs, inverse)
+    if 2 * npairs < dim and not in_place:
+        memcpy(out + 2 * npairs, x + 2 * npairs, (dim - 2 * npairs) * sizeof(data_t))
+
+
+cdef inline bint _stream_output(Py_ssize_t nbytes, bint in_place) noexcept nogil:
+    # Non-temporal stores pay when the result is larger than the caches it
+    # would otherwise fill (and never in place: those lines were just read).
+    return not in_place and nbytes >= STREAM_BYTES
+
+
 cdef inline void _rotate_interleaved(const data_t* x, data_t* out, const table_t* c,
                                      const table_t* s, Py_ssize_t npairs,
                                      bint inverse) noexcept nogil:
@@ -562,32 +685,27 @@ def rotate_rows(const data_t[:, ::1] x, data_t[:, ::1] out,
     axis; their row stride is free.  `out` may be `x` (in place).
     """
     cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], npairs = cos_table.shape[1]
-    cdef Py_ssize_t rot = 2 * npairs, r, t
+    cdef Py_ssize_t nchunks = (nrows + ROW_CHUNK - 1) // ROW_CHUNK
     cdef Py_ssize_t cstride = cos_table.strides[0] // <Py_ssize_t>sizeof(table_t)
     cdef Py_ssize_t sstride = sin_table.strides[0] // <Py_ssize_t>sizeof(table_t)
+    cdef Py_ssize_t chunk, r, t
     cdef const table_t* cbase
     cdef const table_t* sbase
-    cdef bint in_place
+    cdef bint in_place, stream
     if nrows == 0 or dim == 0:
         return
     in_place = &x[0, 0] == &out[0, 0]
+    stream = _stream_output(nrows * dim * <Py_ssize_t>sizeof(data_t), in_place)
     cbase = &cos_table[0, 0] if npairs > 0 else NULL
     sbase = &sin_table[0, 0] if npairs > 0 else NULL
     with nogil:
-        for r in prange(nrows, num_threads=num_threads, schedule="static"):
-            t = row_table[r]
-            if npairs > 0:
-                if half_layout and in_place:
-                    _rotate_half_in_place(&out[r, 0], cbase + t * cstride, sbase + t * sstride,
-                                          npairs, inverse)
-                elif half_layout:
-                    _rotate_half(&x[r, 0], &out[r, 0], cbase + t * cstride, sbase + t * sstride,
-                                 npairs, inverse)
-                else:
-                    _rotate_interleaved(&x[r, 0], &out[r, 0], cbase + t * cstride,
-                                        sbase + t * sstride, npairs, inverse)
-            if rot < dim and not in_place:
-                memcpy(&out[r, rot], &x[r, rot], (dim - rot) * sizeof(data_t))
+        for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):
+            for r in range(chunk * ROW_CHUNK, min((chunk + 1) * ROW_CHUNK, nrows)):
+                t = row_table[r]
+                _rotate_row(&x[r, 0], &out[r, 0], cbase + t * cstride, sbase + t * sstride,
+                            npairs, dim, half_layout, inverse, in_place, stream)
+            if stream:
+                posenc_sfence()
 
 
 # ---------------------------------------------------------------------------
@@ -650,7 +768,7 @@ cnp.import_array()
 cdef extern from *:
     """
     /* Positions per parallel work item of the fast path; cache growth unit. */
-    #define POSENC_POSITION_BLOCK 64
+    #define POSENC_POSITION_BLOCK 1024
     #define POSENC_CACHE_GROWTH 1024
     /* Largest cos/sin cache per dtype, in bytes. */
     #define POSENC_CACHE_BYTES (64 * 1024 * 1024)
@@ -688,39 +806,31 @@ cdef struct RowPlan:
     long long highest
 
 
-cdef inline void _rotate_row(const data_t* x, data_t* out, const data_t* c, const data_t* s,
-                             Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
-                             bint in_place) noexcept nogil:
-    if half and in_place:
-        _rotate_half_in_place(out, c, s, npairs, inverse)
-    elif half:
-        _rotate_half(x, out, c, s, npairs, inverse)
-    else:
-        _rotate_interleaved(x, out, c, s, npairs, inverse)
-    if 2 * npairs < dim and not in_place:
-        memcpy(out + 2 * npairs, x + 2 * npairs, (dim - 2 * npairs) * sizeof(data_t))
-
-
 cdef void _rotate_planned(const data_t* x, data_t* out, const data_t* cos_cache,
                           const data_t* sin_cache, RowPlan plan, Py_ssize_t dim,
                           Py_ssize_t npairs, bint half, bint inverse,
                           int num_threads) noexcept nogil:
     cdef Py_ssize_t nitems = (plan.seq + POSITION_BLOCK - 1) // POSITION_BLOCK * plan.outer
     cdef Py_ssize_t item
+    cdef bint stream = _stream_output(plan.outer * plan.seq * plan.inner * dim
+                                      * <Py_ssize_t>sizeof(data_t), x == out)
     if num_threads == 1:  # no parallel region: it costs a microsecond
         for item in range(nitems):
-            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse)
+            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse,
+                         stream)
     else:
         for item in prange(nitems, num_threads=num_threads, schedule="static"):
-            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse)
+            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse,
+                         stream)
 
 
 cdef inline void _rotate_item(Py_ssize_t item, const data_t* x, data_t* out,
                               const data_t* cos_cache, const data_t* sin_cache,
                               const RowPlan* plan, Py_ssize_t dim, Py_ssize_t npairs, bint half,
-                              bint inverse) noexcept nogil:
+                              bint inverse, bint stream) noexcept nogil:
     # Work item = (block of POSITION_BLOCK positions, outer index): the cache
-    # rows of a block stay in L1 while every head of every batch uses them.
+    # rows of a block (L2-sized) serve every head of every batch in turn,
+    # while each head's rows of the block are one long contiguous stream.
     cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, i, r
     cdef long long t
     cdef bint in_place = x == out
@@ -729,7 +839,9 @@ cdef inline void _rotate_item(Py_ssize_t item, const data_t* x, data_t* out,
         for i in range(plan.inner):
             r = (o * plan.seq + s) * plan.inner + i
             _rotate_row(x + r * dim, out + r * dim, cos_cache + t * npairs,
-                        sin_cache + t * npairs, npairs, dim, half, inverse, in_place)
+                        sin_cache + t * npairs, npairs, dim, half, inverse, in_place, stream)
+    if stream:
+        posenc_sfence()
 
 
 cdef inline bint _fits(long long a, long long b) noexcept nogil:
