@@ -317,11 +317,12 @@ cdef inline void _step_sinusoidal(TrigState* state, const TrigSteps* steps, data
 
 
 def cos_sin_rows(const double[::1] positions, const double[::1] freqs, double scale,
-                 data_t[:, ::1] cos_out, data_t[:, ::1] sin_out, double[:, ::1] work,
+                 data_t[:, :] cos_out, data_t[:, :] sin_out, double[:, ::1] work,
                  int num_threads):
     """cos_out[r, i] = scale*cos(positions[r]*freqs[i]); sin_out likewise.
 
-    `work` has shape (trig_work_rows(num_threads), len(freqs)).
+    The outputs need unit stride along their last axis; their row stride is
+    free.  `work` has shape (trig_work_rows(num_threads), len(freqs)).
     """
     cdef Py_ssize_t nrows = positions.shape[0], n = freqs.shape[0]
     cdef Py_ssize_t nchunks = (nrows + TRIG_CHUNK_ROWS - 1) // TRIG_CHUNK_ROWS
@@ -806,28 +807,26 @@ cdef struct RowPlan:
     long long highest
 
 
-cdef void _rotate_planned(const data_t* x, data_t* out, const data_t* cos_cache,
-                          const data_t* sin_cache, RowPlan plan, Py_ssize_t dim,
-                          Py_ssize_t npairs, bint half, bint inverse,
+cdef void _rotate_planned(const data_t* x, data_t* out, const data_t* table, RowPlan plan,
+                          Py_ssize_t dim, Py_ssize_t npairs, bint half, bint inverse,
                           int num_threads) noexcept nogil:
+    # table: (rows, 2, npairs), the cos then the sin row of each position.
     cdef Py_ssize_t nitems = (plan.seq + POSITION_BLOCK - 1) // POSITION_BLOCK * plan.outer
     cdef Py_ssize_t item
     cdef bint stream = _stream_output(plan.outer * plan.seq * plan.inner * dim
                                       * <Py_ssize_t>sizeof(data_t), x == out)
     if num_threads == 1:  # no parallel region: it costs a microsecond
         for item in range(nitems):
-            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse,
-                         stream)
+            _rotate_item(item, x, out, table, &plan, dim, npairs, half, inverse, stream)
     else:
         for item in prange(nitems, num_threads=num_threads, schedule="static"):
-            _rotate_item(item, x, out, cos_cache, sin_cache, &plan, dim, npairs, half, inverse,
-                         stream)
+            _rotate_item(item, x, out, table, &plan, dim, npairs, half, inverse, stream)
 
 
 cdef inline void _rotate_item(Py_ssize_t item, const data_t* x, data_t* out,
-                              const data_t* cos_cache, const data_t* sin_cache,
-                              const RowPlan* plan, Py_ssize_t dim, Py_ssize_t npairs, bint half,
-                              bint inverse, bint stream) noexcept nogil:
+                              const data_t* table, const RowPlan* plan, Py_ssize_t dim,
+                              Py_ssize_t npairs, bint half, bint inverse,
+                              bint stream) noexcept nogil:
     # Work item = (block of POSITION_BLOCK positions, outer index): the cache
     # rows of a block (L2-sized) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream.
@@ -838,8 +837,9 @@ cdef inline void _rotate_item(Py_ssize_t item, const data_t* x, data_t* out,
         t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
         for i in range(plan.inner):
             r = (o * plan.seq + s) * plan.inner + i
-            _rotate_row(x + r * dim, out + r * dim, cos_cache + t * npairs,
-                        sin_cache + t * npairs, npairs, dim, half, inverse, in_place, stream)
+            _rotate_row(x + r * dim, out + r * dim, table + 2 * t * npairs,
+                        table + (2 * t + 1) * npairs, npairs, dim, half, inverse, in_place,
+                        stream)
     if stream:
         posenc_sfence()
 
@@ -985,8 +985,8 @@ cdef class RotaryBase:
     cdef double _fast_factor
     cdef long long _fast_valid_below
     cdef object _fast_freqs
-    # cos/sin caches of rows 0 .. rows-1 (canonical values, attention factor
-    # applied), per dtype: (cos, sin) arrays or None.
+    # cos/sin caches of positions 0 .. rows-1 (canonical values, attention
+    # factor applied), per dtype: arrays (rows, 2, npairs) or None.
     cdef object _cache32
     cdef object _cache64
 
@@ -1006,11 +1006,11 @@ cdef class RotaryBase:
         self._cache64 = None
 
     cdef object _cache_for(self, int typenum, long long highest):
-        """(cos, sin) cache arrays of the dtype covering row `highest`, or None."""
+        """The cos/sin cache of the dtype covering row `highest`, or None."""
         cdef object cache = self._cache32 if typenum == cnp.NPY_FLOAT32 else self._cache64
         cdef Py_ssize_t itemsize = 4 if typenum == cnp.NPY_FLOAT32 else 8
         cdef Py_ssize_t limit = CACHE_BYTES // (2 * itemsize * max(self._fast_npairs, 1))
-        cdef Py_ssize_t rows = 0 if cache is None else (<cnp.ndarray>cache[0]).shape[0]
+        cdef Py_ssize_t rows = 0 if cache is None else (<cnp.ndarray>cache).shape[0]
         cdef Py_ssize_t new_rows
         if highest < rows:
             return cache
@@ -1025,41 +1025,37 @@ cdef class RotaryBase:
         return cache
 
     cdef object _grow_cache(self, int typenum, object old, Py_ssize_t rows, Py_ssize_t new_rows):
+        # One array (rows, 2, npairs): a position's cos and sin rows side by
+        # side, so that the rotation reads one stream of table rows, not two.
         import numpy
         dtype = numpy.float32 if typenum == cnp.NPY_FLOAT32 else numpy.float64
-        cos = numpy.empty((new_rows, self._fast_npairs), dtype=dtype)
-        sin = numpy.empty((new_rows, self._fast_npairs), dtype=dtype)
+        table = numpy.empty((new_rows, 2, self._fast_npairs), dtype=dtype)
         if old is not None:
-            cos[:rows] = old[0]
-            sin[:rows] = old[1]
+            table[:rows] = old
         threads = _threads_for((new_rows - rows) * self._fast_npairs)
         work = numpy.empty((trig_work_rows(threads), max(self._fast_npairs, 1)))
         cos_sin_rows(numpy.arange(rows, new_rows, dtype=numpy.float64), self._fast_freqs,
-                     self._fast_factor, cos[rows:], sin[rows:], work, threads)
-        cos.flags.writeable = False
-        sin.flags.writeable = False
-        return (cos, sin)
+                     self._fast_factor, table[rows:, 0], table[rows:, 1], work, threads)
+        table.flags.writeable = False
+        return table
 
     cdef bint _run(self, cnp.ndarray x, cnp.ndarray out, object cache, RowPlan plan, bint inverse):
-        cdef cnp.ndarray cos = <cnp.ndarray>cache[0]
-        cdef cnp.ndarray sin = <cnp.ndarray>cache[1]
-        cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
+        cdef cnp.ndarray table = <cnp.ndarray>cache
+        cdef Py_ssize_t size = cnp.PyArray_SIZE(x), n = self._fast_npairs
         cdef int threads = _threads_for(size)
         if size == 0:
             return True
         if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32:
             with nogil:
                 _rotate_planned(<const float*>cnp.PyArray_DATA(x), <float*>cnp.PyArray_DATA(out),
-                                <const float*>cnp.PyArray_DATA(cos),
-                                <const float*>cnp.PyArray_DATA(sin), plan, self._fast_dim,
-                                self._fast_npairs, self._fast_half, inverse, threads)
+                                <const float*>cnp.PyArray_DATA(table), plan, self._fast_dim, n,
+                                self._fast_half, inverse, threads)
         else:
             with nogil:
                 _rotate_planned(<const double*>cnp.PyArray_DATA(x),
                                 <double*>cnp.PyArray_DATA(out),
-                                <const double*>cnp.PyArray_DATA(cos),
-                                <const double*>cnp.PyArray_DATA(sin), plan, self._fast_dim,
-                                self._fast_npairs, self._fast_half, inverse, threads)
+                                <const double*>cnp.PyArray_DATA(table), plan, self._fast_dim, n,
+                                self._fast_half, inverse, threads)
         return True
 
     cdef int _fast_flags(self, object offset, object inverse, long long* offset_value):
