@@ -497,3 +497,25 @@ def test_pickle_round_trip():
     clone = pickle.loads(pickle.dumps(rope))
     assert repr(clone) == repr(rope)
     np.testing.assert_array_equal(clone.apply(x, offset=3), rope.apply(x, offset=3))
+
+
+def test_cos_sin_out():
+    rope = pf.RotaryEmbedding(16, rotary_dim=12)
+    positions = np.array([[0, 3, 9], [100, 101, 5000]])
+    want_cos, want_sin = rope.cos_sin(positions, dtype=np.float64)
+    cos, sin = np.empty((2, 3, 6)), np.empty((6, 3, 2)).T  # one contiguous, one strided
+    got = rope.cos_sin(positions, dtype=np.float64, out=(cos, sin))
+    assert got[0] is cos and got[1] is sin
+    np.testing.assert_array_equal(cos, want_cos)
+    np.testing.assert_array_equal(sin, want_sin)
+    for out, error, match in [
+        ([cos, sin], TypeError, "out must be a tuple"),
+        ((cos,), TypeError, "out must be a tuple"),
+        ((cos, np.empty((2, 3, 6), np.float32)), ValueError, r"out\[1\] must have dtype"),
+        ((cos, np.empty((2, 3, 5))), ValueError, r"out\[1\] must have shape"),
+        ((cos, cos), ValueError, "overlaps"),
+    ]:
+        before = cos.copy()
+        with pytest.raises(error, match=match):
+            rope.cos_sin(positions, dtype=np.float64, out=out)
+        np.testing.assert_array_equal(cos, before)

@@ -69,12 +69,21 @@ def trig_work(nfreqs: int, num_threads: int) -> np.ndarray:
     return np.empty((kernels.trig_work_rows(num_threads), max(nfreqs, 1)), dtype=np.float64)
 
 
-def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float,
-                  dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Return (cos, sin) of shape (len(positions), len(freqs)): scale * cos/sin(p * f)."""
+def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float, dtype: np.dtype,
+                  out: tuple[np.ndarray, np.ndarray] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Return (cos, sin) of shape (len(positions), len(freqs)): scale * cos/sin(p * f).
+
+    `out`: two (len(positions), len(freqs)) arrays to fill; either is used
+    directly when its last axis is contiguous, else a new array is returned
+    in its place (the caller copies).
+    """
     nrows, nfreqs = positions.shape[0], freqs.shape[0]
-    cos = np.empty((nrows, nfreqs), dtype=dtype)
-    sin = np.empty((nrows, nfreqs), dtype=dtype)
+    targets = []
+    for given in (None, None) if out is None else out:
+        usable = given is not None and (given.shape[1] <= 1 or given.strides[1] == given.itemsize)
+        targets.append(given if usable else np.empty((nrows, nfreqs), dtype=dtype))
     threads = threads_for(nrows * nfreqs)
-    kernels.cos_sin_rows(positions, freqs, scale, cos, sin, trig_work(nfreqs, threads), threads)
-    return cos, sin
+    kernels.cos_sin_rows(positions, freqs, scale, targets[0], targets[1],
+                         trig_work(nfreqs, threads), threads)
+    return targets[0], targets[1]

@@ -238,7 +238,8 @@ class RotaryEmbedding(RotaryBase):
                         out_k, k_in_place)
         return q_rot, k_rot
 
-    def cos_sin(self, positions: ArrayLike, *, dtype: DTypeLike = np.float32
+    def cos_sin(self, positions: ArrayLike, *, dtype: DTypeLike = np.float32,
+                out: tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]] | None = None
                 ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
         """Return ``(cos, sin)`` of the rotation angles, attention factor applied.
 
@@ -246,6 +247,10 @@ class RotaryEmbedding(RotaryBase):
         ----------
         positions : array_like of real numbers, any shape
         dtype : {np.float32, np.float64}, optional
+        out : tuple of two ndarrays, optional
+            ``(cos, sin)`` to write, each of shape positions.shape +
+            (rotary_dim//2,) and dtype `dtype` (as NumPy's ``out=`` of a
+            function with two results, e.g. ``np.divmod``).
 
         Returns
         -------
@@ -253,9 +258,25 @@ class RotaryEmbedding(RotaryBase):
         """
         values = v.positions_array(positions)
         dtype = v.table_dtype(dtype)
-        cos, sin = self._table(values, dtype)
         shape = values.shape + (self._rotary_dim // 2,)
-        return cos.reshape(shape), sin.reshape(shape)
+        if out is not None:
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise TypeError(f"out must be a tuple (cos, sin) of two arrays, got "
+                                f"{type(out).__name__}")
+            cos_out, _ = v.output(out[0], "out[0]", shape, dtype)
+            sin_out, _ = v.output(out[1], "out[1]", shape, dtype, must_not_overlap=(cos_out,))
+            out = (cos_out, sin_out)
+        seq_len = _seq_len(values)
+        cos, sin = cos_sin_table(values.reshape(-1), self._frequencies.inv_freq_for(seq_len),
+                                 float(self._frequencies.attention_factor_for(seq_len)), dtype,
+                                 None if out is None else (out[0].reshape(-1, shape[-1]),
+                                                           out[1].reshape(-1, shape[-1])))
+        if out is None:
+            return cos.reshape(shape), sin.reshape(shape)
+        for target, result in zip(out, (cos, sin)):
+            if not np.shares_memory(target, result):
+                np.copyto(target, result.reshape(shape))
+        return out
 
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
