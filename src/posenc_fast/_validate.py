@@ -63,7 +63,10 @@ def real(value, name: str, *, positive: bool = False) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         if not (isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name} must be finite, got an integer too large for a float") from None
     if not math.isfinite(result):
         raise ValueError(f"{name} must be finite, got {result}")
     if positive and result <= 0:
