@@ -258,8 +258,11 @@ def add_position_table(x, table, positions=None, *, offset=0, out=None):
                              f"no row for a position outside it")
     if table.strides[1] != table.itemsize:
         table = np.ascontiguousarray(table)
+    # index + offset in wrapping uint64 arithmetic: every sum lies in [0, max_len)
+    # (checked above), so it is exact even when offset or an unsigned position
+    # alone is beyond the int64 range.
+    shifted = (index.astype(np.uint64) + np.uint64(offset % 2**64)).astype(np.intp)
     rows = RowOutput(x, out, in_place)
-    table_rows = np.ascontiguousarray(
-        np.broadcast_to(index.astype(np.intp) + offset, x.shape[:-1])).reshape(-1)
+    table_rows = np.ascontiguousarray(np.broadcast_to(shifted, x.shape[:-1])).reshape(-1)
     kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
     return rows.result()
