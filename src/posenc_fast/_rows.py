@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from . import _validate as v
 from ._dispatch import kernels
 from ._threads import threads_for
 
@@ -72,6 +73,7 @@ def trig_work(nfreqs: int, num_threads: int) -> np.ndarray:
 def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float,
                   dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Return (cos, sin) of shape (len(positions), len(freqs)): scale * cos/sin(p * f)."""
+    v.finite_angles(positions, freqs)
     nrows, nfreqs = positions.shape[0], freqs.shape[0]
     cos = np.empty((nrows, nfreqs), dtype=dtype)
     sin = np.empty((nrows, nfreqs), dtype=dtype)

@@ -112,6 +112,18 @@ def with_offset(positions: np.ndarray, offset: float, name: str = "positions") -
     return positions
 
 
+def finite_angles(positions: np.ndarray, freqs: np.ndarray, name: str = "positions") -> None:
+    """Raise ValueError unless every angle position * frequency is finite in float64."""
+    if positions.size and freqs.size:
+        largest_position = float(np.abs(positions).max())
+        largest_freq = float(np.abs(freqs).max())
+        if not math.isfinite(largest_position * largest_freq):
+            raise ValueError(f"{name} * frequency must be finite: the largest |position| "
+                             f"{largest_position:g} times the largest frequency "
+                             f"{largest_freq:g} overflows float64 (a base too close to 0, "
+                             f"or positions too large)")
+
+
 def broadcast_target(shape: tuple, target: tuple, name: str, target_name: str) -> None:
     """Raise ValueError unless an array of `shape` broadcasts to exactly `target`."""
     try:

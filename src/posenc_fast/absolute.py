@@ -28,6 +28,7 @@ def _fill_sinusoidal(positions: np.ndarray, dim: int, base: float, split: bool,
                      out: np.ndarray) -> np.ndarray:
     # out: (len(positions), dim), any strides.
     freqs = _sinusoidal_freqs(dim, base)
+    v.finite_angles(positions, freqs)
     target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
     threads = threads_for(target.size)
     kernels.sinusoidal_rows(positions, freqs, target, split, trig_work(freqs.size, threads),

@@ -49,6 +49,8 @@ def _call_positions(lead: tuple, positions, offset: float, seq_axis, name: str =
 def _length_with_base_frequencies(frequencies) -> int:
     # The largest seq_len whose calls use frequencies.inv_freq: unbounded unless
     # the method depends on the length (dynamic NTK, LongRoPE).
+    if not math.isfinite(float(np.abs(frequencies.inv_freq).max()) * 2.0**62):
+        return 0  # absurd frequencies: let the general path check every angle
     if not frequencies.depends_on_length:
         return 2**62
     length = int(frequencies.params["original_max_position_embeddings"])
