@@ -154,8 +154,11 @@ def _base_powers(base: float, exponent_sign: int, rotary_dim: int) -> np.ndarray
     Python's float pow is libm's (as in ``reference.py``); NumPy's SIMD power
     may differ from it by an ulp.
     """
-    return np.array([base ** (exponent_sign * 2 * i / rotary_dim) for i in range(rotary_dim // 2)],
-                    dtype=np.float64)
+    # Allocated first: an impossible rotary_dim fails at once, not after a long loop.
+    powers = np.empty(rotary_dim // 2, dtype=np.float64)
+    for i in range(powers.size):
+        powers[i] = base ** (exponent_sign * 2 * i / rotary_dim)
+    return powers
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:

@@ -19,7 +19,10 @@ from ._threads import threads_for
 def _sinusoidal_freqs(dim: int, base: float) -> np.ndarray:
     # w_i = base ** (-2i/dim) for the ceil(dim/2) sin columns.  Python's float
     # pow is libm's; NumPy's SIMD power can differ from it by an ulp.
-    freqs = np.array([base ** (-2 * i / dim) for i in range((dim + 1) // 2)], dtype=np.float64)
+    # Allocated first: an impossible dim fails at once, not after a long loop.
+    freqs = np.empty((dim + 1) // 2, dtype=np.float64)
+    for i in range(freqs.size):
+        freqs[i] = base ** (-2 * i / dim)
     freqs.flags.writeable = False
     return freqs
 
@@ -27,6 +30,8 @@ def _sinusoidal_freqs(dim: int, base: float) -> np.ndarray:
 def _fill_sinusoidal(positions: np.ndarray, dim: int, base: float, split: bool,
                      out: np.ndarray) -> np.ndarray:
     # out: (len(positions), dim), any strides.
+    if positions.size == 0:
+        return out
     freqs = _sinusoidal_freqs(dim, base)
     v.finite_angles(positions, freqs)
     target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
