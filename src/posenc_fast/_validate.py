@@ -106,7 +106,8 @@ def positions_array(positions, name: str = "positions", *, integral: bool = Fals
 def with_offset(positions: np.ndarray, offset: float, name: str = "positions") -> np.ndarray:
     """Add `offset` to float64 `positions` in place and check the result is finite."""
     if offset:
-        positions += offset
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            positions += offset
         if not np.isfinite(positions).all():
             raise ValueError(f"{name} + offset must be finite")
     return positions
