@@ -18,6 +18,8 @@ import pytest
 import posenc_fast as pf
 
 CALLS = int(os.environ.get("POSENC_FAST_LEAK_CALLS", "20000"))
+# AddressSanitizer keeps freed memory in quarantine: RSS grows by design.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
 def _rss_bytes() -> int:
@@ -101,7 +103,8 @@ def test_repeated_calls_leave_memory_flat(name):
     rss_after = _rss_bytes()
     # A leak of even 16 bytes per call would show as 320 kB here.
     assert traced_after - traced_before < 64 * 1024, (traced_before, traced_after)
-    assert rss_after - rss_before < 8 * 1024 * 1024, (rss_before, rss_after)
+    if not UNDER_ASAN:
+        assert rss_after - rss_before < 8 * 1024 * 1024, (rss_before, rss_after)
 
 
 def _refcounts(objects):
