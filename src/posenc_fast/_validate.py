@@ -19,7 +19,13 @@ MAX_EXACT_POSITION = 2.0**53
 
 
 def float_array(x, name: str) -> np.ndarray:
-    """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one)."""
+    """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one).
+
+    Other floating types (float16, and bfloat16 or float8 from ml_dtypes,
+    whose NumPy kind is not "f") raise TypeError with a hint to convert: the
+    kernels compute in float32/float64 only, and a silent conversion would
+    hide a full-size copy.
+    """
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
@@ -27,7 +33,8 @@ def float_array(x, name: str) -> np.ndarray:
             raise TypeError(f"{name} must be a float32 or float64 array: {exc}") from None
     dtype = x.dtype
     if dtype.kind != "f" or dtype.itemsize not in (4, 8):
-        hint = "; convert it with .astype(np.float32) first" if dtype.kind == "f" else ""
+        floating = dtype.kind == "f" or "float" in dtype.name  # bfloat16: kind "V"
+        hint = "; convert it with .astype(np.float32) first" if floating else ""
         raise TypeError(f"{name} must be a float32 or float64 array, got dtype {dtype}{hint}")
     if not dtype.isnative:
         x = x.astype(dtype.newbyteorder("="))
