@@ -190,3 +190,31 @@ def test_add_alibi_in_place_on_more_than_2_31_elements():
         np.testing.assert_array_equal(scores[0, 0, i], want.astype(np.float32))
     del scores
     gc.collect()
+
+
+def test_isa_variants_agree_bitwise_at_huge_angles():
+    # The large-angle branch of the exact cos/sin (angles past 2**26) and the
+    # clamped T5 bucket, compiled once per ISA variant, give the same bits.
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, posenc_fast as pf, sys\n"
+            "p = np.array([2.0**62, 3 * 2.0**55 + 1024, 1e17 + 64, 2.0**30 + 0.5, 1e300])\n"
+            "a = pf.sinusoidal(p[:4], 33, dtype=np.float64)\n"
+            "b = pf.sinusoidal(p, 7, base=1e300, dtype=np.float64)\n"
+            "c, s = pf.RotaryEmbedding(64).cos_sin(p[:4], dtype=np.float64)\n"
+            "t = pf.t5_relative_bucket(2, 3, offset=2**51, num_buckets=2**52, "
+            "max_distance=2**50 + 1)\n"
+            "sys.stdout.buffer.write(a.tobytes() + b.tobytes() + c.tobytes() + s.tobytes()"
+            " + t.tobytes())\n")
+    info = pf.build_info()
+    outputs = {}
+    for variant in info["isa_built"]:
+        if variant in info["isa_supported"]:
+            result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    timeout=120, env={**os.environ, "POSENC_FAST_ISA": variant})
+            assert result.returncode == 0, result.stderr
+            outputs[variant] = result.stdout
+    assert len(set(outputs.values())) == 1, f"variants differ: {list(outputs)}"
+    values = np.frombuffer(next(iter(outputs.values()))[:-6 * 8], dtype=np.float64)
+    assert np.abs(values).max() <= 1.0
