@@ -123,7 +123,12 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", dtype=np.f
     out, _ = v.output(out, "out", shape, dtype)
     if out is None:
         out = np.empty(shape, dtype=dtype)
-    _fill_sinusoidal(positions.reshape(-1), dim, base, split, out.reshape(-1, dim))
+    # out.reshape(-1, dim) would be a copy (written, then lost) for an out whose
+    # leading axes cannot merge, e.g. Fortran order: fill a C-order target then.
+    target = out if out.flags.c_contiguous else np.empty(shape, dtype=dtype)
+    _fill_sinusoidal(positions.reshape(-1), dim, base, split, target.reshape(-1, dim))
+    if target is not out:
+        out[...] = target
     return out
 
 
