@@ -889,3 +889,26 @@ def test_random_burst_in_a_subprocess_does_not_crash(seed):
                           text=True, timeout=300)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
     assert proc.stdout.strip() == "done"
+
+
+@pytest.mark.parametrize("layout", ["fortran", "reversed", "strided", "transposed"])
+@pytest.mark.parametrize("positions_shape", [(5,), (2, 3), (2, 1, 3)])
+def test_every_out_layout_is_written(layout, positions_shape):
+    # Regression (found by the fuzzer): sinusoidal() wrote a Fortran-order
+    # out's reshape, a copy, and returned out unwritten.
+    positions = np.arange(math.prod(positions_shape)).reshape(positions_shape) * 7 - 3
+    shape = positions_shape + (6,)
+    want = pf.sinusoidal(positions, 6)
+    if layout == "fortran":
+        out = np.asfortranarray(np.full(shape, 7.0, np.float32))
+    elif layout == "reversed":
+        out = np.full(shape, 7.0, np.float32)[::-1]
+    elif layout == "strided":
+        out = np.full(shape[:-1] + (12,), 7.0, np.float32)[..., ::2]
+    else:
+        out = np.full(shape[::-1], 7.0, np.float32).T
+    assert pf.sinusoidal(positions, 6, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    table_out = np.asfortranarray(np.full((len(positions.reshape(-1)), 6), 7.0, np.float32))
+    assert pf.sinusoidal_table(table_out.shape[0], 6, out=table_out) is table_out
+    np.testing.assert_array_equal(table_out, pf.sinusoidal_table(table_out.shape[0], 6))
