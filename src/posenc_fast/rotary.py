@@ -9,6 +9,7 @@ the factor (see ``_frequencies``), never the kernels.
 
 import functools
 import math
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -110,6 +111,8 @@ class RotaryEmbedding(kernels.RotaryBase):
     def __init__(self, dim, *, base=10000.0, rotary_dim=None, layout="interleaved",
                  scaling=None):
         dim = v.integer(dim, "dim", minimum=1)
+        if dim > sys.maxsize:  # no array has such an axis (and the fast path keeps a C size)
+            raise ValueError(f"dim must be <= {sys.maxsize} (2**63 - 1), got {dim}")
         if rotary_dim is None:
             if dim % 2:
                 raise ValueError(f"dim must be even when rotary_dim is not given, got {dim}")
