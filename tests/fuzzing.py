@@ -66,13 +66,19 @@ class Outcome:
         return f"Outcome(error={self.error!r})" if self.error else "Outcome(ok)"
 
 
-def call(function, *args, **kwargs) -> Outcome:
-    """Call with warnings as errors; TypeError/ValueError are outcomes, anything else escapes."""
+def call(function, *args, allow_memory_error=False, **kwargs) -> Outcome:
+    """Call with warnings as errors; TypeError/ValueError are outcomes, anything else escapes.
+
+    `allow_memory_error`: the arguments ask for an allocation no machine can
+    make (more than 2**40 bytes), so MemoryError is an outcome too.
+    """
+    expected = (TypeError, ValueError, MemoryError) if allow_memory_error else (TypeError,
+                                                                                ValueError)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         try:
             return Outcome(result=function(*args, **kwargs))
-        except (TypeError, ValueError) as error:
+        except expected as error:
             return Outcome(error=error)
 
 
