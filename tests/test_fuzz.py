@@ -391,7 +391,10 @@ def test_rotary_cos_sin_and_inv_freq_for(data, rope, dtype):
             assert_close(got, want, native(dtype), rope.attention_factor, angle)
     seq_len = data.draw(st.one_of(st.integers(-3, 2**62), bad_ints(), st.sampled_from(HUGE_INTS)))
     outcome = call(rope.inv_freq_for, seq_len)
-    if check(outcome, not int_ok(seq_len, 1), Snapshot()):
+    expect = not int_ok(seq_len, 1)
+    if not expect and (rope.scaling or {}).get("rope_type") == "dynamic" and int(seq_len) > 2**60:
+        expect = None  # the grown base may overflow float64: ValueError then
+    if check(outcome, expect, Snapshot()):
         freqs = outcome.result
         assert freqs.dtype == np.float64 and freqs.shape == (rope.rotary_dim // 2,)
         assert not freqs.flags.writeable and np.isfinite(freqs).all()
