@@ -13,3 +13,7 @@ settings.register_profile("ci", max_examples=60, deadline=None,
 settings.register_profile("thorough", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: needs minutes or many GiB (POSENC_FAST_TEST_BIG=1)")

@@ -154,8 +154,11 @@ def _base_powers(base: float, exponent_sign: int, rotary_dim: int) -> np.ndarray
     Python's float pow is libm's (as in ``reference.py``); NumPy's SIMD power
     may differ from it by an ulp.
     """
-    return np.array([base ** (exponent_sign * 2 * i / rotary_dim) for i in range(rotary_dim // 2)],
-                    dtype=np.float64)
+    # Allocated first: an impossible rotary_dim fails at once, not after a long loop.
+    powers = np.empty(rotary_dim // 2, dtype=np.float64)
+    for i in range(powers.size):
+        powers[i] = base ** (exponent_sign * 2 * i / rotary_dim)
+    return powers
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -454,6 +457,34 @@ class RopeFrequencies:
         )
 
 
+def _finite_or_value_error(function):
+    """Turn arithmetic failures of the formulas (parameters that overflow
+    float64 or divide by zero, e.g. ``base=1`` for YaRN) into ValueError, and
+    refuse non-finite frequencies or attention factors."""
+
+    @functools.wraps(function)
+    def checked(scaling, *, rotary_dim, base):
+        try:
+            with np.errstate(all="ignore"):
+                result = function(scaling, rotary_dim=rotary_dim, base=base)
+        except (OverflowError, ZeroDivisionError) as error:
+            raise ValueError(f"RoPE scaling {_short_repr(scaling)} with rotary_dim={rotary_dim!r}, "
+                             f"base={_short_repr(base)} has no finite frequencies ({error})") from None
+        if not (np.isfinite(result.inv_freq).all() and math.isfinite(result.attention_factor)):
+            raise ValueError(f"RoPE scaling {_short_repr(scaling)} with rotary_dim={rotary_dim!r}, "
+                             f"base={_short_repr(base)} gives non-finite frequencies or "
+                             f"attention factor")
+        return result
+
+    return checked
+
+
+def _short_repr(value) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else "<huge int>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+@_finite_or_value_error
 def resolve_rope_scaling(scaling, *, rotary_dim: int, base: float) -> RopeFrequencies:
     """Resolve a RoPE scaling description into frequencies and an attention factor.
 
@@ -534,7 +565,14 @@ def resolve_rope_scaling(scaling, *, rotary_dim: int, base: float) -> RopeFreque
             return _frozen(_default_inv_freq(_dynamic_base(base, rotary_dim, factor, original, seq_len), rotary_dim))
 
         def for_length(seq_len: int) -> np.ndarray:
-            return short if seq_len <= original else grown(seq_len)
+            if seq_len <= original:
+                return short
+            try:
+                with np.errstate(all="ignore"):
+                    return grown(seq_len)
+            except OverflowError:
+                raise ValueError(f"dynamic NTK: the base for seq_len={_short_repr(seq_len)} "
+                                 f"overflows float64 (positions too large)") from None
 
     elif rope_type == "yarn":
         inv_freq, attention_factor = _yarn(base, rotary_dim, p)

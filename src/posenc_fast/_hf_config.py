@@ -8,6 +8,7 @@ overrides), and accept both the transformers-4 form (``rope_theta`` +
 
 from __future__ import annotations
 
+import functools
 import json
 import numbers
 import os
@@ -197,6 +198,20 @@ def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, whe
     return scaling
 
 
+def _arithmetic_as_value_error(function):
+    # Numbers beyond the float range (an int like 10**400) or a zero that a
+    # rule divides by (original_max_position_embeddings = 0.0) are bad values.
+    @functools.wraps(function)
+    def checked(config):
+        try:
+            return function(config)
+        except (OverflowError, ZeroDivisionError) as error:
+            raise ValueError(f"config: a value is out of range ({error})") from None
+
+    return checked
+
+
+@_arithmetic_as_value_error
 def rotary_kwargs_from_hf_config(config) -> dict:
     """Keyword arguments for ``RotaryEmbedding`` from a Hugging Face model config.
 

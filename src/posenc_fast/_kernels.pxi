@@ -95,6 +95,7 @@ cdef extern from *:
     #define POSENC_TRIG_THREAD_ROWS 4
     #define POSENC_TRIG_CHUNK_ROWS 512
     #define POSENC_MAX_EXACT_INTEGER 4503599627370496.0
+    #define POSENC_SMALL_ANGLE_ERROR 7.450580596923828e-09
     """
     # Work rows: 4 shared (c1, s1, c32, s32) + 4 per thread (c, s, ca, sa).
     enum: TRIG_SHARED_ROWS "POSENC_TRIG_SHARED_ROWS"
@@ -103,6 +104,8 @@ cdef extern from *:
     enum: TRIG_CHUNK_ROWS "POSENC_TRIG_CHUNK_ROWS"
     # 2**52: integers up to it are exact in float64, with room for +1.
     double MAX_EXACT_INTEGER "POSENC_MAX_EXACT_INTEGER"
+    # 2**-27: the largest rounding error of p*w that _exact corrects to first order.
+    double SMALL_ANGLE_ERROR "POSENC_SMALL_ANGLE_ERROR"
 
 
 def trig_work_rows(int num_threads):
@@ -113,16 +116,25 @@ def trig_work_rows(int num_threads):
 cdef inline void _exact(double p, const double* w, double* c, double* s,
                         Py_ssize_t n) noexcept nogil:
     # cos/sin of the exact product p*w[i] = hi + lo (fma gives the rounding
-    # error lo exactly): sin(hi + lo) = sin(hi) + lo*cos(hi) to ~1e-21.
+    # error lo exactly): sin(hi + lo) = sin(hi) + lo*cos(hi), off by lo**2/2
+    # < 2**-55 while |lo| <= 2**-27 (angles below ~2**26).  Past that (lo
+    # reaches 1 and more at angles beyond 2**53) the full angle-addition
+    # formula keeps the values exact and within [-1, 1].
     cdef Py_ssize_t i
-    cdef double hi, lo, ch, sh
+    cdef double hi, lo, ch, sh, cl, sl
     for i in range(n):
         hi = p * w[i]
         lo = fma(p, w[i], -hi)
         ch = cos(hi)
         sh = sin(hi)
-        c[i] = ch - lo * sh
-        s[i] = sh + lo * ch
+        if fabs(lo) <= SMALL_ANGLE_ERROR:
+            c[i] = ch - lo * sh
+            s[i] = sh + lo * ch
+        else:
+            cl = cos(lo)
+            sl = sin(lo)
+            c[i] = ch * cl - sh * sl
+            s[i] = sh * cl + ch * sl
 
 
 cdef inline void _rotate_by(double* c, double* s, const double* rc, const double* rs,

@@ -218,7 +218,12 @@ def t5_bucket_vector(int64_t dstart, bint bidirectional, int64_t num_buckets, fl
             else:
                 scaled = logf(<float>r / <float>max_exact) / log_ratio
                 scaled = scaled * <float>(n - max_exact)
-                bucket = min(max_exact + <int64_t>scaled, n - 1)
+                # min(max_exact + int(scaled), n - 1), without converting a
+                # scaled beyond the int64 range (undefined behaviour in C).
+                if <double>scaled >= <double>(n - 1 - max_exact):
+                    bucket = n - 1
+                else:
+                    bucket = max_exact + <int64_t>scaled
             out[t] = first + bucket
 
 

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from . import _validate as v
 from ._dispatch import kernels
 from ._threads import threads_for
 
@@ -78,6 +79,7 @@ def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float, dtype:
     directly when its last axis is contiguous, else a new array is returned
     in its place (the caller copies).
     """
+    v.finite_angles(positions, freqs)
     nrows, nfreqs = positions.shape[0], freqs.shape[0]
     targets = []
     for given in (None, None) if out is None else out:

@@ -13,6 +13,8 @@ from ._dispatch import kernels
 ENV_VAR = "POSENC_FAST_NUM_THREADS"
 # Elements (of x, or of a table written) below which a call stays on one thread.
 MIN_ELEMENTS_PER_THREAD = 1 << 16
+# The kernels take a C int thread count: larger requests are clamped to this.
+MAX_KERNEL_THREADS = 1 << 15
 
 
 def _available_cores() -> int:
@@ -38,7 +40,7 @@ def _from_environment() -> int:
 
 
 _num_threads = _from_environment()
-kernels.set_thread_limit(_num_threads)
+kernels.set_thread_limit(min(_num_threads, MAX_KERNEL_THREADS))
 
 
 def set_num_threads(n: int) -> None:
@@ -47,8 +49,9 @@ def set_num_threads(n: int) -> None:
     Parameters
     ----------
     n : int
-        At least 1.  Takes effect for calls that start afterwards; calls
-        already running keep the count they started with.
+        At least 1; counts above 32768 act as 32768.  Takes effect for
+        calls that start afterwards; calls already running keep the count
+        they started with.
 
     Raises
     ------
@@ -63,8 +66,8 @@ def set_num_threads(n: int) -> None:
     n = int(n.__index__())
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    kernels.set_thread_limit(min(n, MAX_KERNEL_THREADS))
     _num_threads = n
-    kernels.set_thread_limit(n)
 
 
 def get_num_threads() -> int:
@@ -74,4 +77,4 @@ def get_num_threads() -> int:
 
 def threads_for(elements: int) -> int:
     """Threads for a call that touches `elements` values: 1 for small calls."""
-    return max(1, min(_num_threads, elements // MIN_ELEMENTS_PER_THREAD))
+    return max(1, min(_num_threads, MAX_KERNEL_THREADS, elements // MIN_ELEMENTS_PER_THREAD))

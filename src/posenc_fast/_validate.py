@@ -19,7 +19,13 @@ MAX_EXACT_POSITION = 2.0**53
 
 
 def float_array(x, name: str) -> np.ndarray:
-    """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one)."""
+    """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one).
+
+    Other floating types (float16, and bfloat16 or float8 from ml_dtypes,
+    whose NumPy kind is not "f") raise TypeError with a hint to convert: the
+    kernels compute in float32/float64 only, and a silent conversion would
+    hide a full-size copy.
+    """
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
@@ -27,7 +33,8 @@ def float_array(x, name: str) -> np.ndarray:
             raise TypeError(f"{name} must be a float32 or float64 array: {exc}") from None
     dtype = x.dtype
     if dtype.kind != "f" or dtype.itemsize not in (4, 8):
-        hint = "; convert it with .astype(np.float32) first" if dtype.kind == "f" else ""
+        floating = dtype.kind == "f" or "float" in dtype.name  # bfloat16: kind "V"
+        hint = "; convert it with .astype(np.float32) first" if floating else ""
         raise TypeError(f"{name} must be a float32 or float64 array, got dtype {dtype}{hint}")
     if not dtype.isnative:
         x = x.astype(dtype.newbyteorder("="))
@@ -63,7 +70,10 @@ def real(value, name: str, *, positive: bool = False) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         if not (isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name} must be finite, got an integer too large for a float") from None
     if not math.isfinite(result):
         raise ValueError(f"{name} must be finite, got {result}")
     if positive and result <= 0:
@@ -103,10 +113,23 @@ def positions_array(positions, name: str = "positions", *, integral: bool = Fals
 def with_offset(positions: np.ndarray, offset: float, name: str = "positions") -> np.ndarray:
     """Add `offset` to float64 `positions` in place and check the result is finite."""
     if offset:
-        positions += offset
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            positions += offset
         if not np.isfinite(positions).all():
             raise ValueError(f"{name} + offset must be finite")
     return positions
+
+
+def finite_angles(positions: np.ndarray, freqs: np.ndarray, name: str = "positions") -> None:
+    """Raise ValueError unless every angle position * frequency is finite in float64."""
+    if positions.size and freqs.size:
+        largest_position = float(np.abs(positions).max())
+        largest_freq = float(np.abs(freqs).max())
+        if not math.isfinite(largest_position * largest_freq):
+            raise ValueError(f"{name} * frequency must be finite: the largest |position| "
+                             f"{largest_position:g} times the largest frequency "
+                             f"{largest_freq:g} overflows float64 (a base too close to 0, "
+                             f"or positions too large)")
 
 
 def broadcast_target(shape: tuple, target: tuple, name: str, target_name: str) -> None:

@@ -21,7 +21,10 @@ from ._threads import threads_for
 def _sinusoidal_freqs(dim: int, base: float) -> np.ndarray:
     # w_i = base ** (-2i/dim) for the ceil(dim/2) sin columns.  Python's float
     # pow is libm's; NumPy's SIMD power can differ from it by an ulp.
-    freqs = np.array([base ** (-2 * i / dim) for i in range((dim + 1) // 2)], dtype=np.float64)
+    # Allocated first: an impossible dim fails at once, not after a long loop.
+    freqs = np.empty((dim + 1) // 2, dtype=np.float64)
+    for i in range(freqs.size):
+        freqs[i] = base ** (-2 * i / dim)
     freqs.flags.writeable = False
     return freqs
 
@@ -29,7 +32,10 @@ def _sinusoidal_freqs(dim: int, base: float) -> np.ndarray:
 def _fill_sinusoidal(positions: np.ndarray, dim: int, base: float, split: bool,
                      out: np.ndarray) -> np.ndarray:
     # out: (len(positions), dim), any strides.
+    if positions.size == 0:
+        return out
     freqs = _sinusoidal_freqs(dim, base)
+    v.finite_angles(positions, freqs)
     target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
     threads = threads_for(target.size)
     kernels.sinusoidal_rows(positions, freqs, target, split, trig_work(freqs.size, threads),
@@ -123,7 +129,12 @@ def sinusoidal(positions: ArrayLike, dim: int, *, base: float = 10000.0,
     out, _ = v.output(out, "out", shape, dtype)
     if out is None:
         out = np.empty(shape, dtype=dtype)
-    _fill_sinusoidal(positions.reshape(-1), dim, base, split, out.reshape(-1, dim))
+    # out.reshape(-1, dim) would be a copy (written, then lost) for an out whose
+    # leading axes cannot merge, e.g. Fortran order: fill a C-order target then.
+    target = out if out.flags.c_contiguous else np.empty(shape, dtype=dtype)
+    _fill_sinusoidal(positions.reshape(-1), dim, base, split, target.reshape(-1, dim))
+    if target is not out:
+        out[...] = target
     return out
 
 
@@ -270,8 +281,11 @@ def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | No
                              f"no row for a position outside it")
     if table.strides[1] != table.itemsize:
         table = np.ascontiguousarray(table)
+    # index + offset in wrapping uint64 arithmetic: every sum lies in [0, max_len)
+    # (checked above), so it is exact even when offset or an unsigned position
+    # alone is beyond the int64 range.
+    shifted = (index.astype(np.uint64) + np.uint64(offset % 2**64)).astype(np.intp)
     rows = RowOutput(x, out, in_place)
-    table_rows = np.ascontiguousarray(
-        np.broadcast_to(index.astype(np.intp) + offset, x.shape[:-1])).reshape(-1)
+    table_rows = np.ascontiguousarray(np.broadcast_to(shifted, x.shape[:-1])).reshape(-1)
     kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
     return rows.result()

@@ -62,9 +62,12 @@ def _slopes(num_heads: int) -> np.ndarray:
     # Exponents -8k/m with m a power of two are exact dyadic fractions, so
     # 2.0 ** x is exact where x is an integer and libm's pow otherwise.
     closest = 1 << (num_heads.bit_length() - 1)
-    slopes = [2.0 ** (-8 * (h + 1) / closest) for h in range(closest)]
-    slopes += [2.0 ** (-8 * (2 * h + 1) / (2 * closest)) for h in range(num_heads - closest)]
-    result = np.array(slopes, dtype=np.float64)
+    # Allocated first: an impossible head count fails at once, not after a long loop.
+    result = np.empty(num_heads, dtype=np.float64)
+    for h in range(closest):
+        result[h] = 2.0 ** (-8 * (h + 1) / closest)
+    for h in range(num_heads - closest):
+        result[closest + h] = 2.0 ** (-8 * (2 * h + 1) / (2 * closest))
     result.flags.writeable = False
     return result
 
@@ -163,8 +166,9 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, offset: 
         target = np.empty(shape, dtype=dtype)
     else:
         target = out
-    kernels.alibi_fill_rows(target.reshape(num_heads * q_len, k_len), _slopes(num_heads),
-                              q_len, offset, causal, threads_for(target.size))
+    if target.size:  # (no slopes for an empty result: num_heads may be huge)
+        kernels.alibi_fill_rows(target.reshape(num_heads * q_len, k_len), _slopes(num_heads),
+                                q_len, offset, causal, threads_for(target.size))
     if out is None:
         return target
     if target is not out:
@@ -217,8 +221,8 @@ def add_alibi(scores: ArrayLike, *, offset: int = 0, causal: bool = True,
     causal = _flag(causal, "causal")
     out, in_place = v.output(out, "out", scores.shape, scores.dtype, may_be=(scores,))
     heads, q_len = scores.shape[-3:-1]
-    slopes = _slopes(heads) if heads else np.empty(0)
-    rows = RowOutput(scores, out, in_place)
+    rows = RowOutput(scores, out, in_place)  # first: a broadcast view may claim huge heads
+    slopes = _slopes(heads) if scores.size else np.empty(0)
     kernels.alibi_add_rows(rows.x_rows, rows.rows, slopes, q_len, offset, causal,
                              threads_for(scores.size))
     return rows.result()

@@ -10,6 +10,7 @@ the factor (see ``_frequencies``), never the kernels.
 import functools
 import math
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -59,6 +60,8 @@ def _call_positions(lead: tuple[int, ...], positions: ArrayLike | None, offset: 
 def _length_with_base_frequencies(frequencies) -> int:
     # The largest seq_len whose calls use frequencies.inv_freq: unbounded unless
     # the method depends on the length (dynamic NTK, LongRoPE).
+    if not math.isfinite(float(np.abs(frequencies.inv_freq).max()) * 2.0**62):
+        return 0  # absurd frequencies: let the general path check every angle
     if not frequencies.depends_on_length:
         return 2**62
     length = int(frequencies.params["original_max_position_embeddings"])
@@ -119,6 +122,8 @@ class RotaryEmbedding(RotaryBase):
                  layout: Literal["interleaved", "half"] = "interleaved",
                  scaling: Mapping[str, Any] | None = None) -> None:
         dim = v.integer(dim, "dim", minimum=1)
+        if dim > sys.maxsize:  # no array has such an axis (and the fast path keeps a C size)
+            raise ValueError(f"dim must be <= {sys.maxsize} (2**63 - 1), got {dim}")
         if rotary_dim is None:
             if dim % 2:
                 raise ValueError(f"dim must be even when rotary_dim is not given, got {dim}")

@@ -1,0 +1,93 @@
+"""Ratios quoted in the issue notes that bench/report.py does not cover.
+
+    python3 bench/ratios.py [--rounds N]
+
+Each line: our call and its comparison call, timed interleaved in this process
+(one thread), medians; ratio = their time / our time (> 1: posenc_fast faster).
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import posenc_fast as pf
+except ImportError:  # run from a source checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    import posenc_fast as pf
+
+
+def median_times(calls, rounds):
+    """Median seconds of each call, the calls interleaved round by round."""
+    for call in calls:
+        call()
+    samples = [[] for _ in calls]
+    for _ in range(rounds):
+        for call, sample in zip(calls, samples):
+            start = time.perf_counter()
+            call()
+            sample.append(time.perf_counter() - start)
+    return [float(np.median(sample)) for sample in samples]
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    rounds = parser.parse_args().rounds
+    pf.set_num_threads(1)
+    rng = np.random.default_rng(0)
+
+    # Issue 2: sinusoidal_table(8192, 1024) vs the NumPy expression.
+    length, dim = 8192, 1024
+    table_out = np.empty((length, dim), np.float32)
+
+    def numpy_table():
+        angles = np.outer(np.arange(length, dtype=np.float64),
+                          10000.0 ** (-np.arange(0, dim, 2) / dim))
+        pe = np.empty((length, dim), np.float32)
+        pe[:, 0::2] = np.sin(angles)
+        pe[:, 1::2] = np.cos(angles)
+        return pe
+
+    ours, numpy_time = median_times([lambda: pf.sinusoidal_table(length, dim, out=table_out),
+                                     numpy_table], rounds)
+    print(f"sinusoidal_table(8192, 1024) f32: {ours * 1e3:.2f} ms; NumPy float64 expression "
+          f"{numpy_time * 1e3:.2f} ms -> {numpy_time / ours:.1f}x faster")
+
+    # Issue 3: RoPE apply on (1, 32, 4096, 128) f32 vs np.copyto and the NumPy expression.
+    x = rng.standard_normal((1, 32, 4096, 128)).astype(np.float32)
+    out = np.empty_like(x)
+    rope = pf.RotaryEmbedding(128, layout="half")
+    angles = np.outer(np.arange(4096.0), rope.inv_freq)
+    cos = np.concatenate([np.cos(angles)] * 2, axis=-1).astype(np.float32)
+    sin = np.concatenate([np.sin(angles)] * 2, axis=-1).astype(np.float32)
+    ours, copy, expression = median_times(
+        [lambda: rope.apply(x, out=out), lambda: np.copyto(out, x),
+         lambda: x * cos + rotate_half(x) * sin], rounds)
+    print(f"RotaryEmbedding.apply (1,32,4096,128) f32: {ours * 1e3:.2f} ms = {ours / copy:.2f}x "
+          f"np.copyto ({copy * 1e3:.2f} ms); NumPy x*cos + rotate_half(x)*sin "
+          f"{expression * 1e3:.2f} ms -> {expression / ours:.1f}x faster")
+
+    # Issue 10: add_position_table in place on (8, 2048, 1024) f32.
+    x = rng.standard_normal((8, 2048, 1024)).astype(np.float32)
+    wpe = rng.standard_normal((2048, 1024)).astype(np.float32)
+    positions = np.arange(2048)
+    target = np.empty_like(x)
+    ours, gather_add, copy = median_times(
+        [lambda: pf.add_position_table(x, wpe, out=x),
+         lambda: np.add(x, wpe[positions], out=x), lambda: np.copyto(target, x)], rounds)
+    print(f"add_position_table in place (8,2048,1024) f32: {ours * 1e3:.2f} ms; "
+          f"np.add(x, table[pos], out=x) {gather_add * 1e3:.2f} ms -> {gather_add / ours:.2f}x; "
+          f"np.copyto(x) {copy * 1e3:.2f} ms -> ours = {ours / copy:.2f}x of a copy")
+
+
+if __name__ == "__main__":
+    main()

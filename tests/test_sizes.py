@@ -1,0 +1,220 @@
+"""Large positions, offsets and sizes: index arithmetic must not overflow.
+
+CI-sized tests cover the index paths with large values: positions and
+offsets near 2**31, 2**32, 2**53, 2**61 (the RoPE fast path's bound) and
+2**63, the edge of the RoPE cos/sin cache, ALiBi rows of 2**21 keys and
+offsets near 2**52.  Arrays with more than 2**31 elements need 8 GiB or
+more: those tests are marked ``slow`` and run only with
+``POSENC_FAST_TEST_BIG=1`` (see docs/development.md).
+"""
+
+import gc
+import math
+import os
+
+import numpy as np
+import pytest
+
+import posenc_fast as pf
+from posenc_fast import reference as ref
+
+from helpers import exact_cos_sin
+
+BIG = os.environ.get("POSENC_FAST_TEST_BIG", "") not in ("", "0")
+big = pytest.mark.skipif(not BIG, reason="needs ~9 GiB of memory: set POSENC_FAST_TEST_BIG=1")
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def _pairs(n_rows, npairs, dtype):
+    """x with every pair (1, 0): its rotation by theta is (cos theta, sin theta)."""
+    x = np.zeros((n_rows, 2 * npairs), dtype=dtype)
+    x[:, 0::2] = 1
+    return x
+
+
+@pytest.mark.parametrize("position", [2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1, 2**32, 2**32 + 7,
+                                      2**40 + 3, 2**52 - 1, 2**52, 2**53 - 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rope_at_large_integer_positions_matches_exact_values(position, dtype):
+    rope = pf.RotaryEmbedding(8)
+    x = _pairs(3, 4, dtype)
+    positions = np.array([position - 1, position, position + 1], dtype=np.int64)
+    got = rope.apply(x, positions)
+    as_float = rope.apply(x, positions.astype(np.float64))
+    with_offset = rope.apply(x, offset=position - 1)  # positions None: offset + arange(3)
+    assert got.tobytes() == as_float.tobytes() == with_offset.tobytes()
+    for r, p in enumerate(positions):
+        for i, w in enumerate(rope.inv_freq):
+            c, s = exact_cos_sin(float(p), float(w))
+            tol = 0.6 * np.spacing(dtype(1)) + 64 * 2.0**-52
+            assert abs(got[r, 2 * i] - c) <= tol and abs(got[r, 2 * i + 1] - s) <= tol
+
+
+@pytest.mark.parametrize("offset", [2**61 - 3, 2**61, -(2**61) + 1, -(2**61), 2**62, 2**63 - 1,
+                                    -(2**63), 2**64, 10**20])
+def test_rope_offsets_around_the_fast_path_bound(offset):
+    # The compiled fast path works in long long for |offset| < 2**61 and hands
+    # larger values to the general path; both must give sane rotations.
+    rope = pf.RotaryEmbedding(4)
+    x = _pairs(5, 2, np.float64)
+    positions = np.arange(5, dtype=np.int64)
+    got = rope.apply(x, positions, offset=offset)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got[:, 0::2] ** 2 + got[:, 1::2] ** 2, 1.0, rtol=1e-14)
+    # Same as the float position the general path forms.
+    want = rope.apply(x, positions.astype(np.float64) + float(offset))
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("value", [2**61 - 1, 2**61, 2**62, 2**63 - 1, -(2**63)])
+def test_rope_int64_positions_at_the_extremes(value):
+    rope = pf.RotaryEmbedding(4)
+    x = _pairs(3, 2, np.float32)
+    positions = np.array([value, 0, value], dtype=np.int64)
+    got = rope.apply(x, positions)
+    want = rope.apply(x, positions.astype(np.float64))
+    assert got.tobytes() == want.tobytes()
+    assert np.abs(got).max() <= 1.0
+
+
+def _cache_rows(npairs, itemsize):
+    # RotaryBase's per-dtype cos/sin cache holds at most 64 MiB.
+    return (64 * 1024 * 1024) // (2 * itemsize * npairs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rope_at_the_edge_of_the_cos_sin_cache(dtype):
+    # Positions just below the cache limit take the fast path; just above, the
+    # general path.  Both give the same bits.
+    rope = pf.RotaryEmbedding(2)
+    limit = _cache_rows(1, np.dtype(dtype).itemsize)
+    x = _pairs(8, 1, dtype)
+    for start in (limit - 9, limit - 4, limit, limit + 5):
+        fast = rope.apply(x, offset=start)
+        general = rope.apply(x, offset=float(start))
+        assert fast.tobytes() == general.tobytes()
+        for r in range(8):
+            c, s = exact_cos_sin(float(start + r), 1.0)
+            assert abs(fast[r, 0] - c) <= 2 * np.spacing(dtype(1)) + 1e-14
+
+
+def test_sinusoidal_table_at_large_offsets():
+    for offset in (2**31 - 3, 2**32 - 3, 2**52 - 3000):
+        table = pf.sinusoidal_table(2000, 8, offset=offset, dtype=np.float64)
+        for r in (0, 1, 1023, 1024, 1999):
+            want = ref.sinusoidal_row(offset + r, 8)
+            np.testing.assert_allclose(table[r], want, rtol=0,
+                                       atol=4 * 2.0**-52 * (offset + r) + 1e-13)
+
+
+def test_alibi_with_two_million_keys_and_large_offsets():
+    k_len = 2**21 + 3
+    for offset in (0, 2**31, 2**52 - k_len):
+        bias = pf.alibi_bias(3, 2, k_len, offset=offset, dtype=np.float64)
+        slopes = pf.alibi_slopes(3)
+        j = np.array([0, 1, 2**20, 2**21, k_len - 1], dtype=np.float64)
+        for h in range(3):
+            for i in range(2):
+                want = slopes[h] * (j - (offset + i))
+                np.testing.assert_array_equal(bias[h, i, j.astype(np.intp)], want)
+        scores = np.zeros((1, 3, 2, k_len), np.float32)
+        pf.add_alibi(scores, offset=offset, out=scores)
+        np.testing.assert_array_equal(scores[0], bias.astype(np.float32))
+        del bias, scores
+        gc.collect()
+
+
+@pytest.mark.parametrize("offset", [2**52, -(2**52), 2**31])
+def test_relative_indices_with_large_offsets_and_many_keys(offset):
+    k_len = 2**20 + 5
+    q_len = 3
+    idx = pf.relative_position_index(q_len, k_len, max_distance=2**51, offset=offset)
+    j = np.arange(k_len, dtype=np.int64)
+    for i in range(q_len):
+        want = np.clip(j - (offset + i), -(2**51), 2**51) + 2**51
+        np.testing.assert_array_equal(idx[i], want)
+    buckets = pf.t5_relative_bucket(q_len, k_len, offset=offset, num_buckets=2**20,
+                                    max_distance=2**40)
+    cols = [0, 1, 2**19, k_len - 1]
+    for i in range(q_len):
+        for col in cols:
+            assert buckets[i, col] == ref.t5_bucket(col - (offset + i), True, 2**20, 2**40)
+
+
+def test_add_position_table_with_a_16m_row_table():
+    max_len = 2**24 + 3
+    table = np.arange(max_len, dtype=np.float32).reshape(max_len, 1)
+    x = np.zeros((2, 4, 1), np.float32)
+    positions = np.array([[0, 2**24 - 1, 2**24, 2**24 + 2]] * 2, dtype=np.uint64)
+    got = pf.add_position_table(x, table, positions)
+    np.testing.assert_array_equal(got[..., 0], positions.astype(np.float32))
+
+
+# ---------------------------------------------------------------------------
+# more than 2**31 elements (memory permitting)
+
+
+@big
+@pytest.mark.slow
+def test_rope_in_place_on_more_than_2_31_elements():
+    # (2**24 + 1) * 64 rows of 2 float32: 2**31 + 128 elements, 8 GiB.  The
+    # fast path rotates in place with flattened indices beyond 2**31.
+    rope = pf.RotaryEmbedding(2)
+    batch, seq = 2**24 + 1, 64
+    x = np.empty((batch, seq, 2), np.float32)
+    assert x.size > 2**31
+    chunk = 2**18
+    for b in range(0, batch, chunk):
+        x[b:b + chunk, :, 0] = 1
+        x[b:b + chunk, :, 1] = 0
+    result = rope.apply(x, out=x, offset=1000)
+    assert result is x
+    expected = rope.apply(_pairs(seq, 1, np.float32)[None], offset=1000)[0]
+    for b in range(0, batch, chunk):
+        assert np.array_equal(x[b:b + chunk], np.broadcast_to(expected, x[b:b + chunk].shape))
+    del x, result
+    gc.collect()
+
+
+@big
+@pytest.mark.slow
+def test_add_alibi_in_place_on_more_than_2_31_elements():
+    # (2**16 + 1) * 2**15 float32 scores, 8 GiB, in place.
+    q_len, k_len = 2**16 + 1, 2**15
+    scores = np.zeros((1, 1, q_len, k_len), np.float32)
+    assert scores.size > 2**31
+    pf.add_alibi(scores, out=scores, offset=7)
+    for i in (0, 1, 2**15, 2**16 - 1, q_len - 1):
+        want = (np.arange(k_len, dtype=np.float64) - (7 + i)) * pf.alibi_slopes(1)[0]
+        np.testing.assert_array_equal(scores[0, 0, i], want.astype(np.float32))
+    del scores
+    gc.collect()
+
+
+def test_isa_variants_agree_bitwise_at_huge_angles():
+    # The large-angle branch of the exact cos/sin (angles past 2**26) and the
+    # clamped T5 bucket, compiled once per ISA variant, give the same bits.
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, posenc_fast as pf, sys\n"
+            "p = np.array([2.0**62, 3 * 2.0**55 + 1024, 1e17 + 64, 2.0**30 + 0.5, 1e300])\n"
+            "a = pf.sinusoidal(p[:4], 33, dtype=np.float64)\n"
+            "b = pf.sinusoidal(p, 7, base=1e300, dtype=np.float64)\n"
+            "c, s = pf.RotaryEmbedding(64).cos_sin(p[:4], dtype=np.float64)\n"
+            "t = pf.t5_relative_bucket(2, 3, offset=2**51, num_buckets=2**52, "
+            "max_distance=2**50 + 1)\n"
+            "sys.stdout.buffer.write(a.tobytes() + b.tobytes() + c.tobytes() + s.tobytes()"
+            " + t.tobytes())\n")
+    info = pf.build_info()
+    outputs = {}
+    for variant in info["isa_built"]:
+        if variant in info["isa_supported"]:
+            result = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    timeout=120, env={**os.environ, "POSENC_FAST_ISA": variant})
+            assert result.returncode == 0, result.stderr
+            outputs[variant] = result.stdout
+    assert len(set(outputs.values())) == 1, f"variants differ: {list(outputs)}"
+    values = np.frombuffer(next(iter(outputs.values()))[:-6 * 8], dtype=np.float64)
+    assert np.abs(values).max() <= 1.0
