@@ -780,15 +780,15 @@ cnp.import_array()
 
 cdef extern from *:
     """
-    /* Positions per parallel work item of the fast path; cache growth unit. */
-    #define POSENC_POSITION_BLOCK 1024
+    /* Bytes of cos/sin rows per work item of the fast path; cache growth unit. */
+    #define POSENC_POSITION_BLOCK_BYTES (1024 * 1024)
     #define POSENC_CACHE_GROWTH 1024
     /* Largest cos/sin cache per dtype, in bytes. */
     #define POSENC_CACHE_BYTES (64 * 1024 * 1024)
     /* Elements below which a call stays on one thread (as _threads.py). */
     #define POSENC_MIN_ELEMENTS_PER_THREAD 65536
     """
-    enum: POSITION_BLOCK "POSENC_POSITION_BLOCK"
+    enum: POSITION_BLOCK_BYTES "POSENC_POSITION_BLOCK_BYTES"
     enum: CACHE_GROWTH "POSENC_CACHE_GROWTH"
     enum: CACHE_BYTES "POSENC_CACHE_BYTES"
     enum: MIN_ELEMENTS_PER_THREAD "POSENC_MIN_ELEMENTS_PER_THREAD"
@@ -823,29 +823,32 @@ cdef void _rotate_planned(const data_t* x, data_t* out, const data_t* table, Row
                           Py_ssize_t dim, Py_ssize_t npairs, bint half, bint inverse,
                           int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
-    cdef Py_ssize_t nitems = (plan.seq + POSITION_BLOCK - 1) // POSITION_BLOCK * plan.outer
+    # Positions per block: their cos/sin rows take about one L2 (1 MiB).
+    cdef Py_ssize_t block = max(<Py_ssize_t>16, POSITION_BLOCK_BYTES
+                                // (2 * max(npairs, <Py_ssize_t>1) * <Py_ssize_t>sizeof(data_t)))
+    cdef Py_ssize_t nitems = (plan.seq + block - 1) // block * plan.outer
     cdef Py_ssize_t item
     cdef bint stream = _stream_output(plan.outer * plan.seq * plan.inner * dim
                                       * <Py_ssize_t>sizeof(data_t), x == out)
     if num_threads == 1:  # no parallel region: it costs a microsecond
         for item in range(nitems):
-            _rotate_item(item, x, out, table, &plan, dim, npairs, half, inverse, stream)
+            _rotate_item(item, block, x, out, table, &plan, dim, npairs, half, inverse, stream)
     else:
         for item in prange(nitems, num_threads=num_threads, schedule="static"):
-            _rotate_item(item, x, out, table, &plan, dim, npairs, half, inverse, stream)
+            _rotate_item(item, block, x, out, table, &plan, dim, npairs, half, inverse, stream)
 
 
-cdef inline void _rotate_item(Py_ssize_t item, const data_t* x, data_t* out,
-                              const data_t* table, const RowPlan* plan, Py_ssize_t dim,
+cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const data_t* x,
+                              data_t* out, const data_t* table, const RowPlan* plan, Py_ssize_t dim,
                               Py_ssize_t npairs, bint half, bint inverse,
                               bint stream) noexcept nogil:
-    # Work item = (block of POSITION_BLOCK positions, outer index): the cache
-    # rows of a block (L2-sized) serve every head of every batch in turn,
+    # Work item = (block of block_size positions, outer index): the cache
+    # rows of a block (about one L2) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream.
     cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, i, r
     cdef long long t
     cdef bint in_place = x == out
-    for s in range(block * POSITION_BLOCK, min((block + 1) * POSITION_BLOCK, plan.seq)):
+    for s in range(block * block_size, min((block + 1) * block_size, plan.seq)):
         t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
         for i in range(plan.inner):
             r = (o * plan.seq + s) * plan.inner + i
