@@ -5,7 +5,7 @@ offsets near 2**31, 2**32, 2**53, 2**61 (the RoPE fast path's bound) and
 2**63, the edge of the RoPE cos/sin cache, ALiBi rows of 2**21 keys and
 offsets near 2**52.  Arrays with more than 2**31 elements need 8 GiB or
 more: those tests are marked ``slow`` and run only with
-``POSENC_FAST_TEST_BIG=1`` (see docs/development.md).
+``POSENC_FAST_TEST_BIG=1`` (see the development section of README.md).
 """
 
 import gc
