@@ -14,8 +14,6 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 LAYOUTS_ROTARY = ("interleaved", "half")
 LAYOUTS_SINUSOIDAL = ("interleaved", "split")
-# Positions are converted to float64; beyond 2**53 integers are not exact.
-MAX_EXACT_POSITION = 2.0**53
 
 
 def float_array(x, name: str) -> np.ndarray:

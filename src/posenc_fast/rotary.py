@@ -3,8 +3,11 @@
 Every call reduces to the same two kernels: a cos/sin table with one row per
 distinct position (float64 angles, rounded once to the data's dtype, the
 attention factor folded in), and a rotation of every row of x by the table
-row its position maps to.  Scaling methods only change the frequencies and
-the factor (see ``_frequencies``), never the kernels.
+row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` are
+compiled (``RotaryBase`` in ``_kernels.pxi``): the common case runs there
+with a per-instance table cache, and everything else comes back to the
+general versions below.  Scaling methods only change the frequencies and the
+factor (see ``_frequencies``), never the kernels.
 """
 
 import functools
