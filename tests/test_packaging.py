@@ -1,4 +1,5 @@
-"""Packaging: sdist and wheel build, the sdist builds from scratch, the wheel installs clean.
+"""Packaging: sdist and wheel build, the sdist builds from scratch, the wheel installs clean
+and passes the test suite with no source tree on the path.
 
 Slow (minutes: it compiles every kernel variant in an isolated build
 environment and installs into a fresh venv), so it runs only with
@@ -8,6 +9,7 @@ environment and installs into a fresh venv), so it runs only with
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -35,8 +37,10 @@ def _version() -> str:
 
 def _step(name: str, command: list, cwd: Path, timings: dict) -> str:
     start = time.perf_counter()
-    # PYTHONPATH would put the source tree on the path; the point is to use none.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # PYTHONPATH would put the source tree on the path; the point is to use none
+    # (and the test suite run below must not start this test again).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "POSENC_FAST_TEST_PACKAGING")}
     result = subprocess.run([str(c) for c in command], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=1800)
     timings[name] = time.perf_counter() - start
@@ -84,8 +88,8 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
     venv = tmp_path / "venv"
     _step("create venv", [sys.executable, "-m", "venv", venv], tmp_path, timings)
     python = venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-    _step("pip install wheel", [python, "-m", "pip", "install", "--quiet", wheels[0]],
-          tmp_path, timings)
+    _step("pip install wheel[test]", [python, "-m", "pip", "install", "--quiet",
+                                      f"{wheels[0]}[test]"], tmp_path, timings)
     # Run from an empty folder: only the installed package can be imported.
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -96,3 +100,11 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
     _step("posenc_fast info", [python, "-m", "posenc_fast", "info"], work, timings)
     out = _step("posenc_fast check", [python, "-m", "posenc_fast", "check"], work, timings)
     assert re.fullmatch(r"\d+ passed, 0 failed", out.strip().splitlines()[-1]), out
+    # The test suite against the installed wheel: copies of tests/ and
+    # examples/ beside no source tree.
+    shutil.copytree(ROOT / "tests", work / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    shutil.copytree(ROOT / "examples", work / "examples")
+    out = _step("pytest tests (installed wheel)",
+                [python, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"], work, timings)
+    assert re.search(r"\d+ passed", out) and " failed" not in out, out[-2000:]
