@@ -404,6 +404,9 @@ def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t
 # re-interleave.  As one loop, GCC 12 turns the alternating -/+ into
 # vfmaddsub, a fused multiply-add that -ffp-contract=off does not stop, and
 # the AVX variants would no longer round like the baseline.
+#
+# The *_stream functions write with non-temporal stores, for results larger
+# than the caches (see _stream_output); the caller issues posenc_sfence().
 
 cdef extern from *:
     r"""
