@@ -43,6 +43,13 @@ cdef extern from *:
     #endif
     #define POSENC_ROW_CHUNK 256
     #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
+    #if defined(__GNUC__) || defined(__clang__)
+    #define POSENC_R __restrict__
+    #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
+    #else
+    #define POSENC_R __restrict
+    #define POSENC_ALWAYS_INLINE static __forceinline
+    #endif
     """
     int POSENC_OPENMP
     const char* POSENC_SIMD
@@ -221,20 +228,15 @@ cdef inline void _trig_position(double p, const TrigSteps* steps, TrigState* sta
 
 cdef extern from *:
     r"""
-    #if defined(__GNUC__) || defined(__clang__)
-    #define POSENC_RS __restrict__
-    #else
-    #define POSENC_RS __restrict
-    #endif
     #define POSENC_STEP(i)                                                               \
         double ci = c[i], si = s[i];                                                     \
         double nc = ci * c1[i] - si * s1[i], ns = si * c1[i] + ci * s1[i];               \
         c[i] = nc;                                                                       \
         s[i] = ns;
     #define POSENC_STEP_EMIT_FUNCTIONS(T, SFX)                                           \
-    static void posenc_step_cos_sin_##SFX(double* POSENC_RS c, double* POSENC_RS s,      \
-            const double* POSENC_RS c1, const double* POSENC_RS s1, double scale,        \
-            T* POSENC_RS co, T* POSENC_RS so, Py_ssize_t n) {                            \
+    static void posenc_step_cos_sin_##SFX(double* POSENC_R c, double* POSENC_R s,      \
+            const double* POSENC_R c1, const double* POSENC_R s1, double scale,        \
+            T* POSENC_R co, T* POSENC_R so, Py_ssize_t n) {                            \
         if (scale == 1.0) {                                                              \
             for (Py_ssize_t i = 0; i < n; i++) { POSENC_STEP(i) co[i] = (T)nc; so[i] = (T)ns; } \
         } else {                                                                         \
@@ -243,8 +245,8 @@ cdef extern from *:
             }                                                                            \
         }                                                                                \
     }                                                                                    \
-    static void posenc_step_interleaved_##SFX(double* POSENC_RS c, double* POSENC_RS s,  \
-            const double* POSENC_RS c1, const double* POSENC_RS s1, T* POSENC_RS row,    \
+    static void posenc_step_interleaved_##SFX(double* POSENC_R c, double* POSENC_R s,  \
+            const double* POSENC_R c1, const double* POSENC_R s1, T* POSENC_R row,    \
             Py_ssize_t dim) {                                                            \
         Py_ssize_t npairs = dim / 2;                                                     \
         for (Py_ssize_t i = 0; i < npairs; i++) {                                        \
@@ -252,11 +254,11 @@ cdef extern from *:
         }                                                                                \
         if (dim & 1) { POSENC_STEP(npairs) row[dim - 1] = (T)ns; (void)nc; }             \
     }                                                                                    \
-    static void posenc_step_split_##SFX(double* POSENC_RS c, double* POSENC_RS s,        \
-            const double* POSENC_RS c1, const double* POSENC_RS s1, T* POSENC_RS row,    \
+    static void posenc_step_split_##SFX(double* POSENC_R c, double* POSENC_R s,        \
+            const double* POSENC_R c1, const double* POSENC_R s1, T* POSENC_R row,    \
             Py_ssize_t dim) {                                                            \
         Py_ssize_t npairs = dim / 2, nsin = dim - dim / 2;                               \
-        T* POSENC_RS cos_part = row + nsin;                                              \
+        T* POSENC_R cos_part = row + nsin;                                              \
         for (Py_ssize_t i = 0; i < npairs; i++) {                                        \
             POSENC_STEP(i) row[i] = (T)ns; cos_part[i] = (T)nc;                          \
         }                                                                                \
@@ -410,13 +412,6 @@ def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t
 
 cdef extern from *:
     r"""
-    #if defined(__GNUC__) || defined(__clang__)
-    #define POSENC_R __restrict__
-    #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
-    #else
-    #define POSENC_R __restrict
-    #define POSENC_ALWAYS_INLINE static __forceinline
-    #endif
     /* Non-temporal stores: a large out-of-place result goes to memory without
        being read into the cache first (as memcpy does above its threshold).
        posenc_sfence() orders them before the kernel returns. */
