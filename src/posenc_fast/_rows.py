@@ -15,14 +15,20 @@ from ._dispatch import kernels
 from ._threads import threads_for
 
 
+def row_index(index: np.ndarray, rows_shape: tuple) -> np.ndarray:
+    """Broadcast integer table rows `index` to `rows_shape`: the contiguous intp
+    row table the kernels take (one entry per row, C order)."""
+    broadcast = np.broadcast_to(index.astype(np.intp, copy=False), rows_shape)
+    return np.ascontiguousarray(broadcast).reshape(-1)
+
+
 def row_table(index_shape: tuple, rows_shape: tuple) -> np.ndarray:
     """Map every row of an array with leading shape `rows_shape` to a table row.
 
     The table has one row per element of an array of shape `index_shape`
     (which broadcasts to `rows_shape`), in C order.
     """
-    index = np.arange(math.prod(index_shape), dtype=np.intp).reshape(index_shape)
-    return np.ascontiguousarray(np.broadcast_to(index, rows_shape)).reshape(-1)
+    return row_index(np.arange(math.prod(index_shape)).reshape(index_shape), rows_shape)
 
 
 def as_rows(a: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _validate as v
 from ._dispatch import kernels
-from ._rows import RowOutput, row_table, trig_work
+from ._rows import RowOutput, row_index, row_table, trig_work
 from ._threads import threads_for
 
 
@@ -286,6 +286,6 @@ def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | No
     # alone is beyond the int64 range.
     shifted = (index.astype(np.uint64) + np.uint64(offset % 2**64)).astype(np.intp)
     rows = RowOutput(x, out, in_place)
-    table_rows = np.ascontiguousarray(np.broadcast_to(shifted, x.shape[:-1])).reshape(-1)
-    kernels.add_table_rows(rows.x_rows, rows.rows, table, table_rows, threads_for(x.size))
+    kernels.add_table_rows(rows.x_rows, rows.rows, table, row_index(shifted, x.shape[:-1]),
+                           threads_for(x.size))
     return rows.result()

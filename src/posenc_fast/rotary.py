@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 from . import _validate as v
 from ._dispatch import kernels
 from ._frequencies import resolve_rope_scaling
-from ._rows import RowOutput, cos_sin_table, row_table
+from ._rows import RowOutput, cos_sin_table, row_index, row_table
 from ._threads import threads_for
 
 if TYPE_CHECKING:  # every variant has the same API; the stub of one types them all
@@ -368,8 +368,7 @@ def _cache_index(cos: np.ndarray, lead: tuple, positions, name: str) -> np.ndarr
     if index.size and (int(index.min()) < 0 or int(index.max()) >= n):
         raise ValueError(f"positions must lie in [0, {n}) (rows of the cos/sin table), got "
                          f"values from {int(index.min())} to {int(index.max())}")
-    index = np.broadcast_to(index.astype(np.intp, copy=False), lead)
-    return np.ascontiguousarray(index).reshape(-1)
+    return row_index(index, lead)
 
 
 def _check_cache_width(cos: np.ndarray, x: np.ndarray, name: str, positions) -> None:
