@@ -18,7 +18,7 @@ import pytest
 import posenc_fast as pf
 from posenc_fast import reference as ref
 
-from helpers import exact_cos_sin
+from helpers import angle_atol, exact_cos_sin
 
 BIG = os.environ.get("POSENC_FAST_TEST_BIG", "") not in ("", "0")
 big = pytest.mark.skipif(not BIG, reason="needs ~9 GiB of memory: set POSENC_FAST_TEST_BIG=1")
@@ -149,6 +149,35 @@ def test_add_position_table_with_a_16m_row_table():
     positions = np.array([[0, 2**24 - 1, 2**24, 2**24 + 2]] * 2, dtype=np.uint64)
     got = pf.add_position_table(x, table, positions)
     np.testing.assert_array_equal(got[..., 0], positions.astype(np.float32))
+
+
+# Rotations of results past 1 MiB prefetch each row's successors, and past
+# 16 MiB write with non-temporal stores: bits as from calls on small pieces.
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("positions", ["arange", "float"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, positions,
+                                                                 in_place):
+    rope = pf.RotaryEmbedding(128, layout=layout)
+    seq = (17 * 2**20) // (4 * 128 * np.dtype(dtype).itemsize) + 3  # 17 MiB over 4 heads
+    x = np.random.default_rng(5).standard_normal((1, 4, seq, 128)).astype(dtype)
+    # Integer positions take the compiled fast path, float ones the general path.
+    pos = np.arange(seq) + 11 if positions == "arange" else np.arange(seq) + 11.0
+    want = np.empty_like(x)
+    for start in range(0, seq, 128):  # pieces of at most 512 KiB: neither path
+        stop = min(seq, start + 128)
+        want[:, :, start:stop] = rope.apply(np.ascontiguousarray(x[:, :, start:stop]),
+                                            pos[start:stop])
+    x0 = x.copy()
+    got = rope.apply(x, pos, out=x if in_place else None)
+    assert got is x if in_place else got is not x
+    assert got.tobytes() == want.tobytes()
+    for row in (0, seq // 2, seq - 1):
+        expected = ref.rotate_vector(x0[0, 3, row].tolist(), float(pos[row]),
+                                     rope.inv_freq.tolist(), layout)
+        atol = 1e-6 if dtype == np.float32 else 4 * angle_atol(seq + 11)
+        np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
 # ---------------------------------------------------------------------------
