@@ -6,6 +6,8 @@ the reference rounded once to x's dtype, bit for bit.  Only float32 data with
 a float32 cache computes in float32 and is compared to a tolerance.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -481,3 +483,127 @@ def test_random_cases_match_reference(case):
     in_place = x.copy()
     pf.apply_rotary_cos_sin(in_place, cos, sin, case["positions"], out=in_place, **options)
     assert_array_equal(in_place, got)
+
+
+# ---------------------------------------------------------------------------
+# the compiled path (positions None) against the general path
+
+
+class _WithoutFastPath:
+    """The kernels module with a compiled path that declines every call."""
+
+    def __init__(self, kernels):
+        self._kernels = kernels
+
+    def __getattr__(self, name):
+        return getattr(self._kernels, name)
+
+    @staticmethod
+    def rotate_cos_sin_fast(*args):
+        return None
+
+
+@contextlib.contextmanager
+def general_path_only():
+    """Make apply_rotary_cos_sin(_qk) skip the compiled path."""
+    from posenc_fast import rotary
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rotary, "kernels", _WithoutFastPath(rotary.kernels))
+        yield
+
+
+def _fast(xs, cos, sin, outs, layout="half", inverse=False):
+    from posenc_fast._dispatch import kernels
+
+    return kernels.rotate_cos_sin_fast(xs, cos, sin, layout, inverse, outs)
+
+
+@st.composite
+def cache_views(draw, cache_shape, dtype, rng):
+    """A cos/sin cache of `cache_shape` laid out as frameworks hand it over."""
+    kind = draw(st.sampled_from(["contiguous", "full-width slice", "reversed", "broadcast",
+                                 "transposed"]))
+    if kind == "full-width slice":  # transformers: cos[..., :dim//2] of (..., dim)
+        wide = rng.standard_normal(cache_shape[:-1] + (2 * cache_shape[-1] + 3,))
+        return wide.astype(dtype)[..., :cache_shape[-1]]
+    if kind == "reversed" and len(cache_shape) > 1:
+        return rng.standard_normal(cache_shape).astype(dtype)[::-1]
+    if kind == "broadcast" and len(cache_shape) > 1:
+        row = rng.standard_normal((1,) * (len(cache_shape) - 1) + cache_shape[-1:])
+        return np.broadcast_to(row.astype(dtype), cache_shape)
+    if kind == "transposed" and len(cache_shape) > 2:
+        swapped = cache_shape[1::-1] + cache_shape[2:]
+        return rng.standard_normal(swapped).astype(dtype).swapaxes(0, 1)
+    return rng.standard_normal(cache_shape).astype(dtype)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), cases().filter(lambda case: case["positions"] is None),
+       st.sampled_from(["new", "out", "in place"]))
+def test_compiled_path_matches_general_path_bitwise(data, case, out_mode):
+    rng = np.random.default_rng(case["seed"])
+    x = rng.standard_normal(case["lead"] + (case["dim"],)).astype(case["x_dtype"])
+    cos = data.draw(cache_views(case["cache_shape"], case["cache_dtype"], rng))
+    sin = data.draw(cache_views(case["cache_shape"], case["cache_dtype"], rng))
+    options = dict(layout=case["layout"], inverse=case["inverse"])
+
+    def run():
+        target = x.copy()
+        out = {"new": None, "out": np.full_like(x, np.nan), "in place": target}[out_mode]
+        result = pf.apply_rotary_cos_sin(target, cos, sin, out=out, **options)
+        return result, target
+
+    assert _fast((x,), cos, sin, (None,), **options) is not None  # these take the compiled path
+    fast, fast_x = run()
+    with general_path_only():
+        general, general_x = run()
+    assert fast.tobytes() == general.tobytes()
+    assert fast_x.tobytes() == general_x.tobytes()
+    expected = reference.apply_rotary_cos_sin(x, np.asarray(cos), np.asarray(sin), **options)
+    scale = np.abs(x).max(initial=0) * (np.abs(cos).max(initial=0) + np.abs(sin).max(initial=0))
+    check(fast, expected, case["x_dtype"], case["cache_dtype"], scale)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_qk_matches_general_path(layout, dtype):
+    # Llama decode: q (1, 32, 1, 128), k (1, 8, 1, 128), the cache's last row unsqueezed.
+    q, k = random((1, 32, 1, 128), dtype), random((1, 8, 1, 128), dtype, seed=1)
+    wide = random((1, 1, 1, 128), dtype, seed=2)
+    cos, sin = wide[..., :64], random((1, 1, 1, 128), dtype, seed=3)[..., :64]
+    assert _fast((q, k), cos, sin, (None, None), layout) is not None
+    fast = pf.apply_rotary_cos_sin_qk(q, k, cos, sin, layout=layout)
+    with general_path_only():
+        general = pf.apply_rotary_cos_sin_qk(q, k, cos, sin, layout=layout)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(fast, general))
+
+
+@pytest.mark.parametrize("why, change", [
+    ("positions given", lambda a: a.update(positions=np.array([0, 1, 2]))),
+    ("x not contiguous", lambda a: a.update(x=a["x"][:, ::-1])),
+    ("x a subclass", lambda a: a.update(x=a["x"].view(np.memmap))),
+    ("x byte-swapped", lambda a: a.update(x=a["x"].astype(">f8"))),
+    ("cache of two dtypes", lambda a: a.update(sin=a["sin"].astype(np.float32))),
+    ("cache a list", lambda a: a.update(cos=a["cos"].tolist())),
+    ("cache strided along pairs", lambda a: a.update(cos=random((3, 8))[:, ::2],
+                                                      sin=random((3, 8))[:, ::2])),
+    ("inverse a NumPy bool", lambda a: a.update(inverse=np.True_)),
+    ("out not contiguous", lambda a: a.update(out=np.zeros((2, 3, 16))[..., ::2])),
+    ("out the same view, another object", lambda a: a.update(out=a["x"][...])),
+])
+def test_calls_the_compiled_path_leaves_to_the_general_path(why, change):
+    # Each gives the general path's result; the compiled path declines them.
+    args = dict(x=random((2, 3, 8)), cos=random((3, 4), seed=1), sin=random((3, 4), seed=2),
+                layout="half", inverse=False, out=None, positions=None)
+    change(args)
+    x = np.asarray(args["x"])
+    expected = reference.apply_rotary_cos_sin(x.astype(np.float64), np.asarray(args["cos"]),
+                                              np.asarray(args["sin"]), args["positions"],
+                                              inverse=bool(args["inverse"]))
+    got = pf.apply_rotary_cos_sin(args["x"], args["cos"], args["sin"], args["positions"],
+                                  layout="half", inverse=args["inverse"], out=args["out"])
+    assert_allclose(got, expected, rtol=0, atol=1e-6)
+    if args["positions"] is None:
+        assert _fast((args["x"],), args["cos"], args["sin"], (args["out"],),
+                     inverse=args["inverse"]) is None

@@ -1197,4 +1197,204 @@ cdef class RotaryBase:
         return self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
 
 
+# ---------------------------------------------------------------------------
+# Compiled path of apply_rotary_cos_sin(_qk) without positions
+#
+# A framework's own cos/sin cache (Hugging Face's, sliced to one entry per
+# pair) broadcast against x's leading axes: each row of x walks the cache by
+# the cache's own strides (0 along broadcast axes), so a sliced or
+# non-contiguous cache is read where it lies.  As for RotaryBase, `None`
+# sends the call to the general path in rotary.py, which validates fully.
+
+DEF MAX_WALK_AXES = 8
+
+
+cdef struct CacheWalk:
+    # x's leading axes, and the cos/sin steps (in elements) along each.
+    int naxes
+    Py_ssize_t shape[MAX_WALK_AXES]
+    Py_ssize_t cos_step[MAX_WALK_AXES]
+    Py_ssize_t sin_step[MAX_WALK_AXES]
+    Py_ssize_t rows
+    Py_ssize_t npairs
+
+
+cdef bint _plan_walk(cnp.ndarray x, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
+                     CacheWalk* walk):
+    """Fill `walk` for x's rows; False if cos/sin do not broadcast as required."""
+    cdef int xnd = cnp.PyArray_NDIM(x), cnd = cnp.PyArray_NDIM(cos_cache), k, j
+    cdef cnp.npy_intp* xshape = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp* cshape = cnp.PyArray_DIMS(cos_cache)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_cache), cs, ss
+    if xnd - 1 > MAX_WALK_AXES or cnd > xnd or cshape[cnd - 1] < 1:
+        return False
+    walk.naxes = xnd - 1
+    walk.rows = 1
+    walk.npairs = cshape[cnd - 1]
+    for k in range(xnd - 1):
+        walk.shape[k] = xshape[k]
+        walk.rows *= xshape[k]
+        walk.cos_step[k] = 0
+        walk.sin_step[k] = 0
+        j = k - (xnd - cnd)  # the cache's axis under x's axis k, if any
+        if j < 0 or cshape[j] == 1:
+            continue
+        if cshape[j] != xshape[k]:
+            return False
+        cs = cnp.PyArray_STRIDE(cos_cache, j)
+        ss = cnp.PyArray_STRIDE(sin_cache, j)
+        if cs % itemsize or ss % itemsize:
+            return False
+        walk.cos_step[k] = cs // itemsize
+        walk.sin_step[k] = ss // itemsize
+    return True
+
+
+cdef void _rotate_walk_rows(const data_t* x, data_t* out, const table_t* c, const table_t* s,
+                            const CacheWalk* walk, Py_ssize_t first, Py_ssize_t stop,
+                            Py_ssize_t dim, bint half, bint inverse, bint in_place, bint stream,
+                            bint prefetch) noexcept nogil:
+    # Rows first .. stop-1 of x; an odometer over the leading axes tracks the
+    # cache offsets.
+    cdef Py_ssize_t index[MAX_WALK_AXES]
+    cdef Py_ssize_t rest = first, co = 0, so = 0, r
+    cdef int k
+    for k in range(walk.naxes - 1, -1, -1):
+        index[k] = rest % walk.shape[k]
+        rest //= walk.shape[k]
+        co += index[k] * walk.cos_step[k]
+        so += index[k] * walk.sin_step[k]
+    for r in range(first, stop):
+        _rotate_row(x + r * dim, out + r * dim, c + co, s + so, walk.npairs, dim, half, inverse,
+                    in_place, stream, prefetch)
+        k = walk.naxes - 1
+        while k >= 0:
+            index[k] += 1
+            co += walk.cos_step[k]
+            so += walk.sin_step[k]
+            if index[k] < walk.shape[k]:
+                break
+            co -= walk.shape[k] * walk.cos_step[k]
+            so -= walk.shape[k] * walk.sin_step[k]
+            index[k] = 0
+            k -= 1
+    if stream:
+        posenc_sfence()
+
+
+cdef void _rotate_walk(const data_t* x, data_t* out, const table_t* c, const table_t* s,
+                       const CacheWalk* walk, Py_ssize_t dim, bint half, bint inverse,
+                       int num_threads) noexcept nogil:
+    cdef Py_ssize_t nbytes = walk.rows * dim * <Py_ssize_t>sizeof(data_t)
+    cdef bint in_place = x == out
+    cdef bint stream = _stream_output(nbytes, in_place), prefetch = _prefetch_input(nbytes)
+    cdef Py_ssize_t chunk, nchunks = (walk.rows + ROW_CHUNK - 1) // ROW_CHUNK
+    if num_threads == 1:
+        _rotate_walk_rows(x, out, c, s, walk, 0, walk.rows, dim, half, inverse, in_place,
+                          stream, prefetch)
+        return
+    for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):
+        _rotate_walk_rows(x, out, c, s, walk, chunk * ROW_CHUNK,
+                          min((chunk + 1) * ROW_CHUNK, walk.rows), dim, half, inverse, in_place,
+                          stream, prefetch)
+
+
+cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
+                    const CacheWalk* walk, bint half, bint inverse):
+    cdef Py_ssize_t dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
+    cdef int threads = _threads_for(cnp.PyArray_SIZE(x))
+    cdef void* xp = cnp.PyArray_DATA(x)
+    cdef void* op = cnp.PyArray_DATA(out)
+    cdef void* cp = cnp.PyArray_DATA(cos_cache)
+    cdef void* sp = cnp.PyArray_DATA(sin_cache)
+    cdef bint x32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    cdef bint c32 = cnp.PyArray_TYPE(cos_cache) == cnp.NPY_FLOAT32
+    if walk.rows == 0 or dim == 0:
+        return
+    with nogil:
+        if x32 and c32:
+            _rotate_walk(<const float*>xp, <float*>op, <const float*>cp, <const float*>sp, walk,
+                         dim, half, inverse, threads)
+        elif x32:
+            _rotate_walk(<const float*>xp, <float*>op, <const double*>cp, <const double*>sp,
+                         walk, dim, half, inverse, threads)
+        elif c32:
+            _rotate_walk(<const double*>xp, <double*>op, <const float*>cp, <const float*>sp,
+                         walk, dim, half, inverse, threads)
+        else:
+            _rotate_walk(<const double*>xp, <double*>op, <const double*>cp, <const double*>sp,
+                         walk, dim, half, inverse, threads)
+
+
+cdef inline bint _fast_cache(object a):
+    # An aligned, native float32/float64 ndarray with unit stride along its
+    # last axis (any stride if no two entries are read along it).
+    cdef cnp.ndarray arr
+    cdef int typenum, last
+    if not cnp.PyArray_CheckExact(a):
+        return False
+    arr = <cnp.ndarray>a
+    typenum = cnp.PyArray_TYPE(arr)
+    last = cnp.PyArray_NDIM(arr) - 1
+    return ((typenum == cnp.NPY_FLOAT32 or typenum == cnp.NPY_FLOAT64)
+            and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr) and last >= 0
+            and (cnp.PyArray_STRIDE(arr, last) == cnp.PyArray_ITEMSIZE(arr)
+                 or cnp.PyArray_DIMS(arr)[last] == 1 or cnp.PyArray_SIZE(arr) == 0))
+
+
+def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple outs):
+    """The compiled path of apply_rotary_cos_sin(_qk) with positions None.
+
+    Rotates every array of `xs` (one, or q and k) into the matching entry of
+    `outs` (None: a new array) and returns the results as a tuple, or returns
+    None, having written nothing, when the call is not one this path takes.
+    """
+    cdef CacheWalk walks[2]
+    cdef Py_ssize_t n = len(xs), k, j, dim
+    cdef bint half
+    cdef list results = []
+    cdef object result, x
+    cdef cnp.ndarray c, s
+    if n > 2 or len(outs) != n or not (inverse is True or inverse is False):
+        return None
+    if layout == "half" and type(layout) is str:
+        half = True
+    elif layout == "interleaved" and type(layout) is str:
+        half = False
+    else:
+        return None
+    if not (_fast_cache(cos_cache) and _fast_cache(sin_cache)):
+        return None
+    c = <cnp.ndarray>cos_cache
+    s = <cnp.ndarray>sin_cache
+    if cnp.PyArray_TYPE(c) != cnp.PyArray_TYPE(s) or cnp.PyArray_NDIM(c) != cnp.PyArray_NDIM(s):
+        return None
+    for k in range(cnp.PyArray_NDIM(c)):
+        if cnp.PyArray_DIMS(c)[k] != cnp.PyArray_DIMS(s)[k]:
+            return None
+    for j in range(n):
+        x = xs[j]
+        if not cnp.PyArray_CheckExact(x):
+            return None
+        dim = cnp.PyArray_DIMS(<cnp.ndarray>x)[cnp.PyArray_NDIM(<cnp.ndarray>x) - 1] \
+            if cnp.PyArray_NDIM(<cnp.ndarray>x) >= 1 else 0
+        if (not _fast_array(x, dim) or 2 * cnp.PyArray_DIMS(c)[cnp.PyArray_NDIM(c) - 1] > dim
+                or (j == 1 and dim != cnp.PyArray_DIMS(<cnp.ndarray>xs[0])[
+                    cnp.PyArray_NDIM(<cnp.ndarray>xs[0]) - 1])
+                or not _plan_walk(<cnp.ndarray>x, c, s, &walks[j])):
+            return None
+    if n == 2 and not _disjoint(<cnp.ndarray>xs[0], <cnp.ndarray>xs[1]):
+        return None
+    for j in range(n):
+        # out must not overlap the cache, the other input or an earlier output.
+        others = (c, s) + tuple(xs[1 - j:2 - j] if n == 2 else ()) + tuple(results)
+        result = _fast_out(<cnp.ndarray>xs[j], outs[j], others)
+        if result is None:
+            return None
+        results.append(result)
+    for j in range(n):
+        _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j], half, inverse)
+    return tuple(results)
+
+
 include "_relative.pxi"

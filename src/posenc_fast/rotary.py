@@ -422,6 +422,10 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     >>> pf.apply_rotary_cos_sin(q, cos, sin).shape
     (1, 4, 10, 64)
     """
+    if positions is None:
+        fast = kernels.rotate_cos_sin_fast((x,), cos, sin, layout, inverse, (out,))
+        if fast is not None:
+            return fast[0]
     x = v.float_array(x, "x")
     if x.ndim < 1:
         raise ValueError(f"x must have shape (..., dim), got {x.shape}")
@@ -447,6 +451,10 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
     -------
     (q_rot, k_rot)
     """
+    if positions is None:
+        fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, layout, inverse, (out_q, out_k))
+        if fast is not None:
+            return fast
     q = v.float_array(q, "q")
     k = v.float_array(k, "k")
     if q.ndim < 1 or k.ndim < 1 or q.shape[-1] != k.shape[-1]:
