@@ -98,8 +98,41 @@ def test_position_ids_is_ignored():
     assert all(torch.equal(a, b) for a, b in zip(plain, with_ids))
 
 
-def test_torch_tensors_are_viewed_not_copied(monkeypatch):
-    q, k = qk((1, 4, 6, 16), (1, 2, 6, 16), torch.float32, "transposed")
+class RecordingKernels:
+    """hf's kernel module; `record(x, cos, sin, result)` for each array its compiled path rotates."""
+
+    def __init__(self, kernels, record):
+        self._kernels, self._record = kernels, record
+
+    def __getattr__(self, name):
+        return getattr(self._kernels, name)
+
+    def rotate_cos_sin_fast(self, xs, cos, sin, *rest):
+        result = self._kernels.rotate_cos_sin_fast(xs, cos, sin, *rest)
+        for x, x_rot in zip(xs, result or ()):
+            self._record(x, cos, sin, x_rot)
+        return result
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Shapes of the arrays hf rotated with posenc_fast (either path), in call order."""
+    calls = []
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return posenc_fast.apply_rotary_cos_sin(*args)
+
+    monkeypatch.setattr(hf, "kernels",
+                        RecordingKernels(hf.kernels, lambda x, *_: calls.append(x.shape)))
+    monkeypatch.setattr(hf, "apply_rotary_cos_sin", counting)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_torch_tensors_are_viewed_not_copied(monkeypatch, layout):
+    # Transposed views take apply_rotary_cos_sin, contiguous ones the compiled path.
+    q, k = qk((1, 4, 6, 16), (1, 2, 6, 16), torch.float32, layout)
     cos, sin = hf_cache(1, 6, 16)
     calls = []
 
@@ -109,6 +142,8 @@ def test_torch_tensors_are_viewed_not_copied(monkeypatch):
         return result
 
     monkeypatch.setattr(hf, "apply_rotary_cos_sin", recording)
+    monkeypatch.setattr(hf, "kernels",
+                        RecordingKernels(hf.kernels, lambda *call: calls.append(call)))
     q_rot, k_rot = hf.apply_rotary_pos_emb(q, k, cos, sin)
     (xq, cq, sq, rq), (xk, _, _, rk) = calls
     # The kernel saw q's and the cache's own memory, already in row order ...
@@ -168,7 +203,8 @@ def test_narrower_cache_computes_in_the_data_dtype():
 
 
 def test_gradients_flow_through_the_fallback(monkeypatch):
-    monkeypatch.setattr(hf, "apply_rotary_cos_sin", None)  # the kernel must not be reached
+    monkeypatch.setattr(hf, "apply_rotary_cos_sin", None)  # the kernels must not be reached
+    monkeypatch.setattr(hf, "kernels", None)
     q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float64, "contiguous")
     cos, sin = hf_cache(1, 5, 16, torch.float64)
     grads = []
@@ -180,16 +216,13 @@ def test_gradients_flow_through_the_fallback(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-def test_requires_grad_without_autograd_takes_the_kernel(monkeypatch):
-    calls = []
-    monkeypatch.setattr(hf, "apply_rotary_cos_sin",
-                        lambda *args: calls.append(1) or posenc_fast.apply_rotary_cos_sin(*args))
+def test_requires_grad_without_autograd_takes_the_kernel(kernel_calls):
     q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float32, "contiguous")
     cos, sin = hf_cache(1, 5, 16)
     q.requires_grad_()
     with torch.no_grad():
         got = hf.apply_rotary_pos_emb(q, k, cos, sin)
-    assert len(calls) == 2
+    assert len(kernel_calls) == 2
     torch.testing.assert_close(got[0], HF_APPLY(q.detach(), k, cos, sin)[0],
                                **TOL[torch.float32])
 
@@ -322,16 +355,6 @@ def small_model(family, rope="default"):
     return model_class(small_config(family, rope)).eval()
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    calls = []
-
-    def counting(*args):
-        calls.append(args[0].shape)
-        return posenc_fast.apply_rotary_cos_sin(*args)
-
-    monkeypatch.setattr(hf, "apply_rotary_cos_sin", counting)
-    return calls
 
 
 def generate(model, ids, attention_mask=None):

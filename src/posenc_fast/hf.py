@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from . import _validate as v
+from ._dispatch import kernels
 from .rotary import apply_rotary_cos_sin
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
@@ -107,22 +108,28 @@ def _apply_torch(torch, q, k, cos, sin, unsqueeze_dim):
         raise TypeError("q, k, cos and sin must be all torch tensors or all NumPy arrays")
     if not _numpy_can_take(torch, tensors):
         return _torch_formula(torch, q, k, cos, sin, unsqueeze_dim)
-    q_rot, k_rot = _apply_numpy(*(t.detach().numpy() for t in tensors), unsqueeze_dim)
+    # .numpy() refuses tensors that require grad (possible under no_grad).
+    q_rot, k_rot = _apply_numpy(*(t.detach().numpy() if t.requires_grad else t.numpy()
+                                  for t in tensors), unsqueeze_dim)
     return torch.from_numpy(q_rot), torch.from_numpy(k_rot)
 
 
 def _numpy_can_take(torch, tensors) -> bool:
     """True when NumPy views of the tensors give exactly transformers' result."""
+    # Called once per attention layer and step: the cheapest attributes first.
     fast = (torch.float32, torch.float64)
     q, k, cos, sin = tensors
-    if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.layout != torch.strided
-           or t.dtype not in fast for t in tensors):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    for t in tensors:
+        if (type(t) is not torch.Tensor or not t.is_cpu or t.layout != torch.strided
+                or t.dtype not in fast):
+            return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad
+                                    or sin.requires_grad):
         return False  # detaching would silently cut the graph
-    cache = torch.promote_types(cos.dtype, sin.dtype)
-    if any(torch.promote_types(t.dtype, cache) != t.dtype for t in (q, k)):
-        return False  # torch would return the cache's wider dtype
+    if not q.dtype == k.dtype == cos.dtype == sin.dtype:
+        cache = torch.promote_types(cos.dtype, sin.dtype)
+        if any(torch.promote_types(t.dtype, cache) != t.dtype for t in (q, k)):
+            return False  # torch would return the cache's wider dtype
     return not torch.compiler.is_compiling()
 
 
@@ -152,6 +159,10 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim):
                          f"got q {q.shape}, k {k.shape}, cos {cos.shape} (a full-width "
                          f"transformers cache, halves repeated)")
     cos, sin = cos[..., :dim // 2], sin[..., :dim // 2]
+    # Contiguous q and k (every decode step): the compiled path checks the rest.
+    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, "half", False, (None, None))
+    if fast is not None:
+        return fast
     for x, name in ((q, "q"), (k, "k")):
         v.broadcast_target(cos.shape[:-1], x.shape[:-1],
                            f"cos/sin unsqueezed at {unsqueeze_dim}: their leading shape",
