@@ -607,3 +607,33 @@ def test_calls_the_compiled_path_leaves_to_the_general_path(why, change):
     if args["positions"] is None:
         assert _fast((args["x"],), args["cos"], args["sin"], (args["out"],),
                      inverse=args["inverse"]) is None
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("cache", ["(seq, pairs)", "transformers (batch, 1, seq, pairs) view"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_compiled_path_in_blocks_of_positions(threads, cache, in_place):
+    # Per head, the compiled path walks blocks of ~1 MiB of cache rows (1024
+    # float64 rows of 64 pairs): 2500 positions make three blocks per head.
+    batch, heads, seq = 2, 3, 2500
+    x = random((batch, heads, seq, 128), seed=4)
+    if cache == "(seq, pairs)":
+        cos, sin = random((seq, 64), seed=5), random((seq, 64), seed=6)
+    else:
+        cos = random((batch, seq, 128), seed=5)[:, None, :, :64]
+        sin = random((batch, seq, 128), seed=6)[:, None, :, :64]
+    before = pf.get_num_threads()
+    try:
+        pf.set_num_threads(threads)
+        target = x.copy()
+        got = pf.apply_rotary_cos_sin(target, cos, sin, out=target if in_place else None)
+        with general_path_only():
+            want = pf.apply_rotary_cos_sin(x, cos, sin)
+    finally:
+        pf.set_num_threads(before)
+    assert got.tobytes() == want.tobytes()
+    rows = [(0, 0, 0), (0, 2, 1023), (1, 1, 1024), (1, 2, seq - 1)]
+    for b, h, s in rows:
+        c, sn = np.broadcast_to(cos, (batch, heads, seq, 64))[b, h, s], \
+            np.broadcast_to(sin, (batch, heads, seq, 64))[b, h, s]
+        assert_array_equal(got[b, h, s], reference.rotate_vector_cos_sin(x[b, h, s], c, sn))

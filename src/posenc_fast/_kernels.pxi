@@ -1285,18 +1285,52 @@ cdef void _rotate_walk_rows(const data_t* x, data_t* out, const table_t* c, cons
 cdef void _rotate_walk(const data_t* x, data_t* out, const table_t* c, const table_t* s,
                        const CacheWalk* walk, Py_ssize_t dim, bint half, bint inverse,
                        int num_threads) noexcept nogil:
+    # Rows as (outer, heads, inner): `heads` is the last axis along which the
+    # cache does not change but changes after it (e.g. x (batch, heads, seq,
+    # dim) with a (seq, pairs) cache).  Work items are blocks of inner rows,
+    # one head at a time, heads innermost: a block's cache rows (about one L2)
+    # serve every head in turn, as in _rotate_item.  Without such an axis the
+    # rows are taken in order, in chunks.
     cdef Py_ssize_t nbytes = walk.rows * dim * <Py_ssize_t>sizeof(data_t)
     cdef bint in_place = x == out
     cdef bint stream = _stream_output(nbytes, in_place), prefetch = _prefetch_input(nbytes)
-    cdef Py_ssize_t chunk, nchunks = (walk.rows + ROW_CHUNK - 1) // ROW_CHUNK
+    cdef Py_ssize_t outer = 1, heads = 1, inner = walk.rows, block = ROW_CHUNK
+    cdef Py_ssize_t nblocks, item
+    cdef int k, j
+    cdef bint varies_after = False
+    for k in range(walk.naxes - 1, -1, -1):
+        if walk.cos_step[k] != 0 or walk.sin_step[k] != 0:
+            varies_after = True
+        elif varies_after and walk.shape[k] > 1:
+            heads = walk.shape[k]
+            inner = 1
+            for j in range(k + 1, walk.naxes):
+                inner *= walk.shape[j]
+            outer = walk.rows // (heads * inner)
+            block = max(<Py_ssize_t>16, POSITION_BLOCK_BYTES
+                        // (2 * walk.npairs * <Py_ssize_t>sizeof(table_t)))
+            break
+    nblocks = (inner + block - 1) // block
     if num_threads == 1:
-        _rotate_walk_rows(x, out, c, s, walk, 0, walk.rows, dim, half, inverse, in_place,
-                          stream, prefetch)
-        return
-    for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):
-        _rotate_walk_rows(x, out, c, s, walk, chunk * ROW_CHUNK,
-                          min((chunk + 1) * ROW_CHUNK, walk.rows), dim, half, inverse, in_place,
-                          stream, prefetch)
+        for item in range(outer * nblocks * heads):
+            _rotate_walk_item(item, heads, inner, block, nblocks, x, out, c, s, walk, dim, half,
+                              inverse, in_place, stream, prefetch)
+    else:
+        for item in prange(outer * nblocks * heads, num_threads=num_threads, schedule="static"):
+            _rotate_walk_item(item, heads, inner, block, nblocks, x, out, c, s, walk, dim, half,
+                              inverse, in_place, stream, prefetch)
+
+
+cdef inline void _rotate_walk_item(Py_ssize_t item, Py_ssize_t heads, Py_ssize_t inner,
+                                   Py_ssize_t block, Py_ssize_t nblocks, const data_t* x,
+                                   data_t* out, const table_t* c, const table_t* s,
+                                   const CacheWalk* walk, Py_ssize_t dim, bint half, bint inverse,
+                                   bint in_place, bint stream, bint prefetch) noexcept nogil:
+    # Item = (outer index, block, head), head fastest: one contiguous range of rows.
+    cdef Py_ssize_t head = item % heads, rest = item // heads
+    cdef Py_ssize_t start = (rest // nblocks * heads + head) * inner, b = rest % nblocks
+    _rotate_walk_rows(x, out, c, s, walk, start + b * block, start + min((b + 1) * block, inner),
+                      dim, half, inverse, in_place, stream, prefetch)
 
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
