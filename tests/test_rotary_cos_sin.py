@@ -613,8 +613,8 @@ def test_calls_the_compiled_path_leaves_to_the_general_path(why, change):
 @pytest.mark.parametrize("cache", ["(seq, pairs)", "transformers (batch, 1, seq, pairs) view"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_compiled_path_in_blocks_of_positions(threads, cache, in_place):
-    # Per head, the compiled path walks blocks of ~1 MiB of cache rows (1024
-    # float64 rows of 64 pairs): 2500 positions make three blocks per head.
+    # Per head, the compiled path walks blocks of 512 KiB of cache rows (512
+    # float64 rows of 64 pairs): 2500 positions make five blocks per head.
     batch, heads, seq = 2, 3, 2500
     x = random((batch, heads, seq, 128), seed=4)
     if cache == "(seq, pairs)":
@@ -632,7 +632,7 @@ def test_compiled_path_in_blocks_of_positions(threads, cache, in_place):
     finally:
         pf.set_num_threads(before)
     assert got.tobytes() == want.tobytes()
-    rows = [(0, 0, 0), (0, 2, 1023), (1, 1, 1024), (1, 2, seq - 1)]
+    rows = [(0, 0, 0), (0, 2, 511), (1, 1, 512), (1, 2, seq - 1)]
     for b, h, s in rows:
         c, sn = np.broadcast_to(cos, (batch, heads, seq, 64))[b, h, s], \
             np.broadcast_to(sin, (batch, heads, seq, 64))[b, h, s]
