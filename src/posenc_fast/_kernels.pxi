@@ -1502,50 +1502,37 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
     None, having written nothing, when the call is not one this path takes.
     """
     cdef CacheWalk walks[2]
-    cdef Py_ssize_t n = len(xs), k, j, dim
-    cdef bint half
+    cdef Py_ssize_t n = len(xs), j, dim = 0
     cdef list results = []
-    cdef object result, x
-    cdef cnp.ndarray c, s
-    if n > 2 or len(outs) != n or not (inverse is True or inverse is False):
+    cdef cnp.ndarray c, s, x
+    if (n > 2 or len(outs) != n or not (inverse is True or inverse is False)
+            or type(layout) is not str or layout not in ("half", "interleaved")
+            or not (_fast_cache(cos_cache) and _fast_cache(sin_cache))):
         return None
-    if layout == "half" and type(layout) is str:
-        half = True
-    elif layout == "interleaved" and type(layout) is str:
-        half = False
-    else:
+    c, s = cos_cache, sin_cache
+    if cnp.PyArray_TYPE(c) != cnp.PyArray_TYPE(s) or not cnp.PyArray_SAMESHAPE(c, s):
         return None
-    if not (_fast_cache(cos_cache) and _fast_cache(sin_cache)):
-        return None
-    c = <cnp.ndarray>cos_cache
-    s = <cnp.ndarray>sin_cache
-    if cnp.PyArray_TYPE(c) != cnp.PyArray_TYPE(s) or cnp.PyArray_NDIM(c) != cnp.PyArray_NDIM(s):
-        return None
-    for k in range(cnp.PyArray_NDIM(c)):
-        if cnp.PyArray_DIMS(c)[k] != cnp.PyArray_DIMS(s)[k]:
-            return None
     for j in range(n):
-        x = xs[j]
-        if not cnp.PyArray_CheckExact(x):
+        if not cnp.PyArray_CheckExact(xs[j]) or cnp.PyArray_NDIM(<cnp.ndarray>xs[j]) < 1:
             return None
-        dim = cnp.PyArray_DIMS(<cnp.ndarray>x)[cnp.PyArray_NDIM(<cnp.ndarray>x) - 1] \
-            if cnp.PyArray_NDIM(<cnp.ndarray>x) >= 1 else 0
+        x = xs[j]
+        if j == 0:  # k must end in q's dim
+            dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
         if (not _fast_array(x, dim) or 2 * cnp.PyArray_DIMS(c)[cnp.PyArray_NDIM(c) - 1] > dim
-                or (j == 1 and dim != cnp.PyArray_DIMS(<cnp.ndarray>xs[0])[
-                    cnp.PyArray_NDIM(<cnp.ndarray>xs[0]) - 1])
-                or not _plan_walk(<cnp.ndarray>x, c, s, &walks[j])):
+                or not _plan_walk(x, c, s, &walks[j])):
             return None
     if n == 2 and not _disjoint(<cnp.ndarray>xs[0], <cnp.ndarray>xs[1]):
         return None
     for j in range(n):
         # out must not overlap the cache, the other input or an earlier output.
-        others = (c, s) + tuple(xs[1 - j:2 - j] if n == 2 else ()) + tuple(results)
-        result = _fast_out(<cnp.ndarray>xs[j], outs[j], others)
+        result = _fast_out(<cnp.ndarray>xs[j], outs[j],
+                           (c, s) + xs[:j] + xs[j + 1:] + tuple(results))
         if result is None:
             return None
         results.append(result)
     for j in range(n):
-        _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j], half, inverse)
+        _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j],
+                  layout == "half", inverse)
     return tuple(results)
 
 
