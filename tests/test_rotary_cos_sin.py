@@ -637,3 +637,24 @@ def test_compiled_path_in_blocks_of_positions(threads, cache, in_place):
         c, sn = np.broadcast_to(cos, (batch, heads, seq, 64))[b, h, s], \
             np.broadcast_to(sin, (batch, heads, seq, 64))[b, h, s]
         assert_array_equal(got[b, h, s], reference.rotate_vector_cos_sin(x[b, h, s], c, sn))
+
+
+@pytest.mark.parametrize("npairs", [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+@pytest.mark.parametrize("x_dtype", DTYPES)
+def test_every_pair_count_matches_reference(npairs, layout, x_dtype, cache_dtype):
+    # Rows in cache go through vectors of 2-16 lanes (by ISA and dtype) and
+    # finish the pairs past the last full vector with scalar code: every
+    # split of a row, with and without positions, in place and not.
+    x = random((3, 5, 2 * npairs + 3), x_dtype, seed=npairs)
+    cos = random((5, npairs), cache_dtype, seed=100 + npairs)
+    sin = random((5, npairs), cache_dtype, seed=200 + npairs)
+    expected = reference.apply_rotary_cos_sin(x, cos, sin, layout=layout)
+    scale = np.abs(x).max() * (np.abs(cos).max() + np.abs(sin).max())
+    for positions in (None, np.arange(5)):
+        check(pf.apply_rotary_cos_sin(x, cos, sin, positions, layout=layout), expected,
+              x_dtype, cache_dtype, scale)
+        in_place = x.copy()
+        pf.apply_rotary_cos_sin(in_place, cos, sin, positions, layout=layout, out=in_place)
+        check(in_place, expected, x_dtype, cache_dtype, scale)

@@ -464,31 +464,65 @@ cdef extern from *:
     static inline void posenc_sfence(void) {}
     #endif
 
-    /* Half-layout rows of one type T (data and table) in cache go through
-       explicit vectors, each of xa[i], xb[i], c[i], s[i] loaded once into a
-       register.  Left to itself GCC folds c[i] and s[i] into both
-       multiplications that use them, 6 loads per vector of pairs instead of
-       4, and a row in cache is bound by its memory operations (W2, W3 ~20%
-       slower).  Past the caches the scalar loops are faster (W1 float64 in
-       place 1.15x against 1.35x of np.multiply), so rows that are prefetched
-       take them.  The arithmetic is the scalar loop's, lane by lane. */
+    /* Rows of one type T (data and table) in cache go through explicit
+       vectors, each of x's pairs, c[i], s[i] loaded once into a register.  Left
+       to itself GCC folds c[i] and s[i] into both multiplications that use
+       them, 6 loads per vector of pairs instead of 4, and a row in cache is
+       bound by its memory operations (W2, W3 ~20% slower).  Interleaved pairs
+       are split into a vector of firsts and one of seconds by two shuffles, and
+       merged back by two.  Past the caches the scalar half-layout loops are
+       faster (W1 float64 in place 1.15x against 1.35x of np.multiply), so
+       large calls take them.  The arithmetic is the scalar loop's, lane by
+       lane. */
     #if (defined(__GNUC__) || defined(__clang__)) && (defined(__SSE2__) || defined(__aarch64__))
     #if defined(__AVX512F__)
     #define POSENC_VECTOR_BYTES 64
+    #define POSENC_MASK_ff(kind) POSENC_##kind##_16
+    #define POSENC_MASK_dd(kind) POSENC_##kind##_8
     #elif defined(__AVX__)
     #define POSENC_VECTOR_BYTES 32
+    #define POSENC_MASK_ff(kind) POSENC_##kind##_8
+    #define POSENC_MASK_dd(kind) POSENC_##kind##_4
     #else
     #define POSENC_VECTOR_BYTES 16
+    #define POSENC_MASK_ff(kind) POSENC_##kind##_4
+    #define POSENC_MASK_dd(kind) POSENC_##kind##_2
+    #endif
+    /* Shuffle masks over two vectors of L lanes: the even and the odd lanes of
+       their concatenation, and the interleaving of their low and high halves. */
+    #define POSENC_EVEN_2 0, 2
+    #define POSENC_ODD_2 1, 3
+    #define POSENC_LOW_2 0, 2
+    #define POSENC_HIGH_2 1, 3
+    #define POSENC_EVEN_4 0, 2, 4, 6
+    #define POSENC_ODD_4 1, 3, 5, 7
+    #define POSENC_LOW_4 0, 4, 1, 5
+    #define POSENC_HIGH_4 2, 6, 3, 7
+    #define POSENC_EVEN_8 0, 2, 4, 6, 8, 10, 12, 14
+    #define POSENC_ODD_8 1, 3, 5, 7, 9, 11, 13, 15
+    #define POSENC_LOW_8 0, 8, 1, 9, 2, 10, 3, 11
+    #define POSENC_HIGH_8 4, 12, 5, 13, 6, 14, 7, 15
+    #define POSENC_EVEN_16 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+    #define POSENC_ODD_16 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+    #define POSENC_LOW_16 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+    #define POSENC_HIGH_16 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
+    #if defined(__clang__)
+    #define POSENC_SHUFFLE(a, b, IV, mask) __builtin_shufflevector(a, b, mask)
+    #else
+    #define POSENC_SHUFFLE(a, b, IV, mask) __builtin_shuffle(a, b, (IV){mask})
     #endif
     #if defined(__aarch64__)
     #define POSENC_IN_REGISTERS(a, b, c, d) __asm__("" : "+w"(a), "+w"(b), "+w"(c), "+w"(d))
     #else
     #define POSENC_IN_REGISTERS(a, b, c, d) __asm__("" : "+x"(a), "+x"(b), "+x"(c), "+x"(d))
     #endif
-    #define POSENC_VECTOR_ROTATION(T, SFX)                                                  \
+
+    #define POSENC_VECTOR_ROTATION(T, I, SFX)                                               \
     typedef T posenc_vec_##SFX                                                              \
         __attribute__((vector_size(POSENC_VECTOR_BYTES), aligned(sizeof(T)), may_alias));   \
-    /* Pairs 0 .. n - n % lanes - 1; returns how many.  oa may be xa, ob xb. */           \
+    typedef I posenc_mask_##SFX __attribute__((vector_size(POSENC_VECTOR_BYTES)));          \
+    /* Pairs 0 .. n - n % lanes - 1 of a half-layout row; returns how many.                 \
+       oa may be xa, ob xb. */                                                              \
     POSENC_ALWAYS_INLINE Py_ssize_t posenc_half_vectors_##SFX(                              \
             const T* xa, const T* xb, T* oa, T* ob, const T* c, const T* s, Py_ssize_t n,   \
             int inverse) {                                                                  \
@@ -508,20 +542,52 @@ cdef extern from *:
             }                                                                               \
         }                                                                                   \
         return i;                                                                           \
+    }                                                                                       \
+    /* The same for an interleaved row; out may be x. */                                    \
+    POSENC_ALWAYS_INLINE Py_ssize_t posenc_interleaved_vectors_##SFX(                       \
+            const T* x, T* out, const T* c, const T* s, Py_ssize_t n, int inverse) {        \
+        typedef posenc_vec_##SFX V;                                                         \
+        typedef posenc_mask_##SFX M;                                                        \
+        const Py_ssize_t lanes = POSENC_VECTOR_BYTES / sizeof(T);                           \
+        Py_ssize_t i = 0;                                                                   \
+        for (; i + lanes <= n; i += lanes) {                                                \
+            V low = *(const V*)(x + 2 * i), high = *(const V*)(x + 2 * i + lanes);          \
+            V cv = *(const V*)(c + i), sv = *(const V*)(s + i), a, b, ra, rb;               \
+            POSENC_IN_REGISTERS(low, high, cv, sv);                                         \
+            a = POSENC_SHUFFLE(low, high, M, POSENC_MASK_##SFX(EVEN));                      \
+            b = POSENC_SHUFFLE(low, high, M, POSENC_MASK_##SFX(ODD));                       \
+            if (inverse) {                                                                  \
+                ra = a * cv + b * sv;                                                       \
+                rb = b * cv - a * sv;                                                       \
+            } else {                                                                        \
+                ra = a * cv - b * sv;                                                       \
+                rb = b * cv + a * sv;                                                       \
+            }                                                                               \
+            *(V*)(out + 2 * i) = POSENC_SHUFFLE(ra, rb, M, POSENC_MASK_##SFX(LOW));         \
+            *(V*)(out + 2 * i + lanes) = POSENC_SHUFFLE(ra, rb, M, POSENC_MASK_##SFX(HIGH));\
+        }                                                                                   \
+        return i;                                                                           \
     }
     #else
-    #define POSENC_VECTOR_ROTATION(T, SFX)                                                  \
+    #define POSENC_VECTOR_ROTATION(T, I, SFX)                                               \
     POSENC_ALWAYS_INLINE Py_ssize_t posenc_half_vectors_##SFX(                              \
             const T* xa, const T* xb, T* oa, T* ob, const T* c, const T* s, Py_ssize_t n,   \
             int inverse) {                                                                  \
         return 0;                                                                           \
+    }                                                                                       \
+    POSENC_ALWAYS_INLINE Py_ssize_t posenc_interleaved_vectors_##SFX(                       \
+            const T* x, T* out, const T* c, const T* s, Py_ssize_t n, int inverse) {        \
+        return 0;                                                                           \
     }
     #endif
-    POSENC_VECTOR_ROTATION(float, ff)
-    POSENC_VECTOR_ROTATION(double, dd)
+    POSENC_VECTOR_ROTATION(float, int32_t, ff)
+    POSENC_VECTOR_ROTATION(double, int64_t, dd)
     /* Mixed types convert to the wider one: scalar loops only. */
     #define posenc_half_vectors_fd(xa, xb, oa, ob, c, s, n, inverse) ((Py_ssize_t)0)
     #define posenc_half_vectors_df(xa, xb, oa, ob, c, s, n, inverse) ((Py_ssize_t)0)
+    #define posenc_interleaved_vectors_fd(x, out, c, s, n, inverse) ((Py_ssize_t)0)
+    #define posenc_interleaved_vectors_df(x, out, c, s, n, inverse) ((Py_ssize_t)0)
+
 
     #define POSENC_ROTATE_FUNCTIONS(T, C, SFX)                                          \
     /* Pairs first .. n-1 of a half-layout row, scalar (GCC vectorises it). */          \
@@ -623,13 +689,21 @@ cdef extern from *:
         else if (n == 32) posenc_half_in_place_vec_row_##SFX(x, c, s, 32, inverse);         \
         else posenc_half_in_place_vec_row_##SFX(x, c, s, n, inverse);                       \
     }                                                                                       \
-    /* out is x or does not overlap it. */                                              \
-    static void posenc_interleaved_##SFX(const T* x, T* out, const C* c, const C* s,    \
-                                         Py_ssize_t n, int inverse) {                   \
-        if (n == 64) posenc_interleaved_body_##SFX(x, out, c, s, 64, inverse);          \
-        else if (n == 32) posenc_interleaved_body_##SFX(x, out, c, s, 32, inverse);     \
-        else posenc_interleaved_body_##SFX(x, out, c, s, n, inverse);                   \
-    }                                                                                   \
+    /* out is x or does not overlap it.  Vectors first at every size: for this              \
+       layout they were faster from memory too (W1 in place 1.54x -> 1.24x). */             \
+    POSENC_ALWAYS_INLINE void posenc_interleaved_row_##SFX(                                 \
+            const T* x, T* out, const C* c, const C* s, Py_ssize_t n, int inverse) {        \
+        Py_ssize_t first = posenc_interleaved_vectors_##SFX(x, out, c, s, n, inverse);      \
+        if (first < n)                                                                      \
+            posenc_interleaved_body_##SFX(x + 2 * first, out + 2 * first, c + first, s + first,\
+                                          n - first, inverse);                              \
+    }                                                                                       \
+    static void posenc_interleaved_##SFX(const T* x, T* out, const C* c, const C* s,        \
+                                         Py_ssize_t n, int inverse) {                       \
+        if (n == 64) posenc_interleaved_row_##SFX(x, out, c, s, 64, inverse);               \
+        else if (n == 32) posenc_interleaved_row_##SFX(x, out, c, s, 32, inverse);          \
+        else posenc_interleaved_row_##SFX(x, out, c, s, n, inverse);                        \
+    }                                                                                       \
     /* As posenc_half / posenc_interleaved, storing with non-temporal stores. */        \
     static void posenc_half_stream_##SFX(const T* x, T* out, const C* c, const C* s,    \
                                          Py_ssize_t n, int inverse) {                   \
@@ -649,7 +723,7 @@ cdef extern from *:
         T pairs[128];                                                                   \
         for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                     \
             Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                   \
-            posenc_interleaved_body_##SFX(x + 2 * i0, pairs, c + i0, s + i0, m, inverse);\
+            posenc_interleaved_row_##SFX(x + 2 * i0, pairs, c + i0, s + i0, m, inverse);    \
             posenc_stream_##T(out + 2 * i0, pairs, 2 * m);                              \
         }                                                                               \
     }
@@ -678,10 +752,6 @@ cdef extern from *:
                           int inverse) nogil
     void posenc_half_in_place_fd(float* x, const double* c, const double* s, Py_ssize_t n,
                                    int inverse) nogil
-    void posenc_half_vec_fd(const float* x, float* out, const double* c, const double* s, Py_ssize_t n,
-                              int inverse) nogil
-    void posenc_half_in_place_vec_fd(float* x, const double* c, const double* s, Py_ssize_t n,
-                                       int inverse) nogil
     void posenc_interleaved_fd(const float* x, float* out, const double* c, const double* s,
                                  Py_ssize_t n, int inverse) nogil
     void posenc_half_stream_fd(const float* x, float* out, const double* c, const double* s,
@@ -692,10 +762,6 @@ cdef extern from *:
                           int inverse) nogil
     void posenc_half_in_place_df(double* x, const float* c, const float* s, Py_ssize_t n,
                                    int inverse) nogil
-    void posenc_half_vec_df(const double* x, double* out, const float* c, const float* s, Py_ssize_t n,
-                              int inverse) nogil
-    void posenc_half_in_place_vec_df(double* x, const float* c, const float* s, Py_ssize_t n,
-                                       int inverse) nogil
     void posenc_interleaved_df(const double* x, double* out, const float* c, const float* s,
                                  Py_ssize_t n, int inverse) nogil
     void posenc_half_stream_df(const double* x, double* out, const float* c, const float* s,
@@ -786,7 +852,7 @@ cdef struct RowFlags:
     bint in_place  # out is x
     bint stream    # non-temporal stores
     bint prefetch  # ask for the lines ahead of each row
-    bint vectors   # explicit-vector row functions
+    bint vectors   # explicit-vector half-layout row functions
 
 
 cdef inline RowFlags _row_flags(Py_ssize_t nbytes, bint in_place) noexcept nogil:
