@@ -76,6 +76,20 @@ def main() -> None:
           f"np.copyto ({copy * 1e3:.2f} ms); NumPy x*cos + rotate_half(x)*sin "
           f"{expression * 1e3:.2f} ms -> {expression / ours:.1f}x faster")
 
+    # Issue 6: both layouts (the goals are in "half"), from memory and from the caches.
+    for shape in ((1, 32, 4096, 128), (1, 32, 64, 128)):
+        for layout in ("half", "interleaved"):
+            rope = pf.RotaryEmbedding(128, layout=layout)
+            for dtype in (np.float32, np.float64):
+                x = rng.standard_normal(shape).astype(dtype)
+                out = np.empty_like(x)
+                oop, copy, in_place, multiply = median_times(
+                    [lambda: rope.apply(x, out=out), lambda: np.copyto(out, x),
+                     lambda: rope.apply(x, out=x), lambda: np.multiply(x, 1, out=x)], rounds)
+                print(f"RotaryEmbedding.apply {shape} {layout} {np.dtype(dtype).name}: "
+                      f"out-of-place {oop / copy:.2f}x np.copyto, in place "
+                      f"{in_place / multiply:.2f}x np.multiply(x, 1, out=x)")
+
     # Issue 10: add_position_table in place on (8, 2048, 1024) f32.
     x = rng.standard_normal((8, 2048, 1024)).astype(np.float32)
     wpe = rng.standard_normal((2048, 1024)).astype(np.float32)

@@ -444,6 +444,8 @@ def test_rotary_embedding_constructor(dim, base, rotary_dim, layout, scaling):
 
 def _smoke_rope(rope):
     """A built embedding rotates small inputs to finite values, keeping norms (times the factor)."""
+    if rope.dim > 2**16:  # valid (e.g. dim 2**62, rotary_dim 2), but no x of that width fits
+        return
     x = np.random.default_rng(0).uniform(-1, 1, (2, 3, rope.dim))
     for positions in (None, np.array([0, 5, 1000]), 10**6):
         outcome = call(rope.apply, x, positions)
