@@ -425,10 +425,14 @@ def sinusoidal_rows(const double[::1] positions, const double[::1] freqs, data_t
 # (C's usual promotion), rounded once to T.  In place has its own functions:
 # `restrict` must not promise that the input and output do not overlap.
 #
-# The interleaved layout goes through local arrays: de-interleave, rotate,
-# re-interleave.  As one loop, GCC 12 turns the alternating -/+ into
-# vfmaddsub, a fused multiply-add that -ffp-contract=off does not stop, and
-# the AVX variants would no longer round like the baseline.
+# Rows of one type go through explicit vectors first (see
+# posenc_half_vectors); the pairs past the last full vector, and rows that
+# mix float and double, through the scalar loops.  The interleaved scalar
+# loop goes through local arrays: de-interleave, rotate, re-interleave.  As
+# one loop, GCC 12 turns the alternating -/+ into vfmaddsub, a fused
+# multiply-add that -ffp-contract=off does not stop, and the AVX variants
+# would no longer round like the baseline.  (The vectors compute the firsts
+# and the seconds of the pairs as separate vectors: no alternation.)
 #
 # The *_stream functions write with non-temporal stores, for results larger
 # than the caches (see _row_flags); the caller issues posenc_sfence().
@@ -564,7 +568,7 @@ cdef extern from *:
                 rb = b * cv + a * sv;                                                       \
             }                                                                               \
             *(V*)(out + 2 * i) = POSENC_SHUFFLE(ra, rb, M, POSENC_MASK_##SFX(LOW));         \
-            *(V*)(out + 2 * i + lanes) = POSENC_SHUFFLE(ra, rb, M, POSENC_MASK_##SFX(HIGH));\
+            *(V*)(out + 2 * i + lanes) = POSENC_SHUFFLE(ra, rb, M, POSENC_MASK_##SFX(HIGH)); \
         }                                                                                   \
         return i;                                                                           \
     }
@@ -589,75 +593,77 @@ cdef extern from *:
     #define posenc_interleaved_vectors_df(x, out, c, s, n, inverse) ((Py_ssize_t)0)
 
 
-    #define POSENC_ROTATE_FUNCTIONS(T, C, SFX)                                          \
-    /* Pairs first .. n-1 of a half-layout row, scalar (GCC vectorises it). */          \
-    POSENC_ALWAYS_INLINE void posenc_half_body_##SFX(                                   \
-            const T* POSENC_R xa, const T* POSENC_R xb, T* POSENC_R oa, T* POSENC_R ob, \
-            const C* POSENC_R c, const C* POSENC_R s, Py_ssize_t first, Py_ssize_t n,   \
-            int inverse) {                                                              \
-        if (inverse) {                                                                  \
-            for (Py_ssize_t i = first; i < n; i++) {                                    \
-                T a = xa[i], b = xb[i];                                                 \
-                oa[i] = (T)(a * c[i] + b * s[i]);                                       \
-                ob[i] = (T)(b * c[i] - a * s[i]);                                       \
-            }                                                                           \
-        } else {                                                                        \
-            for (Py_ssize_t i = first; i < n; i++) {                                    \
-                T a = xa[i], b = xb[i];                                                 \
-                oa[i] = (T)(a * c[i] - b * s[i]);                                       \
-                ob[i] = (T)(b * c[i] + a * s[i]);                                       \
-            }                                                                           \
-        }                                                                               \
-    }                                                                                   \
-    POSENC_ALWAYS_INLINE void posenc_half_in_place_body_##SFX(                          \
-            T* POSENC_R xa, T* POSENC_R xb, const C* POSENC_R c, const C* POSENC_R s,   \
-            Py_ssize_t first, Py_ssize_t n, int inverse) {                              \
-        if (inverse) {                                                                  \
-            for (Py_ssize_t i = first; i < n; i++) {                                    \
-                T a = xa[i], b = xb[i];                                                 \
-                xa[i] = (T)(a * c[i] + b * s[i]);                                       \
-                xb[i] = (T)(b * c[i] - a * s[i]);                                       \
-            }                                                                           \
-        } else {                                                                        \
-            for (Py_ssize_t i = first; i < n; i++) {                                    \
-                T a = xa[i], b = xb[i];                                                 \
-                xa[i] = (T)(a * c[i] - b * s[i]);                                       \
-                xb[i] = (T)(b * c[i] + a * s[i]);                                       \
-            }                                                                           \
-        }                                                                               \
-    }                                                                                   \
-    POSENC_ALWAYS_INLINE void posenc_interleaved_body_##SFX(                            \
-            const T* x, T* out, const C* POSENC_R c, const C* POSENC_R s, Py_ssize_t n, \
-            int inverse) {                                                              \
-        T a[64], b[64], ra[64], rb[64];                                                 \
-        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                     \
-            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                   \
-            for (Py_ssize_t i = 0; i < m; i++) {                                        \
-                a[i] = x[2 * (i0 + i)];                                                 \
-                b[i] = x[2 * (i0 + i) + 1];                                             \
-            }                                                                           \
-            if (inverse) {                                                              \
-                for (Py_ssize_t i = 0; i < m; i++) {                                    \
-                    ra[i] = (T)(a[i] * c[i0 + i] + b[i] * s[i0 + i]);                   \
-                    rb[i] = (T)(b[i] * c[i0 + i] - a[i] * s[i0 + i]);                   \
-                }                                                                       \
-            } else {                                                                    \
-                for (Py_ssize_t i = 0; i < m; i++) {                                    \
-                    ra[i] = (T)(a[i] * c[i0 + i] - b[i] * s[i0 + i]);                   \
-                    rb[i] = (T)(b[i] * c[i0 + i] + a[i] * s[i0 + i]);                   \
-                }                                                                       \
-            }                                                                           \
-            for (Py_ssize_t i = 0; i < m; i++) {                                        \
-                out[2 * (i0 + i)] = ra[i];                                              \
-                out[2 * (i0 + i) + 1] = rb[i];                                          \
-            }                                                                           \
-        }                                                                               \
-    }                                                                                   \
+    #define POSENC_ROTATE_FUNCTIONS(T, C, SFX)                                              \
+    /* Pairs first .. n-1 of a half-layout row, scalar (GCC vectorises it). */              \
+    POSENC_ALWAYS_INLINE void posenc_half_body_##SFX(                                       \
+            const T* POSENC_R xa, const T* POSENC_R xb, T* POSENC_R oa, T* POSENC_R ob,     \
+            const C* POSENC_R c, const C* POSENC_R s, Py_ssize_t first, Py_ssize_t n,       \
+            int inverse) {                                                                  \
+        if (inverse) {                                                                      \
+            for (Py_ssize_t i = first; i < n; i++) {                                        \
+                T a = xa[i], b = xb[i];                                                     \
+                oa[i] = (T)(a * c[i] + b * s[i]);                                           \
+                ob[i] = (T)(b * c[i] - a * s[i]);                                           \
+            }                                                                               \
+        } else {                                                                            \
+            for (Py_ssize_t i = first; i < n; i++) {                                        \
+                T a = xa[i], b = xb[i];                                                     \
+                oa[i] = (T)(a * c[i] - b * s[i]);                                           \
+                ob[i] = (T)(b * c[i] + a * s[i]);                                           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    POSENC_ALWAYS_INLINE void posenc_half_in_place_body_##SFX(                              \
+            T* POSENC_R xa, T* POSENC_R xb, const C* POSENC_R c, const C* POSENC_R s,       \
+            Py_ssize_t first, Py_ssize_t n, int inverse) {                                  \
+        if (inverse) {                                                                      \
+            for (Py_ssize_t i = first; i < n; i++) {                                        \
+                T a = xa[i], b = xb[i];                                                     \
+                xa[i] = (T)(a * c[i] + b * s[i]);                                           \
+                xb[i] = (T)(b * c[i] - a * s[i]);                                           \
+            }                                                                               \
+        } else {                                                                            \
+            for (Py_ssize_t i = first; i < n; i++) {                                        \
+                T a = xa[i], b = xb[i];                                                     \
+                xa[i] = (T)(a * c[i] - b * s[i]);                                           \
+                xb[i] = (T)(b * c[i] + a * s[i]);                                           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    POSENC_ALWAYS_INLINE void posenc_interleaved_body_##SFX(                                \
+            const T* x, T* out, const C* POSENC_R c, const C* POSENC_R s, Py_ssize_t n,     \
+            int inverse) {                                                                  \
+        T a[64], b[64], ra[64], rb[64];                                                     \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                         \
+            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                       \
+            for (Py_ssize_t i = 0; i < m; i++) {                                            \
+                a[i] = x[2 * (i0 + i)];                                                     \
+                b[i] = x[2 * (i0 + i) + 1];                                                 \
+            }                                                                               \
+            if (inverse) {                                                                  \
+                for (Py_ssize_t i = 0; i < m; i++) {                                        \
+                    ra[i] = (T)(a[i] * c[i0 + i] + b[i] * s[i0 + i]);                       \
+                    rb[i] = (T)(b[i] * c[i0 + i] - a[i] * s[i0 + i]);                       \
+                }                                                                           \
+            } else {                                                                        \
+                for (Py_ssize_t i = 0; i < m; i++) {                                        \
+                    ra[i] = (T)(a[i] * c[i0 + i] - b[i] * s[i0 + i]);                       \
+                    rb[i] = (T)(b[i] * c[i0 + i] + a[i] * s[i0 + i]);                       \
+                }                                                                           \
+            }                                                                               \
+            for (Py_ssize_t i = 0; i < m; i++) {                                            \
+                out[2 * (i0 + i)] = ra[i];                                                  \
+                out[2 * (i0 + i) + 1] = rb[i];                                              \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
     /* x and out do not overlap.  Constant n = 64, 32 copies first. */                      \
     static void posenc_half_##SFX(const T* x, T* out, const C* c, const C* s, Py_ssize_t n, \
                                   int inverse) {                                            \
-        if (n == 64) posenc_half_body_##SFX(x, x + 64, out, out + 64, c, s, 0, 64, inverse);\
-        else if (n == 32) posenc_half_body_##SFX(x, x + 32, out, out + 32, c, s, 0, 32, inverse);\
+        if (n == 64)                                                                        \
+            posenc_half_body_##SFX(x, x + 64, out, out + 64, c, s, 0, 64, inverse);         \
+        else if (n == 32)                                                                   \
+            posenc_half_body_##SFX(x, x + 32, out, out + 32, c, s, 0, 32, inverse);         \
         else posenc_half_body_##SFX(x, x + n, out, out + n, c, s, 0, n, inverse);           \
     }                                                                                       \
     static void posenc_half_in_place_##SFX(T* x, const C* c, const C* s, Py_ssize_t n,      \
@@ -669,10 +675,10 @@ cdef extern from *:
     /* The same through explicit vectors, for rows in cache. */                             \
     POSENC_ALWAYS_INLINE void posenc_half_vec_row_##SFX(                                    \
             const T* x, T* out, const C* c, const C* s, Py_ssize_t n, int inverse) {        \
-        Py_ssize_t first = posenc_half_vectors_##SFX(x, x + n, out, out + n, c, s, n, inverse);\
+        Py_ssize_t first = posenc_half_vectors_##SFX(x, x + n, out, out + n, c, s, n, inverse); \
         posenc_half_body_##SFX(x, x + n, out, out + n, c, s, first, n, inverse);            \
     }                                                                                       \
-    static void posenc_half_vec_##SFX(const T* x, T* out, const C* c, const C* s, Py_ssize_t n,\
+    static void posenc_half_vec_##SFX(const T* x, T* out, const C* c, const C* s, Py_ssize_t n, \
                                       int inverse) {                                        \
         if (n == 64) posenc_half_vec_row_##SFX(x, out, c, s, 64, inverse);                  \
         else if (n == 32) posenc_half_vec_row_##SFX(x, out, c, s, 32, inverse);             \
@@ -695,7 +701,7 @@ cdef extern from *:
             const T* x, T* out, const C* c, const C* s, Py_ssize_t n, int inverse) {        \
         Py_ssize_t first = posenc_interleaved_vectors_##SFX(x, out, c, s, n, inverse);      \
         if (first < n)                                                                      \
-            posenc_interleaved_body_##SFX(x + 2 * first, out + 2 * first, c + first, s + first,\
+            posenc_interleaved_body_##SFX(x + 2 * first, out + 2 * first, c + first, s + first, \
                                           n - first, inverse);                              \
     }                                                                                       \
     static void posenc_interleaved_##SFX(const T* x, T* out, const C* c, const C* s,        \
@@ -704,28 +710,30 @@ cdef extern from *:
         else if (n == 32) posenc_interleaved_row_##SFX(x, out, c, s, 32, inverse);          \
         else posenc_interleaved_row_##SFX(x, out, c, s, n, inverse);                        \
     }                                                                                       \
-    /* As posenc_half / posenc_interleaved, storing with non-temporal stores. */        \
-    static void posenc_half_stream_##SFX(const T* x, T* out, const C* c, const C* s,    \
-                                         Py_ssize_t n, int inverse) {                   \
-        T ra[64], rb[64];                                                               \
-        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                     \
-            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                   \
-            if (m == 64)                                                                \
-                posenc_half_body_##SFX(x + i0, x + n + i0, ra, rb, c + i0, s + i0, 0, 64, inverse);\
-            else                                                                        \
-                posenc_half_body_##SFX(x + i0, x + n + i0, ra, rb, c + i0, s + i0, 0, m, inverse);\
-            posenc_stream_##T(out + i0, ra, m);                                         \
-            posenc_stream_##T(out + n + i0, rb, m);                                     \
-        }                                                                               \
-    }                                                                                   \
-    static void posenc_interleaved_stream_##SFX(const T* x, T* out, const C* c, const C* s,\
-                                                Py_ssize_t n, int inverse) {            \
-        T pairs[128];                                                                   \
-        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                     \
-            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                   \
+    /* As posenc_half / posenc_interleaved, storing with non-temporal stores. */            \
+    static void posenc_half_stream_##SFX(const T* x, T* out, const C* c, const C* s,        \
+                                         Py_ssize_t n, int inverse) {                       \
+        T ra[64], rb[64];                                                                   \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                         \
+            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                       \
+            if (m == 64)                                                                    \
+                posenc_half_body_##SFX(x + i0, x + n + i0, ra, rb, c + i0, s + i0, 0, 64,      \
+                                   inverse);                                                \
+            else                                                                            \
+                posenc_half_body_##SFX(x + i0, x + n + i0, ra, rb, c + i0, s + i0, 0, m,       \
+                                   inverse);                                                \
+            posenc_stream_##T(out + i0, ra, m);                                             \
+            posenc_stream_##T(out + n + i0, rb, m);                                         \
+        }                                                                                   \
+    }                                                                                       \
+    static void posenc_interleaved_stream_##SFX(const T* x, T* out, const C* c, const C* s, \
+                                                Py_ssize_t n, int inverse) {                \
+        T pairs[128];                                                                       \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += 64) {                                         \
+            Py_ssize_t m = n - i0 < 64 ? n - i0 : 64;                                       \
             posenc_interleaved_row_##SFX(x + 2 * i0, pairs, c + i0, s + i0, m, inverse);    \
-            posenc_stream_##T(out + 2 * i0, pairs, 2 * m);                              \
-        }                                                                               \
+            posenc_stream_##T(out + 2 * i0, pairs, 2 * m);                                  \
+        }                                                                                   \
     }
 
     POSENC_ROTATE_FUNCTIONS(float, float, ff)
@@ -738,8 +746,8 @@ cdef extern from *:
                           int inverse) nogil
     void posenc_half_in_place_ff(float* x, const float* c, const float* s, Py_ssize_t n,
                                    int inverse) nogil
-    void posenc_half_vec_ff(const float* x, float* out, const float* c, const float* s, Py_ssize_t n,
-                              int inverse) nogil
+    void posenc_half_vec_ff(const float* x, float* out, const float* c, const float* s,
+                            Py_ssize_t n, int inverse) nogil
     void posenc_half_in_place_vec_ff(float* x, const float* c, const float* s, Py_ssize_t n,
                                        int inverse) nogil
     void posenc_interleaved_ff(const float* x, float* out, const float* c, const float* s,
@@ -772,8 +780,8 @@ cdef extern from *:
                           int inverse) nogil
     void posenc_half_in_place_dd(double* x, const double* c, const double* s, Py_ssize_t n,
                                    int inverse) nogil
-    void posenc_half_vec_dd(const double* x, double* out, const double* c, const double* s, Py_ssize_t n,
-                              int inverse) nogil
+    void posenc_half_vec_dd(const double* x, double* out, const double* c, const double* s,
+                            Py_ssize_t n, int inverse) nogil
     void posenc_half_in_place_vec_dd(double* x, const double* c, const double* s, Py_ssize_t n,
                                        int inverse) nogil
     void posenc_interleaved_dd(const double* x, double* out, const double* c, const double* s,
