@@ -426,6 +426,41 @@ def test_out_overlapping_the_cache():
     assert_array_equal(arena, arena_before)
 
 
+def _strided_cache_sharing_memory(kind):
+    """(x, cos, sin, out) where out shares memory with a non-contiguous cos.
+
+    A sliced or reversed cache reaches past its nbytes, or below its data
+    pointer: the overlap must still be seen.
+    """
+    sin = np.full((8, 4), 0.5)
+    if kind == "every other row":  # cos rows 4..7 lie inside out
+        arena = np.arange(256, dtype=np.float64) * 0.01
+        return np.ones((8, 8)), arena[:64].reshape(16, 4)[::2], sin, arena[32:96].reshape(8, 8)
+    if kind == "reversed, in place":  # cos lies below its data pointer, inside x
+        arena = np.linspace(0.1, 0.9, 128)
+        x = arena[:64].reshape(8, 8)
+        return x, arena.reshape(8, 16)[::-1, :4], sin, x
+    arena = random((8, 16), seed=3)  # "full-width slice": transformers' cos[..., :dim//2]
+    return np.ones((8, 8)), arena[:, :4], sin, arena.reshape(-1)[32:96].reshape(8, 8)
+
+
+@pytest.mark.parametrize("kind", ["every other row", "reversed, in place", "full-width slice"])
+@pytest.mark.parametrize("qk", [False, True])
+def test_out_overlapping_a_strided_cache(kind, qk):
+    x, cos, sin, out = _strided_cache_sharing_memory(kind)
+    assert np.shares_memory(out, cos)
+    cos_before, out_before = cos.copy(), out.copy()
+    if qk:
+        q = np.ones((2, 8, 8))
+        with pytest.raises(ValueError, match="overlaps"):
+            pf.apply_rotary_cos_sin_qk(q, x, cos, sin, out_k=out)
+    else:
+        with pytest.raises(ValueError, match="overlaps"):
+            pf.apply_rotary_cos_sin(x, cos, sin, out=out)
+    assert_array_equal(cos, cos_before)
+    assert_array_equal(out, out_before)
+
+
 @pytest.mark.parametrize("out, match", [
     (np.zeros((3, 8), np.float32), "out must have dtype float64"),
     (np.zeros((3, 9)), r"out must have shape \(3, 8\)"),

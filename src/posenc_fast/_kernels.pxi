@@ -478,7 +478,9 @@ cdef extern from *:
        faster (W1 float64 in place 1.15x against 1.35x of np.multiply), so
        large calls take them.  The arithmetic is the scalar loop's, lane by
        lane. */
-    #if (defined(__GNUC__) || defined(__clang__)) && (defined(__SSE2__) || defined(__aarch64__))
+    /* x86-64 and aarch64 only: there scalar code rounds as the vector lanes
+       do (32-bit x86 may compute scalars in x87 extended precision). */
+    #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__aarch64__))
     #if defined(__AVX512F__)
     #define POSENC_VECTOR_BYTES 64
     #define POSENC_MASK_ff(kind) POSENC_##kind##_16
@@ -1185,10 +1187,35 @@ cdef inline bint _fast_array(object x, Py_ssize_t dim):
             and cnp.PyArray_DIMS(arr)[cnp.PyArray_NDIM(arr) - 1] == dim)
 
 
+cdef inline void _byte_range(cnp.ndarray a, char** low, char** high):
+    # The lowest byte of a's elements and one past the highest, whatever its
+    # strides (a sliced or reversed cos/sin cache reaches past its nbytes, or
+    # below its data pointer).
+    cdef char* lo = <char*>cnp.PyArray_DATA(a)
+    cdef char* hi = lo + cnp.PyArray_ITEMSIZE(a)
+    cdef Py_ssize_t extent
+    cdef int k
+    for k in range(cnp.PyArray_NDIM(a)):
+        extent = cnp.PyArray_STRIDE(a, k) * (cnp.PyArray_DIMS(a)[k] - 1)
+        if extent < 0:
+            lo += extent
+        else:
+            hi += extent
+    low[0] = lo
+    high[0] = hi
+
+
 cdef inline bint _disjoint(cnp.ndarray a, cnp.ndarray b):
-    cdef char* a0 = <char*>cnp.PyArray_DATA(a)
-    cdef char* b0 = <char*>cnp.PyArray_DATA(b)
-    return a0 + cnp.PyArray_NBYTES(a) <= b0 or b0 + cnp.PyArray_NBYTES(b) <= a0
+    # True if a and b cannot share memory (False may be a false alarm).
+    cdef char* a_low
+    cdef char* a_high
+    cdef char* b_low
+    cdef char* b_high
+    if cnp.PyArray_SIZE(a) == 0 or cnp.PyArray_SIZE(b) == 0:
+        return True
+    _byte_range(a, &a_low, &a_high)
+    _byte_range(b, &b_low, &b_high)
+    return a_high <= b_low or b_high <= a_low
 
 
 cdef object _fast_out(cnp.ndarray x, object out, tuple others):
