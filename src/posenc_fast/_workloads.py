@@ -390,6 +390,34 @@ def _compile(torch, func, *example):
     return compiled
 
 
+def _torch_builders(make_func, arrays, check) -> dict:
+    """The "torch" and "torch.compile" builders of a workload.
+
+    `make_func(torch)` returns the function timed, called on torch views of
+    `arrays`; `check` gets its result as NumPy (one array or a tuple).
+    """
+    def builder(compiled):
+        def build():
+            torch = torch_or_unavailable()
+            tensors = [torch.from_numpy(a) for a in arrays]
+            func = make_func(torch)
+            if compiled:
+                func = _compile(torch, func, *tensors)
+
+            def run():
+                return func(*tensors)
+
+            def verify():
+                result = run()
+                if isinstance(result, tuple):
+                    return check(tuple(t.numpy() for t in result))
+                return check(result.numpy())
+            return Impl("torch.compile" if compiled else "torch",
+                        "torch.compile" if compiled else "PyTorch eager", run, verify)
+        return build
+    return {"torch": builder(False), "torch.compile": builder(True)}
+
+
 def rope_inv_freq(dim: int = ROPE_DIM, base: float = BASE) -> np.ndarray:
     """inv_freq[i] = base ** (-2i/dim) with Python's pow, as reference.py computes it."""
     return np.array([base ** (-2 * i / dim) for i in range(dim // 2)])
@@ -527,25 +555,10 @@ def _rope_case(key, title, dtype, shape, positions, offset, *, in_place=False, g
             return numpy_rope_half(x0, pos_b, inv_freq)
         return Impl("numpy", "NumPy expression", run, lambda: case.check(run()))
 
-    def torch_impl(compiled):
-        def build():
-            torch = torch_or_unavailable()
-            tx = torch.from_numpy(x0)
-            tp = torch.from_numpy(np.ascontiguousarray(pos_b, dtype=np.float64))
-            ti = torch.from_numpy(inv_freq)
-            func = _torch_rope_half(torch)
-            if compiled:
-                func = _compile(torch, func, tx, tp, ti)
-
-            def run():
-                return func(tx, tp, ti)
-            return Impl("torch.compile" if compiled else "torch",
-                        "torch.compile" if compiled else "PyTorch eager", run,
-                        lambda: case.check(run().numpy()))
-        return build
-
     builders = {"posenc_fast": ours, "limit": limit, "numpy": numpy_expr,
-                "torch": torch_impl(False), "torch.compile": torch_impl(True)}
+                **_torch_builders(_torch_rope_half,
+                                  (x0, np.ascontiguousarray(pos_b, dtype=np.float64), inv_freq),
+                                  lambda result: case.check(result))}
     case = Case(key, title, dtype, tuple(shape), 2 * nbytes,
                 "np.multiply(x, 1, out=x)" if in_place else "np.copyto(out, x)", goal,
                 goal_text, builders, reference,
@@ -598,36 +611,21 @@ def _apply_qk_case(dtype, q_shape, k_shape):
             return q0 * cos + _rotate_half(q0) * sin, k0 * cos + _rotate_half(k0) * sin
         return Impl("numpy", "NumPy expression", run, lambda: case.check(run()))
 
-    def torch_impl(compiled):
-        def build():
-            torch = torch_or_unavailable()
-            tq, tk = torch.from_numpy(q0), torch.from_numpy(k0)
-            tp, ti = torch.from_numpy(pos), torch.from_numpy(inv_freq)
+    def torch_qk(torch):
+        def func(q, k, p, inv):
+            angles = p[:, None] * inv
+            emb = torch.cat((angles, angles), dim=-1)
+            cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+            half = q.shape[-1] // 2
 
-            def func(q, k, p, inv):
-                angles = p[:, None] * inv
-                emb = torch.cat((angles, angles), dim=-1)
-                cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-                half = q.shape[-1] // 2
-
-                def rot(x):
-                    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-                return rot(q), rot(k)
-            if compiled:
-                func = _compile(torch, func, tq, tk, tp, ti)
-
-            def run():
-                return func(tq, tk, tp, ti)
-
-            def verify():
-                rq, rk = run()
-                return case.check((rq.numpy(), rk.numpy()))
-            return Impl(("torch.compile" if compiled else "torch"),
-                        "torch.compile" if compiled else "PyTorch eager", run, verify)
-        return build
+            def rot(x):
+                return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+            return rot(q), rot(k)
+        return func
 
     builders = {"posenc_fast": ours, "limit": limit, "numpy": numpy_expr,
-                "torch": torch_impl(False), "torch.compile": torch_impl(True)}
+                **_torch_builders(torch_qk, (q0, k0, pos, inv_freq),
+                                  lambda result: case.check(result))}
     case = Case("apply_qk", "apply_qk q+k (GQA 32/8 heads)", dtype,
                 tuple(q_shape) + tuple(k_shape), 2 * (q0.nbytes + k0.nbytes),
                 "np.copyto q and k", 1.15, "<= 1.15x", builders, reference,
@@ -679,30 +677,17 @@ def _cos_sin_case(dtype, n):
             return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
         return Impl("numpy", "NumPy expression", run, lambda: case.check(run()))
 
-    def torch_impl(compiled):
-        def build():
-            torch = torch_or_unavailable()
-            tp, ti = torch.from_numpy(pos64), torch.from_numpy(inv_freq)
-            tdtype = getattr(torch, dtype.name)
+    def torch_cos_sin(torch):
+        tdtype = getattr(torch, dtype.name)
 
-            def func(p, inv):
-                angles = torch.outer(p, inv)
-                return angles.cos().to(tdtype), angles.sin().to(tdtype)
-            if compiled:
-                func = _compile(torch, func, tp, ti)
-
-            def run():
-                return func(tp, ti)
-
-            def verify():
-                c, s = run()
-                return case.check((c.numpy(), s.numpy()))
-            return Impl("torch.compile" if compiled else "torch",
-                        "torch.compile" if compiled else "PyTorch eager", run, verify)
-        return build
+        def func(p, inv):
+            angles = torch.outer(p, inv)
+            return angles.cos().to(tdtype), angles.sin().to(tdtype)
+        return func
 
     builders = {"posenc_fast": ours, "limit": limit, "numpy": numpy_expr,
-                "torch": torch_impl(False), "torch.compile": torch_impl(True)}
+                **_torch_builders(torch_cos_sin, (pos64, inv_freq),
+                                  lambda result: case.check(result))}
     case = Case("w4_cos_sin", "W4 cos/sin table", dtype, (n, half), 2 * n * half * dtype.itemsize,
                 "out.fill(1.0) on both", 3.0, "<= 3x", builders, reference,
                 max_angle=float(n - 1) * float(inv_freq.max()),
@@ -763,30 +748,19 @@ def _sinusoidal_case(dtype, length, dim):
             return table
         return Impl("numpy", "NumPy expression", run, lambda: case.check(run()))
 
-    def torch_impl(compiled):
-        def build():
-            torch = torch_or_unavailable()
-            tp, tf = torch.from_numpy(pos64), torch.from_numpy(freqs)
-            tdtype = getattr(torch, dtype.name)
+    def torch_table(torch):
+        tdtype = getattr(torch, dtype.name)
 
-            def func(p, f):
-                angles = torch.outer(p, f)
-                table = torch.empty((length, dim), dtype=tdtype)
-                table[:, 0::2] = angles.sin()
-                table[:, 1::2] = angles[:, : dim // 2].cos()
-                return table
-            if compiled:
-                func = _compile(torch, func, tp, tf)
-
-            def run():
-                return func(tp, tf)
-            return Impl("torch.compile" if compiled else "torch",
-                        "torch.compile" if compiled else "PyTorch eager", run,
-                        lambda: case.check(run().numpy()))
-        return build
+        def func(p, f):
+            angles = torch.outer(p, f)
+            table = torch.empty((length, dim), dtype=tdtype)
+            table[:, 0::2] = angles.sin()
+            table[:, 1::2] = angles[:, : dim // 2].cos()
+            return table
+        return func
 
     builders = {"posenc_fast": ours, "limit": limit, "numpy": numpy_expr,
-                "torch": torch_impl(False), "torch.compile": torch_impl(True)}
+                **_torch_builders(torch_table, (pos64, freqs), lambda result: case.check(result))}
     case = Case(f"w5_sinusoidal_{length}x{dim}", f"W5 sinusoidal_table {length}x{dim}", dtype,
                 (length, dim), length * dim * dtype.itemsize, "out.fill(1.0)", 3.0, "<= 3x",
                 builders, reference, max_angle=float(length - 1) * float(freqs.max()),
