@@ -1035,6 +1035,11 @@ cdef inline int _threads_for(Py_ssize_t elements) noexcept nogil:
     return <int>max(<Py_ssize_t>1, min(<Py_ssize_t>_thread_limit, n))
 
 
+cdef inline Py_ssize_t _positions_per_block(Py_ssize_t npairs, Py_ssize_t itemsize) noexcept nogil:
+    # Positions whose cos/sin rows take about POSITION_BLOCK_BYTES (half an L2).
+    return max(<Py_ssize_t>16, POSITION_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
+
+
 cdef struct RowPlan:
     # Rows of x as (outer, seq, inner); row (o, s, i) uses cache row
     # base + (positions[s] if positions else s).
@@ -1051,9 +1056,7 @@ cdef void _rotate_planned(const data_t* x, data_t* out, const data_t* table, Row
                           Py_ssize_t dim, Py_ssize_t npairs, bint half, bint inverse,
                           int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
-    # Positions per block: their cos/sin rows take about half an L2.
-    cdef Py_ssize_t block = max(<Py_ssize_t>16, POSITION_BLOCK_BYTES
-                                // (2 * max(npairs, <Py_ssize_t>1) * <Py_ssize_t>sizeof(data_t)))
+    cdef Py_ssize_t block = _positions_per_block(npairs, sizeof(data_t))
     cdef Py_ssize_t nitems = (plan.seq + block - 1) // block * plan.outer
     cdef Py_ssize_t item
     cdef RowFlags flags = _row_flags(plan.outer * plan.seq * plan.inner * dim
@@ -1526,8 +1529,7 @@ cdef void _rotate_walk(const data_t* x, data_t* out, const table_t* c, const tab
             for j in range(k + 1, walk.naxes):
                 inner *= walk.shape[j]
             outer = walk.rows // (heads * inner)
-            block = max(<Py_ssize_t>16, POSITION_BLOCK_BYTES
-                        // (2 * walk.npairs * <Py_ssize_t>sizeof(table_t)))
+            block = _positions_per_block(walk.npairs, sizeof(table_t))
             break
     nblocks = (inner + block - 1) // block
     if num_threads == 1:
