@@ -589,8 +589,6 @@ cdef extern from *:
     POSENC_VECTOR_ROTATION(float, int32_t, ff)
     POSENC_VECTOR_ROTATION(double, int64_t, dd)
     /* Mixed types convert to the wider one: scalar loops only. */
-    #define posenc_half_vectors_fd(xa, xb, oa, ob, c, s, n, inverse) ((Py_ssize_t)0)
-    #define posenc_half_vectors_df(xa, xb, oa, ob, c, s, n, inverse) ((Py_ssize_t)0)
     #define posenc_interleaved_vectors_fd(x, out, c, s, n, inverse) ((Py_ssize_t)0)
     #define posenc_interleaved_vectors_df(x, out, c, s, n, inverse) ((Py_ssize_t)0)
 
@@ -674,29 +672,6 @@ cdef extern from *:
         else if (n == 32) posenc_half_in_place_body_##SFX(x, x + 32, c, s, 0, 32, inverse); \
         else posenc_half_in_place_body_##SFX(x, x + n, c, s, 0, n, inverse);                \
     }                                                                                       \
-    /* The same through explicit vectors, for rows in cache. */                             \
-    POSENC_ALWAYS_INLINE void posenc_half_vec_row_##SFX(                                    \
-            const T* x, T* out, const C* c, const C* s, Py_ssize_t n, int inverse) {        \
-        Py_ssize_t first = posenc_half_vectors_##SFX(x, x + n, out, out + n, c, s, n, inverse); \
-        posenc_half_body_##SFX(x, x + n, out, out + n, c, s, first, n, inverse);            \
-    }                                                                                       \
-    static void posenc_half_vec_##SFX(const T* x, T* out, const C* c, const C* s, Py_ssize_t n, \
-                                      int inverse) {                                        \
-        if (n == 64) posenc_half_vec_row_##SFX(x, out, c, s, 64, inverse);                  \
-        else if (n == 32) posenc_half_vec_row_##SFX(x, out, c, s, 32, inverse);             \
-        else posenc_half_vec_row_##SFX(x, out, c, s, n, inverse);                           \
-    }                                                                                       \
-    POSENC_ALWAYS_INLINE void posenc_half_in_place_vec_row_##SFX(                           \
-            T* x, const C* c, const C* s, Py_ssize_t n, int inverse) {                      \
-        Py_ssize_t first = posenc_half_vectors_##SFX(x, x + n, x, x + n, c, s, n, inverse); \
-        posenc_half_in_place_body_##SFX(x, x + n, c, s, first, n, inverse);                 \
-    }                                                                                       \
-    static void posenc_half_in_place_vec_##SFX(T* x, const C* c, const C* s, Py_ssize_t n,  \
-                                               int inverse) {                               \
-        if (n == 64) posenc_half_in_place_vec_row_##SFX(x, c, s, 64, inverse);              \
-        else if (n == 32) posenc_half_in_place_vec_row_##SFX(x, c, s, 32, inverse);         \
-        else posenc_half_in_place_vec_row_##SFX(x, c, s, n, inverse);                       \
-    }                                                                                       \
     /* out is x or does not overlap it.  Vectors first at every size: for this              \
        layout they were faster from memory too (W1 in place 1.54x -> 1.24x). */             \
     POSENC_ALWAYS_INLINE void posenc_interleaved_row_##SFX(                                 \
@@ -742,6 +717,33 @@ cdef extern from *:
     POSENC_ROTATE_FUNCTIONS(float, double, fd)
     POSENC_ROTATE_FUNCTIONS(double, float, df)
     POSENC_ROTATE_FUNCTIONS(double, double, dd)
+
+    /* Half-layout rows of one type through explicit vectors, for rows in cache. */
+    #define POSENC_HALF_VECTOR_FUNCTIONS(T, SFX)                                            \
+    POSENC_ALWAYS_INLINE void posenc_half_vec_row_##SFX(                                    \
+            const T* x, T* out, const T* c, const T* s, Py_ssize_t n, int inverse) {        \
+        Py_ssize_t first = posenc_half_vectors_##SFX(x, x + n, out, out + n, c, s, n, inverse); \
+        posenc_half_body_##SFX(x, x + n, out, out + n, c, s, first, n, inverse);            \
+    }                                                                                       \
+    static void posenc_half_vec_##SFX(const T* x, T* out, const T* c, const T* s, Py_ssize_t n, \
+                                      int inverse) {                                        \
+        if (n == 64) posenc_half_vec_row_##SFX(x, out, c, s, 64, inverse);                  \
+        else if (n == 32) posenc_half_vec_row_##SFX(x, out, c, s, 32, inverse);             \
+        else posenc_half_vec_row_##SFX(x, out, c, s, n, inverse);                           \
+    }                                                                                       \
+    POSENC_ALWAYS_INLINE void posenc_half_in_place_vec_row_##SFX(                           \
+            T* x, const T* c, const T* s, Py_ssize_t n, int inverse) {                      \
+        Py_ssize_t first = posenc_half_vectors_##SFX(x, x + n, x, x + n, c, s, n, inverse); \
+        posenc_half_in_place_body_##SFX(x, x + n, c, s, first, n, inverse);                 \
+    }                                                                                       \
+    static void posenc_half_in_place_vec_##SFX(T* x, const T* c, const T* s, Py_ssize_t n,  \
+                                               int inverse) {                               \
+        if (n == 64) posenc_half_in_place_vec_row_##SFX(x, c, s, 64, inverse);              \
+        else if (n == 32) posenc_half_in_place_vec_row_##SFX(x, c, s, 32, inverse);         \
+        else posenc_half_in_place_vec_row_##SFX(x, c, s, n, inverse);                       \
+    }
+    POSENC_HALF_VECTOR_FUNCTIONS(float, ff)
+    POSENC_HALF_VECTOR_FUNCTIONS(double, dd)
     """
     void posenc_sfence() nogil
     void posenc_half_ff(const float* x, float* out, const float* c, const float* s, Py_ssize_t n,
