@@ -1,0 +1,156 @@
+"""Hashes of results over a fixed set of calls: the bitwise record of the kernels.
+
+``python tests/golden/golden.py record`` writes ``golden.json`` beside this
+file; ``python tests/golden/golden.py check`` recomputes every hash and exits
+non-zero on a difference.  ``test_golden.py`` runs ``check`` under every ISA
+variant the CPU supports and several thread counts: a refactor of the kernels
+must reproduce the record bit for bit.
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import posenc_fast as pf
+
+RECORD = Path(__file__).with_name("golden.json")
+
+
+def _hash(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:24]
+
+
+def _data(shape, dtype, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _rope_calls(dtype, name):
+    yield from ()
+    rng_positions = np.random.default_rng(7).integers(0, 1 << 20, size=(37,))
+    for layout in ("half", "interleaved"):
+        for rotary_dim in (None, 48, 2):
+            tag = f"{name}-{layout}-{rotary_dim}"
+            rope = pf.RotaryEmbedding(64, layout=layout, rotary_dim=rotary_dim)
+            x = _data((2, 3, 37, 64), dtype, 1)
+            yield f"rope.apply-{tag}", lambda r=rope, x=x: r.apply(x)
+            yield f"rope.apply-offset-{tag}", lambda r=rope, x=x: r.apply(x, offset=4093)
+            yield (f"rope.apply-positions-{tag}",
+                   lambda r=rope, x=x: r.apply(x, rng_positions))
+            yield (f"rope.apply-float-positions-{tag}",
+                   lambda r=rope, x=x: r.apply(x, rng_positions + 0.25))
+            yield (f"rope.inverse-{tag}",
+                   lambda r=rope, x=x: r.apply(x, offset=77, inverse=True))
+
+            def in_place(r=rope, x=x):
+                y = x.copy()
+                r.apply(y, offset=5, out=y)
+                return y
+            yield f"rope.apply-in-place-{tag}", in_place
+            k = _data((2, 1, 37, 64), dtype, 2)
+            yield (f"rope.apply_qk-{tag}",
+                   lambda r=rope, x=x, k=k: r.apply_qk(x, k, offset=1000))
+            yield (f"apply_rotary-{tag}",
+                   lambda x=x, layout=layout, rd=rotary_dim: pf.apply_rotary(
+                       x, layout=layout, rotary_dim=rd, interpolation_factor=4.0))
+        cos, sin = pf.RotaryEmbedding(64, layout=layout).cos_sin(np.arange(300), dtype=dtype)
+        x = _data((2, 4, 300, 64), dtype, 3)
+        k = _data((2, 2, 300, 64), dtype, 4)
+        yield (f"apply_rotary_cos_sin-{name}-{layout}",
+               lambda x=x, c=cos, s=sin, lay=layout: pf.apply_rotary_cos_sin(x, c, s, layout=lay))
+        yield (f"apply_rotary_cos_sin-sliced-{name}-{layout}",
+               lambda x=x, c=cos, s=sin, lay=layout: pf.apply_rotary_cos_sin(
+                   x[..., :48], c[:, :24], s[:, :24], layout=lay))
+        yield (f"apply_rotary_cos_sin-positions-{name}-{layout}",
+               lambda x=x, c=cos, s=sin, lay=layout: pf.apply_rotary_cos_sin(
+                   x, c, s, np.arange(300)[::-1].copy(), layout=lay))
+        yield (f"apply_rotary_cos_sin_qk-{name}-{layout}",
+               lambda x=x, k=k, c=cos, s=sin, lay=layout: pf.apply_rotary_cos_sin_qk(
+                   x, k, c, s, layout=lay))
+        # Past the prefetch (1 MiB) and streaming (16 MiB) thresholds.
+        big = _data((1, 8, 2200 if dtype == np.float64 else 4400, 128), dtype, 5)
+        rope = pf.RotaryEmbedding(128, layout=layout)
+        yield f"rope.apply-17MiB-{name}-{layout}", lambda r=rope, b=big: r.apply(b)
+
+        def big_in_place(r=rope, b=big):
+            y = b.copy()
+            r.apply(y, out=y)
+            return y
+        yield f"rope.apply-17MiB-in-place-{name}-{layout}", big_in_place
+    for scaling in ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+                    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                    {"rope_type": "dynamic", "factor": 2.0,
+                     "original_max_position_embeddings": 1024}):
+        rope = pf.RotaryEmbedding(128, layout="half", scaling=scaling)
+        x = _data((1, 2, 3000, 128), dtype, 6)
+        yield f"rope.scaled-{scaling['rope_type']}-{name}", lambda r=rope, x=x: r.apply(x)
+        yield (f"rope.cos_sin-{scaling['rope_type']}-{name}",
+               lambda r=rope: r.cos_sin(np.arange(0, 70000, 7), dtype=dtype))
+
+
+def _table_calls(dtype, name):
+    yield f"sinusoidal_table-{name}", lambda: pf.sinusoidal_table(5000, 130, dtype=dtype)
+    yield (f"sinusoidal_table-offset-{name}",
+           lambda: pf.sinusoidal_table(700, 63, offset=(1 << 20) - 3, dtype=dtype))
+    yield (f"sinusoidal-{name}",
+           lambda: pf.sinusoidal(np.linspace(0, 1000, 257), 64, dtype=dtype))
+    x = _data((3, 600, 96), dtype, 8)
+    yield f"add_sinusoidal-{name}", lambda x=x: pf.add_sinusoidal(x, offset=11)
+    table = _data((900, 96), np.float32, 9)
+    yield (f"add_position_table-{name}",
+           lambda x=x, t=table: pf.add_position_table(x, t, offset=250))
+    scores = _data((8, 300, 300), dtype, 10)
+    yield f"add_alibi-{name}", lambda s=scores: pf.add_alibi(s)
+    yield f"add_alibi-noncausal-{name}", lambda s=scores: pf.add_alibi(s, causal=False, offset=9)
+    yield f"alibi_bias-{name}", lambda: pf.alibi_bias(12, 40, 70, dtype=dtype)
+
+
+def _int_calls():
+    yield "alibi_slopes", lambda: pf.alibi_slopes(24)
+    yield "relative_position_index", lambda: pf.relative_position_index(33, 50, max_distance=7)
+    yield "t5_relative_bucket", lambda: pf.t5_relative_bucket(64, 90, bidirectional=False)
+
+
+def calls():
+    """(name, zero-argument function) for every recorded call."""
+    for dtype, name in ((np.float32, "f32"), (np.float64, "f64")):
+        yield from _rope_calls(dtype, name)
+        yield from _table_calls(dtype, name)
+    yield from _int_calls()
+
+
+def compute() -> dict:
+    result = {}
+    for name, call in calls():
+        value = call()
+        result[name] = _hash(*(value if isinstance(value, tuple) else (value,)))
+    return result
+
+
+def main(argv) -> int:
+    mode = argv[1] if len(argv) > 1 else "check"
+    hashes = compute()
+    if mode == "record":
+        RECORD.write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+        print(f"recorded {len(hashes)} hashes")
+        return 0
+    expected = json.loads(RECORD.read_text())
+    differ = sorted(k for k in expected if hashes.get(k) != expected[k])
+    missing = sorted(set(hashes) ^ set(expected))
+    for name in differ + missing:
+        print(f"DIFFERS: {name}")
+    print(f"{len(expected) - len(differ)} of {len(expected)} hashes equal "
+          f"({pf.build_info()['isa_in_use']}, {pf.get_num_threads()} threads)")
+    return 1 if differ or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
