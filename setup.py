@@ -4,12 +4,16 @@ Metadata lives in pyproject.toml; this file only lists the extensions and
 their flags.
 
 * Every ``src/posenc_fast/*.pyx`` becomes an extension module.
-* The hot kernels (``_kernels.pxi``) are compiled once per instruction set:
-  ``_kernels_baseline`` with the compiler's portable default, and on x86-64
-  ``_kernels_avx2`` with ``-mavx2 -mfma`` (and, opt-in, ``_kernels_avx512``).  The
-  package picks the best one the running CPU supports at import
+* ``csrc/posenc_kernels.h`` is generated from its Tempita template (the
+  row kernels of every dtype and the table of function pointers to them).
+* The row kernels are compiled once per instruction set: into ``_core`` (the
+  module compiled once, with the compiler's portable default) and on x86-64
+  into ``_isa_avx2`` (``-mavx2 -mf16c``) and, opt-in, ``_isa_avx512``.  The
+  package asks the CPU first and imports only a variant it supports
   (``posenc_fast._dispatch``), so a wheel never executes an instruction the
-  machine lacks.
+  machine lacks.  No variant enables FMA: with ``-ffp-contract=off`` GCC
+  still fused alternating -/+ into vfmaddsub, and every variant must round
+  as the baseline does.
 * OpenMP is used when a probe program compiles, links and runs with
   ``-fopenmp``; otherwise the kernels are built without it and run on one
   thread.
@@ -19,7 +23,8 @@ Environment variables (build time):
 ``POSENC_FAST_NATIVE=1``
     add ``-march=native`` to the baseline build (not distributable).
 ``POSENC_FAST_ISA_VARIANTS=baseline``
-    comma list of variants to build (default: baseline,avx2; avx512 is opt-in).
+    comma list of variants to build (default: baseline,avx2; avx512 is opt-in;
+    baseline is always built, into ``_core``).
 ``POSENC_FAST_DEBUG=1``
     turn Cython bounds checks on and build with ``-O0 -g``.
 ``POSENC_FAST_SANITIZE=address,undefined``
@@ -38,16 +43,18 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from Cython import Tempita
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
 PKG = Path("src") / "posenc_fast"
+CSRC = PKG / "csrc"
 
 ISA_FLAGS = {
     "baseline": [],
-    "avx2": ["-mavx2", "-mfma", "-mf16c"],
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+    "avx2": ["-mavx2", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mf16c"],
 }
 # AVX-512 is opt-in: on the project's benchmark machine (AMD EPYC, Zen 5) the
 # AVX-512 build of these memory-bound loops ran 1.3-2x slower than AVX2
@@ -106,6 +113,15 @@ def _isa_variants() -> list[str]:
     return [n for n in names if n == "baseline" or _probe("int main(void){return 0;}\n", ISA_FLAGS[n])]
 
 
+def _generate_sources() -> None:
+    """Write every ``csrc/*.tp`` template out as the file it names (if changed)."""
+    for template in sorted((HERE / CSRC).glob("*.tp")):
+        text = Tempita.sub(template.read_text())
+        target = template.with_suffix("")
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+
 def _extensions() -> list[Extension]:
     openmp = _openmp_flags()
     common = ["-O0", "-g"] if DEBUG else ["-O3"]
@@ -117,21 +133,21 @@ def _extensions() -> list[Extension]:
         link += [f"-fsanitize={SANITIZE}"]
     native = os.environ.get("POSENC_FAST_NATIVE", "") not in ("", "0")
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+    kernel_macros = macros + [("POSENC_DEFINE_KERNELS", "1")]
 
-    def ext(name: str, source: Path, isa: list[str] = ()) -> Extension:
-        return Extension(f"posenc_fast.{name}", [str(source)],
-                         include_dirs=[np.get_include()], define_macros=macros,
+    def ext(name: str, isa: list[str] = (), kernels: bool = False) -> Extension:
+        return Extension(f"posenc_fast.{name}", [str(PKG / f"{name}.pyx")],
+                         include_dirs=[np.get_include(), str(CSRC)],
+                         define_macros=kernel_macros if kernels else macros,
                          extra_compile_args=[*common, *openmp, *isa], extra_link_args=link)
 
-    exts = []
+    exts = [ext("_core", ["-march=native"] if native else [], kernels=True)]
     for variant in _isa_variants():
-        isa = list(ISA_FLAGS[variant])
-        if variant == "baseline" and native:
-            isa.append("-march=native")
-        exts.append(ext(f"_kernels_{variant}", PKG / f"_kernels_{variant}.pyx", isa))
+        if variant != "baseline":
+            exts.append(ext(f"_isa_{variant}", ISA_FLAGS[variant], kernels=True))
     for pyx in sorted((HERE / PKG).glob("*.pyx")):
-        if not pyx.stem.startswith("_kernels_"):
-            exts.append(ext(pyx.stem, PKG / pyx.name))
+        if not pyx.stem.startswith(("_isa_", "_core")):
+            exts.append(ext(pyx.stem))
     return exts
 
 
@@ -143,5 +159,6 @@ directives = {
     "cdivision": True,
     "embedsignature": True,
 }
+_generate_sources()
 setup(ext_modules=cythonize(_extensions(), compiler_directives=directives,
                             compile_time_env={}, quiet=True))

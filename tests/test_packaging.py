@@ -71,8 +71,9 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
 
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    for needed in ("pyproject.toml", "setup.py", "README.md", "src/posenc_fast/_kernels.pxi",
-                   "src/posenc_fast/_kernels_baseline.pyx", "src/posenc_fast/_cpu.pyx",
+    for needed in ("pyproject.toml", "setup.py", "README.md", "src/posenc_fast/_core.pyx",
+                   "src/posenc_fast/_kernel_table.pxd", "src/posenc_fast/_isa_avx2.pyx",
+                   "src/posenc_fast/csrc/posenc_kernels.h.tp", "src/posenc_fast/_cpu.pyx",
                    "src/posenc_fast/_cpu.pyi", "src/posenc_fast/py.typed",
                    "src/posenc_fast/reference.py", "tests/test_cli.py",
                    "examples/typing_example.py"):
@@ -81,9 +82,9 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
 
     with zipfile.ZipFile(wheels[0]) as archive:
         files = set(archive.namelist())
-    assert "posenc_fast/py.typed" in files and "posenc_fast/_kernels_baseline.pyi" in files
-    assert any(re.match(r"posenc_fast/_kernels_baseline\..*(so|pyd)$", f) for f in files)
-    assert not [f for f in files if f.endswith((".pyx", ".pxi", ".c"))]
+    assert "posenc_fast/py.typed" in files and "posenc_fast/_core.pyi" in files
+    assert any(re.match(r"posenc_fast/_core\..*(so|pyd)$", f) for f in files)
+    assert not [f for f in files if f.endswith((".pyx", ".pxi", ".pxd", ".c", ".h", ".tp"))]
 
     venv = tmp_path / "venv"
     _step("create venv", [sys.executable, "-m", "venv", venv], tmp_path, timings)

@@ -2,7 +2,7 @@
 """What the running CPU supports and which compiler built this package.
 
 Compiled with the portable baseline flags only, so that it is safe to import
-on any CPU; it decides which ``_kernels_<variant>`` module may be loaded.
+on any CPU; it decides which ``_isa_<variant>`` module may be loaded.
 """
 
 cdef extern from *:
@@ -11,7 +11,7 @@ cdef extern from *:
     static int posenc_cpu_has(int which) {
         __builtin_cpu_init();
         switch (which) {
-        case 0: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case 0: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
         case 1: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
                     && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
         }

@@ -1,35 +1,34 @@
-"""Load the kernel module built for the best instruction set of this CPU.
+"""Choose the row kernels for this CPU, then load only those.
 
-setup.py compiles ``_kernels.pxi`` once per variant (``baseline`` always;
-``avx2`` and ``avx512`` on x86-64).  Every variant gives bitwise the same
-results (no FMA contraction, no fast-math); the wider ones are only faster.
+``_core`` (compiled once, portable flags) carries the baseline kernels.
+setup.py also compiles them into ``_isa_avx2`` (and, opt-in,
+``_isa_avx512``) with wider instruction sets.  This module asks the CPU
+what it supports (``_cpu``, portable) before importing any variant: a
+variant's module may use its instructions anywhere, its init included, so
+importing it on a CPU without them would kill the interpreter.  Every
+variant gives bitwise the same results; the wider ones are only faster.
 The environment variable ``POSENC_FAST_ISA`` (``baseline``, ``avx2``,
 ``avx512``) forces a variant, if it was built and the CPU supports it.
 """
 
 import importlib
+import importlib.util
 import os
 import warnings
-from types import ModuleType
 
-from . import _cpu
+from . import _core, _cpu
 
 ENV_VAR = "POSENC_FAST_ISA"
 # Best first.
 PREFERENCE = ("avx512", "avx2", "baseline")
 
 
-def _built_variants() -> dict[str, ModuleType]:
-    modules = {}
-    for name in PREFERENCE:
-        try:
-            modules[name] = importlib.import_module(f"posenc_fast._kernels_{name}")
-        except ImportError:
-            pass
-    return modules
+def _built(name: str) -> bool:
+    # Looks for the module file without executing it.
+    return name == "baseline" or importlib.util.find_spec(f"posenc_fast._isa_{name}") is not None
 
 
-def _choose(built: dict[str, ModuleType], supported: list[str]) -> str:
+def _choose(built: list[str], supported: list[str]) -> str:
     usable = [name for name in PREFERENCE if name in built and name in supported]
     requested = os.environ.get(ENV_VAR, "").strip().lower()
     if requested:
@@ -40,10 +39,9 @@ def _choose(built: dict[str, ModuleType], supported: list[str]) -> str:
     return usable[0]
 
 
-BUILT = _built_variants()
-if "baseline" not in BUILT:
-    raise ImportError("posenc_fast: the compiled kernels (_kernels_baseline) are missing; "
-                      "reinstall with `pip install .`")
+BUILT = [name for name in PREFERENCE if _built(name)]
 CPU_SUPPORTS = _cpu.cpu_supports()
 ISA_IN_USE = _choose(BUILT, CPU_SUPPORTS)
-kernels = BUILT[ISA_IN_USE]
+if ISA_IN_USE != "baseline":
+    _core.use_kernels(importlib.import_module(f"posenc_fast._isa_{ISA_IN_USE}").KERNELS)
+kernels = _core

@@ -40,7 +40,7 @@ def _from_environment() -> int:
 
 
 _num_threads = _from_environment()
-kernels.set_thread_limit(min(_num_threads, MAX_KERNEL_THREADS))
+kernels.set_thread_limit(min(_num_threads, MAX_KERNEL_THREADS), MIN_ELEMENTS_PER_THREAD)
 
 
 def set_num_threads(n: int) -> None:
@@ -66,7 +66,7 @@ def set_num_threads(n: int) -> None:
     n = int(n.__index__())
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    kernels.set_thread_limit(min(n, MAX_KERNEL_THREADS))
+    kernels.set_thread_limit(min(n, MAX_KERNEL_THREADS), MIN_ELEMENTS_PER_THREAD)
     _num_threads = n
 
 

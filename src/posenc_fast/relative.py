@@ -4,7 +4,7 @@ These do not touch the token embeddings; they give each (query, key) pair a
 value that depends only on the distance ``k_pos - q_pos``: an additive bias
 on the attention scores (ALiBi) or an integer bucket that indexes a learned
 table (Shaw et al., T5).  This module checks the arguments and allocates;
-the loops over ``(q_len, k_len)`` are in ``_relative.pxi`` (part of the kernels).
+the loops over ``(q_len, k_len)`` are in ``_core_relative.pxi`` (part of the compiled layer).
 
 Positions: query ``i`` sits at ``q_pos = offset + i`` and key ``j`` at
 ``k_pos = j``.  ``k_len`` defaults to ``offset + q_len``: the keys are the
@@ -271,7 +271,7 @@ def relative_position_index(q_len: int, k_len: int | None = None, *, max_distanc
 
 
 def _distance_vector(q_len: int, k_len: int) -> np.ndarray:
-    # One entry per distance that occurs (see _relative.pxi); none for an empty result.
+    # One entry per distance that occurs (see _core_relative.pxi); none for an empty result.
     return np.empty(q_len + k_len - 1 if q_len and k_len else 0, dtype=np.int64)
 
 

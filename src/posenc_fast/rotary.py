@@ -3,10 +3,9 @@
 Every call reduces to the same two kernels: a cos/sin table with one row per
 distinct position (float64 angles, rounded once to the data's dtype, the
 attention factor folded in), and a rotation of every row of x by the table
-row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` are
-compiled (``RotaryBase`` in ``_kernels.pxi``): the common case runs there
-with a per-instance table cache, and everything else comes back to the
-general versions below.  Scaling methods only change the frequencies and the
+row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` first try
+their compiled fast path (``_core.RotaryFastPath``, with a per-instance
+table cache); everything else takes the general versions below.  Scaling methods only change the frequencies and the
 factor (see ``_frequencies``), never the kernels.
 """
 
@@ -15,7 +14,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -25,11 +24,6 @@ from ._dispatch import kernels
 from ._frequencies import resolve_rope_scaling
 from ._rows import RowOutput, cos_sin_table, row_index, row_table
 from ._threads import threads_for
-
-if TYPE_CHECKING:  # every variant has the same API; the stub of one types them all
-    from ._kernels_baseline import RotaryBase
-else:
-    RotaryBase = kernels.RotaryBase
 
 
 def _flag(value: object, name: str) -> bool:
@@ -86,7 +80,7 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, 
     return rows.result()
 
 
-class RotaryEmbedding(RotaryBase):
+class RotaryEmbedding:
     """Rotary position embedding for query/key arrays of head dimension `dim`.
 
     Pair ``i`` at position ``p`` is rotated by ``theta = p * inv_freq[i]``:
@@ -145,9 +139,10 @@ class RotaryEmbedding(RotaryBase):
         self._layout = layout
         self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
                                                  rotary_dim=rotary_dim, base=base)
-        self._init_fast_path(dim, rotary_dim, layout == "half", self._frequencies.inv_freq,
-                             float(self._frequencies.attention_factor),
-                             _length_with_base_frequencies(self._frequencies))
+        self._fast = kernels.RotaryFastPath(dim, rotary_dim, layout == "half",
+                                            self._frequencies.inv_freq,
+                                            float(self._frequencies.attention_factor),
+                                            _length_with_base_frequencies(self._frequencies))
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str]
@@ -205,8 +200,58 @@ class RotaryEmbedding(RotaryBase):
         return cos_sin_table(values.reshape(-1), freqs, 1.0 / factor if inverse else factor,
                              dtype)
 
-    # apply() and apply_qk() live in RotaryBase (compiled): they take a fast
-    # path for the common cases and call these general versions otherwise.
+    def apply(self, x: ArrayLike, positions: ArrayLike | None = None, *, offset: float = 0,
+              seq_axis: int = -2, inverse: bool = False,
+              out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
+        """Rotate the pairs of `x` by their positions.
+
+        Parameters
+        ----------
+        x : ndarray of shape (..., dim), float32 or float64
+            Queries or keys (never values).
+        positions : array_like of real numbers, optional
+            Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
+            seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
+            Default ``arange(n)`` laid along `seq_axis`.
+        offset : float, optional
+            Added to every position (the KV-cache length when decoding).
+        seq_axis : int, optional
+            The sequence axis when `positions` is None: -2 for ``(batch,
+            heads, seq, dim)``, -3 for ``(batch, seq, heads, dim)``.
+        inverse : bool, optional
+            Rotate by ``-theta`` and divide by the attention factor.
+        out : ndarray of x's shape and dtype, optional
+            May be `x` itself (in place).
+
+        Returns
+        -------
+        ndarray of x's shape and dtype
+        """
+        result = self._fast.apply(x, positions, offset, seq_axis, inverse, out)
+        if result is None:
+            result = self._apply_general(x, positions, offset, seq_axis, inverse, out)
+        return result
+
+    def apply_qk(self, q: ArrayLike, k: ArrayLike, positions: ArrayLike | None = None, *,
+                 offset: float = 0, seq_axis: int = -2, inverse: bool = False,
+                 out_q: NDArray[np.floating[Any]] | None = None,
+                 out_k: NDArray[np.floating[Any]] | None = None
+                 ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
+        """Rotate queries and keys with one cos/sin computation.
+
+        `q` and `k` may have different head counts (grouped-query attention)
+        and dtypes; their positions (explicit, or along `seq_axis`) must agree.
+        Arguments as in `apply`; `out_q` may be `q` and `out_k` may be `k`.
+
+        Returns
+        -------
+        (q_rot, k_rot)
+        """
+        result = self._fast.apply_qk(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
+        if result is None:
+            result = self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q,
+                                            out_k)
+        return result
 
     def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
         x = _data(x, "x", self._dim)

@@ -1,11 +1,12 @@
-"""Type stubs of the compiled kernel modules (one per instruction set, same API).
+"""Type stubs of _core, the compiled layer (see _core.pyx).
 
 The module-level kernels trust their inputs: the Python layer passes
-C-contiguous float32 or float64 arrays of the right shapes, already
-validated.  ``RotaryBase`` is the compiled half of ``RotaryEmbedding``.
+C-contiguous arrays of a kernel dtype and the right shapes, already
+validated.  ``RotaryFastPath`` is the compiled fast path a
+``RotaryEmbedding`` holds.
 """
 
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -17,14 +18,14 @@ _FloatOut = NDArray[np.floating[Any]]
 _Index = NDArray[np.intp]
 _Int64 = NDArray[np.int64]
 
-ISA_VARIANT: str
 # Cython's doctest table.
 __test__: dict[str, str]
 
+def use_kernels(capsule: Any) -> None: ...
 def openmp_enabled() -> bool: ...
 def simd_level() -> str: ...
 def trig_work_rows(num_threads: int) -> int: ...
-def set_thread_limit(n: int) -> None: ...
+def set_thread_limit(n: int, min_elements_per_thread: int) -> None: ...
 def cos_sin_rows(positions: _F64, freqs: _F64, scale: float, cos_out: _Float, sin_out: _Float,
                  work: _F64, num_threads: int) -> None: ...
 def sinusoidal_rows(positions: _F64, freqs: _F64, out: _Float, split: bool, work: _F64,
@@ -45,14 +46,12 @@ def diagonal_rows(vector: _Int64, out: _Int64, num_threads: int) -> None: ...
 def rotate_cos_sin_fast(xs: tuple[Any, ...], cos_cache: Any, sin_cache: Any, layout: Any,
                         inverse: Any, outs: tuple[Any, ...]) -> tuple[_FloatOut, ...] | None: ...
 
+@final
 @disjoint_base
-class RotaryBase:
-    def _init_fast_path(self, dim: int, rotary_dim: int, half: bool, freqs: _F64,
-                        attention_factor: float, valid_below: int) -> None: ...
-    def apply(self, x: ArrayLike, positions: ArrayLike | None = None, *, offset: float = 0,
-              seq_axis: int = -2, inverse: bool = False,
-              out: _FloatOut | None = None) -> _FloatOut: ...
-    def apply_qk(self, q: ArrayLike, k: ArrayLike, positions: ArrayLike | None = None, *,
-                 offset: float = 0, seq_axis: int = -2, inverse: bool = False,
-                 out_q: _FloatOut | None = None,
-                 out_k: _FloatOut | None = None) -> tuple[_FloatOut, _FloatOut]: ...
+class RotaryFastPath:
+    def __init__(self, dim: int, rotary_dim: int, half: bool, freqs: _F64,
+                 attention_factor: float, valid_below: int) -> None: ...
+    def apply(self, x: Any, positions: Any, offset: Any, seq_axis: Any, inverse: Any,
+              out: Any) -> _FloatOut | None: ...
+    def apply_qk(self, q: Any, k: Any, positions: Any, offset: Any, seq_axis: Any, inverse: Any,
+                 out_q: Any, out_k: Any) -> tuple[_FloatOut, _FloatOut] | None: ...

@@ -1,0 +1,81 @@
+# cython: language_level=3, freethreading_compatible=True
+"""The compiled layer of posenc_fast, built once with the portable flags.
+
+It holds what does not depend on the instruction set: the loops over rows
+and threads, the plans of the fast paths, RotaryEmbedding's cos/sin cache.
+The row kernels (csrc/posenc_kernels.h) are called through a table of
+function pointers: this module's own, compiled for the baseline, until
+``_dispatch`` lends it the table of a wider variant (``use_kernels``).
+
+The functions trust their inputs: the Python layer has already checked
+dtypes, shapes, contiguity, ranges and aliasing, and allocated every output
+(arrays with a dtype the table lacks are refused, never read).  They never
+raise on valid input, never allocate a temporary the size of the data, and
+run without the GIL.  Angles are formed in double precision (see
+csrc/posenc_trig.h): a cos/sin value depends only on the position and the
+frequency, never on the call, the row, the thread count or the variant.
+"""
+
+cimport cython
+cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_GetPointer
+from cython.parallel cimport prange, threadid
+from libc.string cimport memcpy
+
+from posenc_fast._kernel_table cimport *
+
+cnp.import_array()
+
+# The row kernels in use; every variant gives bitwise the same results.
+cdef const posenc_kernel_table* K = &posenc_kernels
+
+
+def use_kernels(capsule):
+    """Call the row kernels of `capsule` (an ``_isa_<variant>.KERNELS``) from now on."""
+    global K
+    K = <const posenc_kernel_table*>PyCapsule_GetPointer(capsule, b"posenc_fast.kernel_table")
+
+
+def openmp_enabled():
+    """Return True if this module was compiled with OpenMP."""
+    return bool(POSENC_OPENMP)
+
+
+def simd_level():
+    """Return the widest SIMD instruction set of the row kernels in use."""
+    return K.simd.decode()
+
+
+cdef int _thread_limit = 1
+# Elements below which a call stays on one thread (_threads.MIN_ELEMENTS_PER_THREAD).
+cdef Py_ssize_t _min_elements_per_thread = 1 << 16
+
+
+def set_thread_limit(int n, Py_ssize_t min_elements_per_thread):
+    """Mirror of posenc_fast.set_num_threads for the fast paths (called by _threads.py)."""
+    global _thread_limit, _min_elements_per_thread
+    _thread_limit = max(1, n)
+    _min_elements_per_thread = max(<Py_ssize_t>1, min_elements_per_thread)
+
+
+cdef inline int _threads_for(Py_ssize_t elements) noexcept nogil:
+    cdef Py_ssize_t n = elements // _min_elements_per_thread
+    return <int>max(<Py_ssize_t>1, min(<Py_ssize_t>_thread_limit, n))
+
+
+cdef inline int _dtype(cnp.ndarray a) except -1:
+    cdef int index = posenc_dtype_index(cnp.PyArray_TYPE(a))
+    if index < 0:
+        raise TypeError(f"no kernel for dtype {a.dtype}")
+    return index
+
+
+cdef inline char* _data(cnp.ndarray a) noexcept:
+    return <char*>cnp.PyArray_DATA(a)
+
+
+include "_core_tables.pxi"
+include "_core_rotate.pxi"
+include "_core_rotary.pxi"
+include "_core_walk.pxi"
+include "_core_relative.pxi"

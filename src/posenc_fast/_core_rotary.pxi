@@ -1,0 +1,378 @@
+# RoPE fast path: RotaryFastPath, the compiled state RotaryEmbedding holds.
+#
+# `apply` and `apply_qk` try a path that does all its checks in C: exact,
+# C-contiguous ndarrays of a kernel dtype, an integer offset, positions None /
+# an int / an int64 array that varies along one axis, and positions covered
+# by a per-instance cos/sin cache.  Anything else (and every error) returns
+# None, having written nothing: rotary.py then takes the general path, which
+# validates fully and raises the documented errors.  Both paths use the same
+# canonical cos/sin values and row kernels: bitwise the same results.
+
+from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
+
+
+cdef inline Py_ssize_t _positions_per_block(Py_ssize_t npairs, Py_ssize_t itemsize) noexcept nogil:
+    # Positions whose cos/sin rows take about POSENC_POSITION_BLOCK_BYTES (half an L2).
+    return max(<Py_ssize_t>16,
+               POSENC_POSITION_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
+
+
+cdef struct RowPlan:
+    # Rows of x as (outer, seq, inner); row (o, s, i) uses cache row
+    # base + (positions[s] if positions else s).
+    Py_ssize_t outer
+    Py_ssize_t seq
+    Py_ssize_t inner
+    const long long* positions
+    long long base
+    long long lowest
+    long long highest
+
+
+cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char* x, char* out,
+                              const char* table, const RowPlan* plan,
+                              const RowCall* call) noexcept nogil:
+    # Work item = (block of block_size positions, outer index): the cache
+    # rows of a block (half an L2) serve every head of every batch in turn,
+    # while each head's rows of the block are one long contiguous stream.
+    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, i, r
+    cdef Py_ssize_t half_row = call.npairs * call.itemsize  # bytes of a cos (or sin) row
+    cdef long long t
+    for s in range(block * block_size, min((block + 1) * block_size, plan.seq)):
+        t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
+        for i in range(plan.inner):
+            r = (o * plan.seq + s) * plan.inner + i
+            _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes,
+                        table + 2 * t * half_row, table + (2 * t + 1) * half_row, call)
+    if call.stream:
+        posenc_sfence()
+
+
+cdef void _rotate_planned(const char* x, char* out, const char* table, RowPlan plan,
+                          const RowCall* call, int num_threads) noexcept nogil:
+    # table: (rows, 2, npairs), the cos then the sin row of each position.
+    cdef Py_ssize_t block = _positions_per_block(call.npairs, call.itemsize)
+    cdef Py_ssize_t nitems = (plan.seq + block - 1) // block * plan.outer
+    cdef Py_ssize_t item
+    if num_threads == 1:  # no parallel region: it costs a microsecond
+        for item in range(nitems):
+            _rotate_item(item, block, x, out, table, &plan, call)
+    else:
+        for item in prange(nitems, num_threads=num_threads, schedule="static"):
+            _rotate_item(item, block, x, out, table, &plan, call)
+
+
+cdef inline bint _fits(long long a, long long b) noexcept nogil:
+    # True if a + b cannot overflow for |a|, |b| < 2**61.
+    return -(1LL << 61) < a < (1LL << 61) and -(1LL << 61) < b < (1LL << 61)
+
+
+cdef bint _plan_rows(cnp.ndarray x, object positions, object seq_axis, long long offset,
+                     RowPlan* plan) except -1:
+    """Fill `plan` for x's rows; return False if the fast path does not apply."""
+    cdef int nd = cnp.PyArray_NDIM(x), pnd, k, axis, varying
+    cdef cnp.npy_intp* shape = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp* pshape
+    cdef cnp.ndarray parr
+    cdef long long value
+    cdef int overflow = 0
+    cdef Py_ssize_t j, lead = nd - 1
+    plan.positions = NULL
+    plan.base = offset
+    if positions is None:
+        if lead < 1 or not PyLong_CheckExact(seq_axis):
+            return False
+        axis = PyLong_AsLongLongAndOverflow(seq_axis, &overflow)
+        if overflow:
+            return False
+        if axis < 0:
+            axis += nd
+        if axis < 0 or axis >= lead:
+            return False
+    elif PyLong_CheckExact(positions):
+        value = PyLong_AsLongLongAndOverflow(positions, &overflow)
+        if overflow or not _fits(value, offset):
+            return False
+        plan.base = offset + value
+        axis = lead  # no sequence axis: every row has the same position
+    elif cnp.PyArray_CheckExact(positions):
+        parr = <cnp.ndarray>positions
+        pnd = cnp.PyArray_NDIM(parr)
+        if (cnp.PyArray_TYPE(parr) != cnp.NPY_INT64 or not cnp.PyArray_ISCARRAY_RO(parr)
+                or not cnp.PyArray_ISNOTSWAPPED(parr) or pnd > lead):
+            return False
+        pshape = cnp.PyArray_DIMS(parr)
+        axis = lead
+        varying = 0
+        for k in range(pnd):
+            j = lead - pnd + k
+            if pshape[k] != 1:
+                if pshape[k] != shape[j]:
+                    return False
+                axis = j
+                varying += 1
+        if varying > 1:
+            return False
+        plan.positions = <const long long*>cnp.PyArray_DATA(parr)
+        if cnp.PyArray_SIZE(parr) == 0:
+            plan.positions = NULL
+    else:
+        return False
+    plan.outer = 1
+    plan.inner = 1
+    for k in range(axis):
+        plan.outer *= shape[k]
+    for k in range(axis + 1, lead):
+        plan.inner *= shape[k]
+    plan.seq = shape[axis] if axis < lead else 1
+    if plan.positions != NULL and axis == lead:  # a single position, any shape of ones
+        value = plan.positions[0]
+        plan.positions = NULL
+        if not _fits(value, offset):
+            return False
+        plan.base = offset + value
+    # Range of the cache rows used.
+    if plan.positions == NULL:
+        if not _fits(plan.base, plan.seq):
+            return False
+        plan.lowest = plan.base
+        plan.highest = plan.base + plan.seq - 1
+    else:
+        plan.lowest = plan.positions[0]
+        plan.highest = plan.positions[0]
+        for j in range(plan.seq):
+            plan.lowest = min(plan.lowest, plan.positions[j])
+            plan.highest = max(plan.highest, plan.positions[j])
+        if not (_fits(plan.lowest, offset) and _fits(plan.highest, offset)):
+            return False
+        plan.lowest += offset
+        plan.highest += offset
+    return True
+
+
+cdef inline bint _fast_array(object x, Py_ssize_t dim):
+    # A C-contiguous, aligned, native ndarray of a kernel dtype, shape (..., dim).
+    cdef cnp.ndarray arr
+    if not cnp.PyArray_CheckExact(x):
+        return False
+    arr = <cnp.ndarray>x
+    return (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0
+            and cnp.PyArray_ISCARRAY_RO(arr) and cnp.PyArray_ISNOTSWAPPED(arr)
+            and cnp.PyArray_NDIM(arr) >= 1
+            and cnp.PyArray_DIMS(arr)[cnp.PyArray_NDIM(arr) - 1] == dim)
+
+
+cdef inline void _byte_range(cnp.ndarray a, char** low, char** high):
+    # The lowest byte of a's elements and one past the highest, whatever its
+    # strides (a sliced or reversed cos/sin cache reaches past its nbytes, or
+    # below its data pointer).
+    cdef char* lo = <char*>cnp.PyArray_DATA(a)
+    cdef char* hi = lo + cnp.PyArray_ITEMSIZE(a)
+    cdef Py_ssize_t extent
+    cdef int k
+    for k in range(cnp.PyArray_NDIM(a)):
+        extent = cnp.PyArray_STRIDE(a, k) * (cnp.PyArray_DIMS(a)[k] - 1)
+        if extent < 0:
+            lo += extent
+        else:
+            hi += extent
+    low[0] = lo
+    high[0] = hi
+
+
+cdef inline bint _disjoint(cnp.ndarray a, cnp.ndarray b):
+    # True if a and b cannot share memory (False may be a false alarm).
+    cdef char* a_low
+    cdef char* a_high
+    cdef char* b_low
+    cdef char* b_high
+    if cnp.PyArray_SIZE(a) == 0 or cnp.PyArray_SIZE(b) == 0:
+        return True
+    _byte_range(a, &a_low, &a_high)
+    _byte_range(b, &b_low, &b_high)
+    return a_high <= b_low or b_high <= a_low
+
+
+cdef object _fast_out(cnp.ndarray x, object out, tuple others):
+    """The array to write: new, x itself, or a valid `out`; None to fall back."""
+    cdef cnp.ndarray arr
+    cdef int k
+    if out is None:
+        return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+    if not cnp.PyArray_CheckExact(out):
+        return None
+    arr = <cnp.ndarray>out
+    if (cnp.PyArray_TYPE(arr) != cnp.PyArray_TYPE(x) or not cnp.PyArray_ISCARRAY(arr)
+            or not cnp.PyArray_ISNOTSWAPPED(arr) or cnp.PyArray_NDIM(arr) != cnp.PyArray_NDIM(x)):
+        return None
+    for k in range(cnp.PyArray_NDIM(x)):
+        if cnp.PyArray_DIMS(arr)[k] != cnp.PyArray_DIMS(x)[k]:
+            return None
+    if arr is not x and not _disjoint(arr, x):
+        return None
+    for other in others:
+        if other is not None and not _disjoint(arr, <cnp.ndarray>other):
+            return None
+    return arr
+
+
+cdef int _inverse_flag(object inverse, double factor):
+    # 0/1, or -1 to fall back (not a bool, or an inverse that divides by the factor).
+    if inverse is False:
+        return 0
+    if inverse is True and factor == 1.0:
+        return 1
+    return -1
+
+
+cdef bint _offset_value(object offset, long long* value):
+    cdef int overflow = 0
+    if not PyLong_CheckExact(offset):
+        return False
+    value[0] = PyLong_AsLongLongAndOverflow(offset, &overflow)
+    return not overflow and _fits(value[0], 0)
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class RotaryFastPath:
+    """The compiled fast path of one RotaryEmbedding and its cos/sin caches.
+
+    Parameters
+    ----------
+    dim, rotary_dim : int
+        As RotaryEmbedding's.
+    half : bool
+        True for the half layout.
+    freqs : ndarray of float64
+        The rotary_dim // 2 frequencies of positions below `valid_below`.
+    attention_factor : float
+        Folded into the cached cos/sin values.
+    valid_below : int
+        Positions p with p + 1 <= valid_below use `freqs`; others fall back.
+    """
+
+    cdef Py_ssize_t dim
+    cdef Py_ssize_t npairs
+    cdef bint half
+    cdef double factor
+    cdef long long valid_below
+    cdef object freqs
+    # cos/sin caches of positions 0 .. rows-1 (canonical values, attention
+    # factor applied), per dtype: arrays (rows, 2, npairs) or None.  Replaced
+    # (never changed) under the lock, so that a reader without the GIL never
+    # sees one freed.
+    cdef list caches
+    cdef cython.pymutex lock
+
+    def __init__(self, Py_ssize_t dim, Py_ssize_t rotary_dim, bint half, freqs,
+                 double attention_factor, long long valid_below):
+        self.dim = dim
+        self.npairs = rotary_dim // 2
+        self.half = half
+        self.factor = attention_factor
+        self.valid_below = valid_below
+        self.freqs = freqs
+        self.caches = [None] * POSENC_NUM_DTYPES
+
+    cdef object _cache_for(self, cnp.ndarray x, long long highest):
+        """The cos/sin cache of x's dtype covering row `highest`, or None."""
+        cdef int d = posenc_dtype_index(cnp.PyArray_TYPE(x))
+        cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x)
+        cdef Py_ssize_t limit = POSENC_CACHE_BYTES // (2 * itemsize * max(self.npairs, 1))
+        cdef Py_ssize_t rows, new_rows
+        cdef object cache
+        with self.lock:
+            cache = self.caches[d]
+            rows = 0 if cache is None else (<cnp.ndarray>cache).shape[0]
+            if highest < rows:
+                return cache
+            if highest >= limit:
+                return None
+            new_rows = min(limit, max(2 * rows, (highest // POSENC_CACHE_GROWTH + 1)
+                                      * POSENC_CACHE_GROWTH))
+            cache = self._grow_cache(x.dtype, cache, rows, new_rows)
+            self.caches[d] = cache
+            return cache
+
+    cdef object _grow_cache(self, dtype, object old, Py_ssize_t rows, Py_ssize_t new_rows):
+        # One array (rows, 2, npairs): a position's cos and sin rows side by
+        # side, so that the rotation reads one stream of table rows, not two.
+        import numpy
+        table = numpy.empty((new_rows, 2, self.npairs), dtype=dtype)
+        if old is not None:
+            table[:rows] = old
+        threads = _threads_for((new_rows - rows) * self.npairs)
+        work = numpy.empty((trig_work_rows(threads), max(self.npairs, 1)))
+        cos_sin_rows(numpy.arange(rows, new_rows, dtype=numpy.float64), self.freqs,
+                     self.factor, table[rows:, 0], table[rows:, 1], work, threads)
+        table.flags.writeable = False
+        return table
+
+    cdef void _run(self, cnp.ndarray x, cnp.ndarray out, cnp.ndarray table, RowPlan plan,
+                   bint inverse):
+        cdef Py_ssize_t size = cnp.PyArray_SIZE(x), itemsize = cnp.PyArray_ITEMSIZE(x)
+        cdef int d = posenc_dtype_index(cnp.PyArray_TYPE(x))
+        cdef int threads = _threads_for(size)
+        cdef RowCall call = _row_call(d, d, itemsize, self.npairs, self.dim, self.half, inverse,
+                                      _data(x) == _data(out), cnp.PyArray_NBYTES(x))
+        cdef const char* xp = _data(x)
+        cdef char* op = _data(out)
+        cdef const char* tp = _data(table)
+        if size == 0:
+            return
+        with nogil:
+            _rotate_planned(xp, op, tp, plan, &call, threads)
+
+    cdef bint _usable(self, RowPlan* plan):
+        return plan.lowest >= 0 and plan.highest < self.valid_below
+
+    def apply(self, x, positions, offset, seq_axis, inverse, out):
+        """RotaryEmbedding.apply on the fast path; None (nothing written) to fall back."""
+        cdef RowPlan plan
+        cdef long long offset_value = 0
+        cdef int flag
+        cdef object cache, result
+        if not _fast_array(x, self.dim) or not _offset_value(offset, &offset_value):
+            return None
+        flag = _inverse_flag(inverse, self.factor)
+        if (flag < 0 or not _plan_rows(<cnp.ndarray>x, positions, seq_axis, offset_value, &plan)
+                or not self._usable(&plan)):
+            return None
+        result = _fast_out(<cnp.ndarray>x, out, ())
+        if result is None:
+            return None
+        cache = self._cache_for(<cnp.ndarray>x, plan.highest)
+        if cache is None:
+            return None
+        self._run(<cnp.ndarray>x, <cnp.ndarray>result, <cnp.ndarray>cache, plan, flag)
+        return result
+
+    def apply_qk(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
+        """RotaryEmbedding.apply_qk on the fast path; None (nothing written) to fall back."""
+        cdef RowPlan q_plan, k_plan
+        cdef long long offset_value = 0
+        cdef int flag
+        cdef object q_cache, k_cache, q_out, k_out
+        if (not _fast_array(q, self.dim) or not _fast_array(k, self.dim)
+                or not _offset_value(offset, &offset_value)):
+            return None
+        flag = _inverse_flag(inverse, self.factor)
+        if (flag < 0
+                or not _plan_rows(<cnp.ndarray>q, positions, seq_axis, offset_value, &q_plan)
+                or not _plan_rows(<cnp.ndarray>k, positions, seq_axis, offset_value, &k_plan)
+                or q_plan.seq != k_plan.seq
+                or not self._usable(&q_plan) or not self._usable(&k_plan)
+                or not _disjoint(<cnp.ndarray>q, <cnp.ndarray>k)):
+            return None
+        q_out = _fast_out(<cnp.ndarray>q, out_q, (k,))
+        k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
+        if q_out is None or k_out is None:
+            return None
+        q_cache = self._cache_for(<cnp.ndarray>q, q_plan.highest)
+        k_cache = self._cache_for(<cnp.ndarray>k, k_plan.highest)
+        if q_cache is None or k_cache is None:
+            return None
+        self._run(<cnp.ndarray>q, <cnp.ndarray>q_out, <cnp.ndarray>q_cache, q_plan, flag)
+        self._run(<cnp.ndarray>k, <cnp.ndarray>k_out, <cnp.ndarray>k_cache, k_plan, flag)
+        return q_out, k_out

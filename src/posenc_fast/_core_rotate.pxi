@@ -1,0 +1,88 @@
+# Rotation of rows by a cos/sin table: the choice of row kernel for a call,
+# one row, and the general kernel (any row -> table row map).
+
+
+cdef struct RowCall:
+    # How a call rotates its rows (see _row_call).
+    posenc_rotate_fn rotate
+    Py_ssize_t npairs
+    Py_ssize_t itemsize
+    Py_ssize_t row_bytes
+    Py_ssize_t tail_bytes   # bytes past the rotary pairs, copied unless in place
+    bint inverse
+    bint stream             # non-temporal stores: posenc_sfence at the end of a work item
+    bint prefetch           # ask for the lines ahead of each row
+
+
+cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t npairs,
+                              Py_ssize_t dim, bint half, bint inverse, bint in_place,
+                              Py_ssize_t nbytes) noexcept nogil:
+    # nbytes: the size of x.  Past the caches (POSENC_STREAM_BYTES) a result
+    # is written with non-temporal stores (never in place: those lines were
+    # just read) and half-layout rows take the scalar functions, faster there;
+    # past L2 (POSENC_PREFETCH_BYTES) each row prefetches.
+    cdef RowCall call
+    cdef bint large = nbytes >= POSENC_STREAM_BYTES
+    cdef int kind
+    if half and in_place:
+        kind = POSENC_ROW_HALF_IN_PLACE if large else POSENC_ROW_HALF_IN_PLACE_VEC
+    elif half:
+        kind = POSENC_ROW_HALF_STREAM if large else POSENC_ROW_HALF_VEC
+    else:
+        kind = POSENC_ROW_INTERLEAVED_STREAM if large and not in_place else POSENC_ROW_INTERLEAVED
+    call.rotate = K.rotate[data][table][kind]
+    call.npairs = npairs
+    call.itemsize = itemsize
+    call.row_bytes = dim * itemsize
+    call.tail_bytes = 0 if in_place else (dim - 2 * npairs) * itemsize
+    call.inverse = inverse
+    call.stream = large and not in_place
+    call.prefetch = nbytes >= POSENC_PREFETCH_BYTES
+    return call
+
+
+cdef inline void _rotate_row(const char* x, char* out, const void* c, const void* s,
+                             const RowCall* call) noexcept nogil:
+    # One row: the rotary pairs, then the features past 2*npairs copied.
+    if call.prefetch:
+        posenc_prefetch_ahead(x, call.row_bytes)
+    if call.npairs > 0:
+        call.rotate(x, out, c, s, call.npairs, call.inverse)
+    if call.tail_bytes > 0:
+        memcpy(out + call.row_bytes - call.tail_bytes, x + call.row_bytes - call.tail_bytes,
+               call.tail_bytes)
+
+
+def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
+                cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
+                cnp.ndarray row_table not None, bint half_layout, bint inverse,
+                int num_threads):
+    """Rotate every row r of x by table row row_table[r]; write to out.
+
+    x, out: C-contiguous (rows, dim) of one dtype; `out` may be `x` (in
+    place).  The first 2*cos_table.shape[1] features rotate (pairs by
+    `half_layout`), the rest are copied.  cos/sin tables (2-D, one dtype)
+    need unit stride along their last axis; their row stride is free.
+    """
+    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], npairs = cos_table.shape[1]
+    cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    cdef Py_ssize_t cstride = cnp.PyArray_STRIDE(cos_table, 0)
+    cdef Py_ssize_t sstride = cnp.PyArray_STRIDE(sin_table, 0)
+    cdef Py_ssize_t chunk, r, t
+    cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
+    cdef char* xp = _data(x)
+    cdef char* op = _data(out)
+    cdef const char* cbase = _data(cos_table)
+    cdef const char* sbase = _data(sin_table)
+    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x), npairs,
+                                  dim, half_layout, inverse, xp == op, cnp.PyArray_NBYTES(x))
+    if nrows == 0 or dim == 0:
+        return
+    with nogil:
+        for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):
+            for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, nrows)):
+                t = rows[r]
+                _rotate_row(xp + r * call.row_bytes, op + r * call.row_bytes,
+                            cbase + t * cstride, sbase + t * sstride, &call)
+            if call.stream:
+                posenc_sfence()

@@ -1,0 +1,201 @@
+# Compiled path of apply_rotary_cos_sin(_qk) without positions.
+#
+# A framework's own cos/sin cache (Hugging Face's, sliced to one entry per
+# pair) broadcast against x's leading axes: each row of x walks the cache by
+# the cache's own strides (0 along broadcast axes), so a sliced or
+# non-contiguous cache is read where it lies.  As for RotaryFastPath, `None`
+# sends the call to the general path in rotary.py, which validates fully.
+
+cdef enum:
+    MAX_WALK_AXES = 8
+
+
+cdef struct CacheWalk:
+    # x's leading axes, and the cos/sin steps (in bytes) along each.
+    int naxes
+    Py_ssize_t shape[MAX_WALK_AXES]
+    Py_ssize_t cos_step[MAX_WALK_AXES]
+    Py_ssize_t sin_step[MAX_WALK_AXES]
+    Py_ssize_t rows
+    Py_ssize_t npairs
+
+
+cdef bint _plan_walk(cnp.ndarray x, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
+                     CacheWalk* walk):
+    """Fill `walk` for x's rows; False if cos/sin do not broadcast as required."""
+    cdef int xnd = cnp.PyArray_NDIM(x), cnd = cnp.PyArray_NDIM(cos_cache), k, j
+    cdef cnp.npy_intp* xshape = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp* cshape = cnp.PyArray_DIMS(cos_cache)
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_cache), cs, ss
+    if xnd - 1 > MAX_WALK_AXES or cnd > xnd or cshape[cnd - 1] < 1:
+        return False
+    walk.naxes = xnd - 1
+    walk.rows = 1
+    walk.npairs = cshape[cnd - 1]
+    for k in range(xnd - 1):
+        walk.shape[k] = xshape[k]
+        walk.rows *= xshape[k]
+        walk.cos_step[k] = 0
+        walk.sin_step[k] = 0
+        j = k - (xnd - cnd)  # the cache's axis under x's axis k, if any
+        if j < 0 or cshape[j] == 1:
+            continue
+        if cshape[j] != xshape[k]:
+            return False
+        cs = cnp.PyArray_STRIDE(cos_cache, j)
+        ss = cnp.PyArray_STRIDE(sin_cache, j)
+        if cs % itemsize or ss % itemsize:
+            return False
+        walk.cos_step[k] = cs
+        walk.sin_step[k] = ss
+    return True
+
+
+cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char* s,
+                            const CacheWalk* walk, Py_ssize_t first, Py_ssize_t stop,
+                            const RowCall* call) noexcept nogil:
+    # Rows first .. stop-1 of x; an odometer over the leading axes tracks the
+    # cache offsets.
+    cdef Py_ssize_t index[MAX_WALK_AXES]
+    cdef Py_ssize_t rest = first, co = 0, so = 0, r
+    cdef int k
+    for k in range(walk.naxes - 1, -1, -1):
+        index[k] = rest % walk.shape[k]
+        rest //= walk.shape[k]
+        co += index[k] * walk.cos_step[k]
+        so += index[k] * walk.sin_step[k]
+    for r in range(first, stop):
+        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c + co, s + so, call)
+        k = walk.naxes - 1
+        while k >= 0:
+            index[k] += 1
+            co += walk.cos_step[k]
+            so += walk.sin_step[k]
+            if index[k] < walk.shape[k]:
+                break
+            co -= walk.shape[k] * walk.cos_step[k]
+            so -= walk.shape[k] * walk.sin_step[k]
+            index[k] = 0
+            k -= 1
+    if call.stream:
+        posenc_sfence()
+
+
+cdef inline void _rotate_walk_item(Py_ssize_t item, Py_ssize_t heads, Py_ssize_t inner,
+                                   Py_ssize_t block, Py_ssize_t nblocks, const char* x,
+                                   char* out, const char* c, const char* s,
+                                   const CacheWalk* walk, const RowCall* call) noexcept nogil:
+    # Item = (outer index, block, head), head fastest: one contiguous range of rows.
+    cdef Py_ssize_t head = item % heads, rest = item // heads
+    cdef Py_ssize_t start = (rest // nblocks * heads + head) * inner, b = rest % nblocks
+    _rotate_walk_rows(x, out, c, s, walk, start + b * block, start + min((b + 1) * block, inner),
+                      call)
+
+
+cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
+                       const CacheWalk* walk, const RowCall* call, Py_ssize_t table_itemsize,
+                       int num_threads) noexcept nogil:
+    # Rows as (outer, heads, inner): `heads` is the last axis along which the
+    # cache does not change but changes after it (e.g. x (batch, heads, seq,
+    # dim) with a (seq, pairs) cache).  Work items are blocks of inner rows,
+    # one head at a time, heads innermost: a block's cache rows (half an L2)
+    # serve every head in turn, as in _rotate_item.  Without such an axis the
+    # rows are taken in order, in chunks.
+    cdef Py_ssize_t outer = 1, heads = 1, inner = walk.rows, block = POSENC_ROW_CHUNK
+    cdef Py_ssize_t nblocks, item
+    cdef int k, j
+    cdef bint varies_after = False
+    for k in range(walk.naxes - 1, -1, -1):
+        if walk.cos_step[k] != 0 or walk.sin_step[k] != 0:
+            varies_after = True
+        elif varies_after and walk.shape[k] > 1:
+            heads = walk.shape[k]
+            inner = 1
+            for j in range(k + 1, walk.naxes):
+                inner *= walk.shape[j]
+            outer = walk.rows // (heads * inner)
+            block = _positions_per_block(walk.npairs, table_itemsize)
+            break
+    nblocks = (inner + block - 1) // block
+    if num_threads == 1:
+        for item in range(outer * nblocks * heads):
+            _rotate_walk_item(item, heads, inner, block, nblocks, x, out, c, s, walk, call)
+    else:
+        for item in prange(outer * nblocks * heads, num_threads=num_threads, schedule="static"):
+            _rotate_walk_item(item, heads, inner, block, nblocks, x, out, c, s, walk, call)
+
+
+cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
+                    const CacheWalk* walk, bint half, bint inverse):
+    cdef Py_ssize_t dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
+    cdef int threads = _threads_for(cnp.PyArray_SIZE(x))
+    cdef RowCall call = _row_call(posenc_dtype_index(cnp.PyArray_TYPE(x)),
+                                  posenc_dtype_index(cnp.PyArray_TYPE(cos_cache)),
+                                  cnp.PyArray_ITEMSIZE(x), walk.npairs, dim, half, inverse,
+                                  _data(x) == _data(out), cnp.PyArray_NBYTES(x))
+    cdef Py_ssize_t table_itemsize = cnp.PyArray_ITEMSIZE(cos_cache)
+    cdef const char* xp = _data(x)
+    cdef char* op = _data(out)
+    cdef const char* cp = _data(cos_cache)
+    cdef const char* sp = _data(sin_cache)
+    if walk.rows == 0 or dim == 0:
+        return
+    with nogil:
+        _rotate_walk(xp, op, cp, sp, walk, &call, table_itemsize, threads)
+
+
+cdef inline bint _fast_cache(object a):
+    # An aligned, native ndarray of a kernel dtype with unit stride along its
+    # last axis (any stride if no two entries are read along it).
+    cdef cnp.ndarray arr
+    cdef int last
+    if not cnp.PyArray_CheckExact(a):
+        return False
+    arr = <cnp.ndarray>a
+    last = cnp.PyArray_NDIM(arr) - 1
+    return (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0
+            and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr) and last >= 0
+            and (cnp.PyArray_STRIDE(arr, last) == cnp.PyArray_ITEMSIZE(arr)
+                 or cnp.PyArray_DIMS(arr)[last] == 1 or cnp.PyArray_SIZE(arr) == 0))
+
+
+def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple outs):
+    """The compiled path of apply_rotary_cos_sin(_qk) with positions None.
+
+    Rotates every array of `xs` (one, or q and k) into the matching entry of
+    `outs` (None: a new array) and returns the results as a tuple, or returns
+    None, having written nothing, when the call is not one this path takes.
+    """
+    cdef CacheWalk walks[2]
+    cdef Py_ssize_t n = len(xs), j, dim = 0
+    cdef list results = []
+    cdef cnp.ndarray c, s, x
+    if (n > 2 or len(outs) != n or not (inverse is True or inverse is False)
+            or type(layout) is not str or layout not in ("half", "interleaved")
+            or not (_fast_cache(cos_cache) and _fast_cache(sin_cache))):
+        return None
+    c, s = cos_cache, sin_cache
+    if cnp.PyArray_TYPE(c) != cnp.PyArray_TYPE(s) or not cnp.PyArray_SAMESHAPE(c, s):
+        return None
+    for j in range(n):
+        if not cnp.PyArray_CheckExact(xs[j]) or cnp.PyArray_NDIM(<cnp.ndarray>xs[j]) < 1:
+            return None
+        x = xs[j]
+        if j == 0:  # k must end in q's dim
+            dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
+        if (not _fast_array(x, dim) or 2 * cnp.PyArray_DIMS(c)[cnp.PyArray_NDIM(c) - 1] > dim
+                or not _plan_walk(x, c, s, &walks[j])):
+            return None
+    if n == 2 and not _disjoint(<cnp.ndarray>xs[0], <cnp.ndarray>xs[1]):
+        return None
+    for j in range(n):
+        # out must not overlap the cache, the other input or an earlier output.
+        result = _fast_out(<cnp.ndarray>xs[j], outs[j],
+                           (c, s) + xs[:j] + xs[j + 1:] + tuple(results))
+        if result is None:
+            return None
+        results.append(result)
+    for j in range(n):
+        _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j],
+                  layout == "half", inverse)
+    return tuple(results)
