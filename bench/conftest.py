@@ -22,7 +22,6 @@ bench`` and ``bench/report.py`` time exactly the same arrays.
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 
 import posenc_fast as pf
