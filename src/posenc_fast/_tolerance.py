@@ -46,13 +46,6 @@ def tolerance(want, dtype, *, scale=1.0, angle=0.0) -> np.ndarray:
     return np.broadcast_to(tol, want.shape)
 
 
-def relative_error(got, want) -> float:
-    """max |got - want| / max(1, max |want|): one number for a whole result."""
-    want = np.asarray(want, dtype=np.float64)
-    err = np.abs(np.asarray(got, dtype=np.float64) - want)
-    return float(err.max(initial=0.0)) / max(1.0, float(np.abs(want).max(initial=0.0)))
-
-
 def float32_ulp(exact) -> np.ndarray:
     """The float32 ulp at each |value| of `exact`, as float64."""
     return np.spacing(np.abs(np.asarray(exact, dtype=np.float64)).astype(np.float32)).astype(
