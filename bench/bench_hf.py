@@ -9,14 +9,12 @@ Part 1 times the rotation alone for q (1, 32, 4096, 128) and k (1, 8, 4096,
 dim) views of (batch, seq, heads, dim) projections, then for one decode step
 (seq 1), where the per-call overhead shows.  Part 2 times the forward
 pass of small random Llama models on a 512-token prompt with and without
-`hf.install`.  Each line is the median over interleaved repetitions
-(alternating which contender runs first), so drifts in machine speed hit
-both alike.
+`hf.install`.  Each line is the median over interleaved rounds of
+``posenc_fast._bench.timing.measure`` (the start rotating each round), so
+drifts in machine speed hit both alike.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 import transformers
@@ -24,28 +22,17 @@ from transformers.models.llama import modeling_llama
 
 import posenc_fast as pf
 from posenc_fast import hf
+from posenc_fast._bench.timing import measure, paired_ratio
 
 
-def interleaved_medians(contenders: dict, repeats: int) -> dict:
-    """Median seconds per contender, running each once per round in alternating order."""
-    times = {name: [] for name in contenders}
-    names = list(contenders)
-    for name in names:  # warm-up
-        contenders[name]()
-    for round_ in range(repeats):
-        for name in names if round_ % 2 == 0 else reversed(names):
-            start = time.perf_counter()
-            contenders[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def report(title: str, medians: dict, nbytes: int | None = None) -> None:
-    baseline = medians["transformers"]
+def report(title: str, timings: dict, nbytes: int | None = None) -> None:
+    """One line per contender: median time, speed-up over transformers, GB/s."""
     print(title)
-    for name, seconds in medians.items():
+    for name, timing in timings.items():
+        seconds = timing.median_ns / 1e9
+        speedup = paired_ratio(timings["transformers"], timing)
         rate = f"  {nbytes / seconds / 1e9:6.2f} GB/s" if nbytes else ""
-        print(f"  {name:<14} {seconds * 1e3:9.3f} ms  {baseline / seconds:5.2f}x{rate}")
+        print(f"  {name:<14} {seconds * 1e3:9.3f} ms  {speedup:5.2f}x{rate}")
 
 
 def rotation(repeats: int) -> None:
@@ -67,14 +54,14 @@ def rotation(repeats: int) -> None:
             q = torch.randn(batch, seq, heads, dim, generator=generator).transpose(1, 2)
             k = torch.randn(batch, seq, kv_heads, dim, generator=generator).transpose(1, 2)
         with torch.no_grad():
-            medians = interleaved_medians({
+            timings = measure({
                 "transformers": lambda: modeling_llama.apply_rotary_pos_emb(q, k, cos, sin),
                 "posenc_fast": lambda: hf.apply_rotary_pos_emb(q, k, cos, sin),
-            }, repeats * (100 if layout == "decode step" else 1))
+            }, rounds=repeats)
         # read q and k, write both results (the cache is small next to them)
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         report(f"apply_rotary_pos_emb, q {tuple(q.shape)} k {tuple(k.shape)} float32, "
-               f"{layout}", medians, nbytes)
+               f"{layout}", timings, nbytes)
 
 
 def forward(repeats: int, prompt: int = 512) -> None:
@@ -102,9 +89,9 @@ def forward(repeats: int, prompt: int = 512) -> None:
             finally:
                 modeling_llama.apply_rotary_pos_emb = original
 
-        medians = interleaved_medians({"transformers": lambda: run(False),
-                                       "posenc_fast": lambda: run(True)}, repeats)
-        report(f"LlamaForCausalLM forward, {title}, prompt {prompt}", medians)
+        timings = measure({"transformers": lambda: run(False), "posenc_fast": lambda: run(True)},
+                          rounds=repeats)
+        report(f"LlamaForCausalLM forward, {title}, prompt {prompt}", timings)
 
 
 def main() -> None:

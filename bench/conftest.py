@@ -2,7 +2,7 @@
 
 Every benchmark is one point of the grid workload x impl x dtype x threads
 (the shape is part of the workload), like an asv suite.  The workloads
-themselves live in ``posenc_fast._workloads`` so that ``python -m posenc_fast
+themselves live in ``posenc_fast._bench.cases`` so that ``python -m posenc_fast
 bench`` and ``bench/report.py`` time exactly the same arrays.
 
 * ``benchmark.group`` is the workload, dtype and shape, so posenc_fast, the
@@ -22,11 +22,10 @@ bench`` and ``bench/report.py`` time exactly the same arrays.
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 
 import posenc_fast as pf
-from posenc_fast import _workloads as wl
+from posenc_fast._bench import cases, timing
 
 THREADS_N = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                 else (os.cpu_count() or 1))
@@ -40,10 +39,10 @@ def pytest_addoption(parser):
 
 
 def _small(config, key: str) -> bool:
-    if config.getoption("--bench-small") or wl.small_from_environment():
+    if config.getoption("--bench-small") or cases.small_from_environment():
         return True
     disabled = bool(config.getoption("benchmark_disable", default=False))
-    return disabled and wl.WORKLOADS[key].big
+    return disabled and cases.WORKLOADS[key].big
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,9 @@ def pytest_generate_tests(metafunc):
         return
     params, ids = [], []
     for key in metafunc.module.BENCH_WORKLOADS:
-        workload = wl.WORKLOADS[key]
+        workload = cases.WORKLOADS[key]
         shape = workload.small_shape if _small(metafunc.config, key) else workload.shape
-        shape_label = "+".join("x".join(map(str, s)) for s in shape) if isinstance(
-            shape[0], tuple) else "x".join(map(str, shape))
+        shape_label = cases.shape_label(shape)
         for dtype in workload.dtypes:
             for kind in workload.kinds:
                 thread_counts = [1]
@@ -84,10 +82,10 @@ class CaseCache:
         self.config = config
         self.current = None
 
-    def get(self, key: str, dtype: str) -> wl.Case:
+    def get(self, key: str, dtype: str) -> cases.Case:
         if self.current is None or self.current[0] != (key, dtype):
             self.current = None  # free the old arrays before building the new ones
-            case = wl.build_case(key, dtype, _small(self.config, key))
+            case = cases.build_case(key, dtype, _small(self.config, key))
             self.current = ((key, dtype), case)
         return self.current[1]
 
@@ -110,7 +108,7 @@ def bench_run(benchmark, bench_cases, build_facts):
         case = bench_cases.get(param.key, param.dtype)
         try:
             impl = case.impl(param.kind)
-        except wl.Unavailable as exc:
+        except cases.Unavailable as exc:
             pytest.skip(str(exc))
         benchmark.group = f"{case.title} | {case.dtype.name} | {case.shape_label}"
         benchmark.extra_info.update({
@@ -119,14 +117,14 @@ def bench_run(benchmark, bench_cases, build_facts):
             "bytes_moved": case.bytes_moved, "limit": case.limit_label, "goal": case.goal_text,
             "build_info": build_facts,
         })
-        with wl.restored_threads():
-            wl.set_threads(param.threads)
+        with timing.restored_threads():
+            timing.set_threads(param.threads)
             diff = impl.verify()      # raises AssertionError if a limit row is wrong
             if diff is not None:
                 benchmark.extra_info.update(diff.as_dict())
                 assert diff.ok, (f"{impl.label} on {case.title} {case.dtype.name}: max |diff| "
-                                 f"{diff.max_abs:.3g} (relative {diff.max_rel:.3g}) exceeds "
-                                 f"{diff.tolerance:.3g}")
+                                 f"{diff.max_abs:.3g} (relative {diff.max_rel:.3g}) is "
+                                 f"{diff.tolerance_used:.3g}x the tolerance")
             benchmark(impl.run)
         stats = getattr(benchmark, "stats", None)
         if stats is not None and getattr(stats, "stats", None) is not None:

@@ -2,7 +2,7 @@
 
     python3 bench/report.py [--rounds N] [--quick] [--small] [--json]
 
-The workloads are those of ``posenc_fast._workloads`` (also timed by the
+The workloads are those of ``posenc_fast._bench.cases`` (also timed by the
 pytest-benchmark suite and ``python -m posenc_fast bench``).  For every goal
 posenc_fast and its limit (the cheapest NumPy call that moves the same bytes)
 are timed in the same process, interleaved (ours, limit, ours, limit, ...),
@@ -13,7 +13,7 @@ cores) and N-thread posenc_fast with an N-thread ``np.copyto``.
 
 A goal is met when the ratio is within it *and* the result is exact: within
 the reference tolerance, and for the float32 tables (W4, W5) at most 1 ulp
-(see ``Diff`` in ``_workloads`` for how ulps are counted near zeros).
+(see ``posenc_fast._tolerance.float32_ulps`` for how ulps are counted near zeros).
 """
 
 import argparse
@@ -32,7 +32,7 @@ except ImportError:  # run from a source checkout without installing
 
 import numpy as np
 
-from posenc_fast import _workloads as wl
+from posenc_fast._bench import cases, timing
 
 # (label, workload, dtype, ulp bound or None); the goal (time / limit) comes from the workload.
 GOALS = [
@@ -72,21 +72,21 @@ def _exactness(diff, ulp_bound):
 
 
 def measure_goal(label, key, dtype, ulp_bound, *, small, rounds, target_ns, progress):
-    case = wl.build_case(key, dtype, small)
+    case = cases.build_case(key, dtype, small)
     row = {"workload": label, "key": key, "dtype": dtype, "shape": _shape_text(case.shape),
            "goal": case.goal_text, "goal_ratio": case.goal, "limit": case.limit_label}
     try:
         case.impl("posenc_fast")
-    except wl.Unavailable as exc:
+    except cases.Unavailable as exc:
         row.update(measured=None, met=None, note="not available: " + str(exc).split(" (")[0])
         return row
-    with wl.restored_threads():
-        wl.set_threads(1)
-        rows, _ = wl.time_case(case, ("posenc_fast", "limit"), rounds=rounds,
-                               target_ns=target_ns, progress=progress)
+    with timing.restored_threads():
+        timing.set_threads(1)
+        rows, _ = timing.time_case(case, ("posenc_fast", "limit"), rounds=rounds,
+                                   target_ns=target_ns, progress=progress)
     ours, limit = rows["posenc_fast"], rows["limit"]
-    ratio = wl.paired_ratio(ours.timing, limit.timing)
-    quartiles = wl.paired_ratio_quartiles(ours.timing, limit.timing)
+    ratio = timing.paired_ratio(ours.timing, limit.timing)
+    quartiles = timing.paired_ratio_quartiles(ours.timing, limit.timing)
     exact_text, exact_ok = _exactness(ours.diff, ulp_bound)
     row.update(measured=ratio, quartiles=quartiles, ours_median_ns=ours.timing.median_ns,
                limit_median_ns=limit.timing.median_ns, ours_spread=ours.timing.spread,
@@ -102,32 +102,33 @@ def measure_threads(n, *, small, rounds, target_ns, progress):
     label, speedup_goal, copy_goal = THREADS_GOAL
     label = label.format(n=n)
     row = {"workload": label, "key": "w1_oop", "dtype": "float32",
-           "shape": _shape_text(wl.WORKLOADS["w1_oop"].small_shape if small
-                                else wl.WORKLOADS["w1_oop"].shape),
+           "shape": _shape_text(cases.WORKLOADS["w1_oop"].small_shape if small
+                                else cases.WORKLOADS["w1_oop"].shape),
            "goal": f">= {speedup_goal}x vs 1 thread, or <= {copy_goal}x of a {n}-thread copy",
            "limit": f"np.copyto split over {n} threads"}
     if n < 2:
         row.update(measured=None, met=None, note="one core: no threads goal")
         return row
-    case = wl.build_case("w1_oop", "float32", small)
+    case = cases.build_case("w1_oop", "float32", small)
     ours = case.impl("posenc_fast")
-    copy_n = wl.ParallelCopy(case.arrays["out"], case.arrays["x"], n)
+    copy_n = timing.ParallelCopy(case.parts.outputs[0], case.parts.sources[0], n)
     try:
-        with wl.restored_threads():
-            wl.set_threads(n)
+        with timing.restored_threads():
+            timing.set_threads(n)
             diff = ours.verify()
-            timings = wl.measure(
+            timings = timing.measure(
                 {"ours_1": ours.run, "ours_n": ours.run, "copy_1": case.impl("limit").run,
                  "copy_n": copy_n},
                 rounds=rounds, target_ns=target_ns,
-                before={"ours_1": lambda: wl.set_threads(1), "ours_n": lambda: wl.set_threads(n)},
+                before={"ours_1": lambda: timing.set_threads(1),
+                        "ours_n": lambda: timing.set_threads(n)},
                 progress=progress)
     finally:
         copy_n.close()
-    speedup = wl.paired_ratio(timings["ours_1"], timings["ours_n"])
-    quartiles = wl.paired_ratio_quartiles(timings["ours_1"], timings["ours_n"])
-    to_copy = wl.paired_ratio(timings["ours_n"], timings["copy_n"])
-    copy_speedup = wl.paired_ratio(timings["copy_1"], timings["copy_n"])
+    speedup = timing.paired_ratio(timings["ours_1"], timings["ours_n"])
+    quartiles = timing.paired_ratio_quartiles(timings["ours_1"], timings["ours_n"])
+    to_copy = timing.paired_ratio(timings["ours_n"], timings["copy_n"])
+    copy_speedup = timing.paired_ratio(timings["copy_1"], timings["copy_n"])
     exact_text, exact_ok = _exactness(diff, None)
     row.update(measured=speedup, quartiles=quartiles, speedup=speedup, ratio_to_copy_n=to_copy,
                copy_speedup=copy_speedup, exact=exact_text, exact_ok=exact_ok,
@@ -162,8 +163,8 @@ def print_table(report):
     for row in report["rows"]:
         times = ""
         if row.get("ours_median_ns") is not None:
-            times = (f"{wl.format_time(row['ours_median_ns'])} / "
-                     f"{wl.format_time(row['limit_median_ns'])}")
+            times = (f"{timing.format_time(row['ours_median_ns'])} / "
+                     f"{timing.format_time(row['limit_median_ns'])}")
         met = {True: "yes", False: "NO", None: "-"}[row.get("met")]
         lines.append((row["workload"], row["shape"], row["dtype"], row["goal"],
                       _measured_text(row),
@@ -188,7 +189,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
     target_ns = 200_000 if args.quick else 1_000_000
-    small = args.small or wl.small_from_environment()
+    small = args.small or cases.small_from_environment()
     tty = sys.stderr.isatty()
 
     def progress(text):
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
         sys.stderr.write("\r" + " " * 100 + "\r")
     report = {
         "build_info": pf.build_info(), "numpy": np.__version__,
-        "python": platform.python_version(), "machine": wl.machine_line(),
+        "python": platform.python_version(), "machine": timing.machine_line(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"),
         "rounds": rounds, "small": small, "rows": rows,
     }

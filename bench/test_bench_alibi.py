@@ -1,7 +1,6 @@
 """ALiBi benchmark: ``add_alibi(scores, out=scores)`` on (32, 4096, 4096) float32 scores (2 GiB).
 
-The posenc_fast rows skip, saying why, while ``add_alibi`` does not exist
-yet.  The scores are allocated once; the ``--benchmark-disable`` smoke run
+The scores are allocated once; the ``--benchmark-disable`` smoke run
 and ``--bench-small`` use (32, 256, 256).  Grid and checks: see conftest.py.
 """
 

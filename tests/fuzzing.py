@@ -23,11 +23,12 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from posenc_fast._tolerance import EPS64, RECURRENCE_ATOL
+
 EXAMPLES = int(os.environ.get("POSENC_FAST_FUZZ_EXAMPLES", "120"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 
-EPS64 = 2.0**-52
 
 FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float64)]
 # Data dtypes: mostly the supported ones, then every kind of wrong one.
@@ -425,7 +426,7 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype, scale: float, max_ang
     assert got.shape == np.shape(want), (got.shape, np.shape(want))
     want = np.asarray(want, dtype=np.float64)
     rel = 4 * float(np.finfo(np.float32).eps) if native(dtype) == np.float32 else 1e-12
-    tol = (rel + 4 * EPS64 * max_angle + 64 * EPS64) * max(scale, 1.0)
+    tol = (rel + 4 * EPS64 * max_angle + RECURRENCE_ATOL) * max(scale, 1.0)
     got64 = got.astype(np.float64)
     assert np.isfinite(got64).all() or not np.isfinite(want).all(), "non-finite result"
     err = np.abs(got64 - want)

@@ -3,37 +3,26 @@
 import mpmath
 import numpy as np
 
-EPS64 = 2.0**-52
-# Our float64 cos/sin are within ~30 steps of recurrence of the exact value.
-RECURRENCE_ATOL = 64 * EPS64
-
-
-def angle_atol(max_angle: float) -> float:
-    """Allowed |ours - reference| in float64 for angles up to `max_angle`.
-
-    The reference evaluates sin(fl(p*w)); ours is sin of the exact product,
-    so they may differ by up to half an ulp of the angle, plus our recurrence
-    error.
-    """
-    return EPS64 * abs(max_angle) + RECURRENCE_ATOL
+from posenc_fast._tolerance import (  # noqa: F401  (re-exported for the tests)
+    angle_atol, float32_ulp, float32_ulp_distance, float32_ulps)
 
 
 def assert_float32_rounding(got: np.ndarray, exact: np.ndarray, extra_atol: float = 0.0) -> None:
     """Each float32 value of `got` must be within half a float32 ulp of `exact` (+ extra_atol)."""
     assert got.dtype == np.float32
     exact = np.asarray(exact, dtype=np.float64)
-    half_ulp = 0.5 * np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    half_ulp = 0.5 * float32_ulp(exact)
     error = np.abs(got.astype(np.float64) - exact)
     bad = error > half_ulp * (1 + 1e-9) + extra_atol
     assert not bad.any(), (f"{bad.sum()} values not correctly rounded; worst error "
                            f"{error.max():.3g} at {np.unravel_index(error.argmax(), error.shape)}")
 
 
-def float32_ulps(got: np.ndarray, exact) -> np.ndarray:
-    """Error of float32 `got` in ulps of the exact value's float32 neighbourhood."""
-    exact = np.asarray(exact, dtype=np.float64)
-    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
-    return np.abs(got.astype(np.float64) - exact) / ulp
+def hf_inv_freq_budget(ours: np.ndarray, rotary_dim: int) -> np.ndarray:
+    """transformers' float32 error budget, in ulps, for each frequency (see test_frequencies.py)."""
+    if rotary_dim & (rotary_dim - 1) == 0:
+        return np.full(ours.shape, 3.0)
+    return 3.0 + np.ceil(np.abs(np.log(ours)))
 
 
 def exact_cos_sin(position: float, frequency: float) -> tuple[float, float]:

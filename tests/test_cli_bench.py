@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from posenc_fast import _cli_bench
-from posenc_fast._workloads import CLI_WORKLOADS
+from posenc_fast._bench.cases import CLI_WORKLOADS
 
 # max |result - reference| / max(1, max |reference|) for float32 results.
 FLOAT32_TOLERANCE = 1e-5

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import float32_ulp_distance, hf_inv_freq_budget
 
 from posenc_fast._frequencies import RopeFrequencies, resolve_rope_scaling
 
@@ -24,25 +25,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 METHODS = json.loads((FIXTURES / "rope_methods.json").read_text())["cases"]
 
 
-def ulp_distance(ours: np.ndarray, hf) -> np.ndarray:
-    """Distance in float32 ulps between float32(ours) and transformers' float32 values (all positive)."""
-    a = np.asarray(ours, dtype=np.float32).view(np.int32).astype(np.int64)
-    b = np.asarray(hf, dtype=np.float32).view(np.int32).astype(np.int64)
-    return np.abs(a - b)
-
-
-def ulp_budget(ours: np.ndarray, rotary_dim: int) -> np.ndarray:
-    """transformers' float32 error budget for each frequency (see the module docstring)."""
-    if rotary_dim & (rotary_dim - 1) == 0:
-        return np.full(ours.shape, 3.0)
-    return 3.0 + np.ceil(np.abs(np.log(ours)))
-
-
 def assert_matches_hf(ours: np.ndarray, hf, rotary_dim: int) -> None:
     assert ours.dtype == np.float64
     assert ours.shape == (len(hf),)
-    distance = ulp_distance(ours, hf)
-    budget = ulp_budget(ours, rotary_dim)
+    distance = float32_ulp_distance(ours, hf)
+    budget = hf_inv_freq_budget(ours, rotary_dim)
     worst = int(np.argmax(distance - budget))
     assert np.all(distance <= budget), (
         f"inv_freq[{worst}] = {ours[worst]!r} is {distance[worst]} float32 ulps from transformers' "

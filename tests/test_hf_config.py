@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import float32_ulp_distance, hf_inv_freq_budget
 
 from posenc_fast._frequencies import resolve_rope_scaling
 from posenc_fast._hf_config import rotary_kwargs_from_hf_config
@@ -34,10 +35,8 @@ FORMS = (
 def assert_matches_hf(ours: np.ndarray, hf, rotary_dim: int) -> None:
     """float32(ours) within transformers' float32 error budget of hf (see test_frequencies.py)."""
     assert ours.dtype == np.float64 and ours.shape == (len(hf),)
-    distance = np.abs(np.asarray(ours, dtype=np.float32).view(np.int32).astype(np.int64)
-                      - np.asarray(hf, dtype=np.float32).view(np.int32).astype(np.int64))
-    exponent_exact = rotary_dim & (rotary_dim - 1) == 0
-    budget = 3.0 + (0.0 if exponent_exact else np.ceil(np.abs(np.log(ours))))
+    distance = float32_ulp_distance(ours, hf)
+    budget = hf_inv_freq_budget(ours, rotary_dim)
     assert np.all(distance <= budget), f"{np.max(distance - budget)} float32 ulps over budget"
 
 

@@ -1,6 +1,6 @@
 """``python -m posenc_fast bench``: time the standard workloads beside NumPy and PyTorch.
 
-For each workload (``_workloads.CLI_WORKLOADS``) it checks every
+For each workload (``_bench.cases.CLI_WORKLOADS``) it checks every
 implementation against the float64 reference, then times them interleaved
 in one process and prints one table: median time, GB/s (bytes the call must
 read and write), speed-up over the NumPy expression and the max |difference|
@@ -76,7 +76,7 @@ class _Progress:
 
 def _result_dict(case, rows, skipped) -> dict:
     numpy_row = rows.get("numpy")
-    from ._workloads import paired_ratio
+    from ._bench.timing import paired_ratio
 
     results = []
     for kind, row in rows.items():
@@ -92,7 +92,7 @@ def _result_dict(case, rows, skipped) -> dict:
         }
         entry.update(row.diff.as_dict() if row.diff is not None else
                      {"max_abs_diff": None, "max_rel_diff": None, "max_ulp": None,
-                      "tolerance": None, "ok": None})
+                      "tolerance_used": None, "ok": None})
         results.append(entry)
     shape = case.shape
     return {"key": case.key, "title": case.title, "dtype": case.dtype.name,
@@ -102,7 +102,7 @@ def _result_dict(case, rows, skipped) -> dict:
 
 
 def _print_table(report: dict) -> None:
-    from ._workloads import format_time
+    from ._bench.timing import format_time
 
     head = report["posenc_fast"]
     print(f"posenc_fast {head['version']} ({head['isa_in_use']}, OpenMP "
@@ -143,15 +143,14 @@ def _print_table(report: dict) -> None:
             print()
         print(fmt(line))
     print("GB/s: bytes the call must read and write / median time.  vs NumPy: the NumPy "
-          "expression's time / this row's.\nmax |diff|: to the float64 reference "
-          "(angles, sin/cos and arithmetic in float64).")
+          "expression's time / this row's.\nmax |diff|: to posenc_fast.reference "
+          "(float64 plain loops) on a sample of rows.")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; return 0, or 1 if a result differs from the reference."""
-    from . import _threads
-    from . import _workloads as wl
-    from . import build_info
+    from . import _threads, build_info
+    from ._bench import cases, timing, torch_rows
 
     if args.threads is not None and args.threads < 1:
         print("bench: --threads must be >= 1", file=sys.stderr)
@@ -162,33 +161,32 @@ def run(args: argparse.Namespace) -> int:
     kinds = CLI_KINDS
     torch_version = None
     try:
-        torch = wl.torch_or_unavailable()
-        torch_version = torch.__version__
-    except wl.Unavailable:
+        torch_version = torch_rows.torch_or_unavailable().__version__
+    except torch_rows.Unavailable:
         kinds = tuple(k for k in CLI_KINDS if k != "torch")
     workloads = []
-    with wl.restored_threads():
+    with timing.restored_threads():
         # posenc_fast and torch get the same count: --threads, else posenc_fast's setting.
-        wl.set_threads(args.threads if args.threads is not None else _threads.get_num_threads())
+        timing.set_threads(args.threads if args.threads is not None else _threads.get_num_threads())
         info = build_info()
-        keys = wl.CLI_WORKLOADS
+        keys = cases.CLI_WORKLOADS
         for number, key in enumerate(keys, 1):
-            title = wl.WORKLOADS[key].title
+            title = cases.WORKLOADS[key].title
             progress.step(f"[{number}/{len(keys)}] {title}: building")
-            case = wl.build_case(key, args.dtype)
+            case = cases.build_case(key, args.dtype)
 
             def tell(text, number=number, title=title):
                 progress(f"[{number}/{len(keys)}] {title}: {text}")
-            rows, skipped = wl.time_case(case, kinds, rounds=settings["rounds"],
-                                         target_ns=settings["target_ns"],
-                                         warmup=settings["warmup"], progress=tell,
-                                         budget_s=settings["budget_s"])
+            rows, skipped = timing.time_case(case, kinds, rounds=settings["rounds"],
+                                             target_ns=settings["target_ns"],
+                                             warmup=settings["warmup"], progress=tell,
+                                             budget_s=settings["budget_s"])
             workloads.append(_result_dict(case, rows, skipped))
             del case, rows
     progress.done()
     report = {
         "posenc_fast": info, "numpy": np.__version__, "torch": torch_version,
-        "machine": wl.machine_line(), "dtype": args.dtype, "threads": info["num_threads"],
+        "machine": timing.machine_line(), "dtype": args.dtype, "threads": info["num_threads"],
         "quick": bool(args.quick), "rounds": settings["rounds"],
         "seconds": round(time.perf_counter() - start, 2), "workloads": workloads,
     }

@@ -6,11 +6,9 @@ every public function that has a reference, compares the compiled result
 with the pure-Python one and prints ``N passed, M failed``.  Cases are small
 because the reference is plain Python loops; the whole run takes seconds.
 
-Tolerances: float32 results within ``2e-6 * (|want| + scale)``, where
-``scale`` is the magnitude of the inputs of that row (about 17 float32 ulp).
-float64 results within ``1e-12 * (|want| + scale)`` plus ``4 * 2**-52 *
-|angle| * scale``: the kernels advance angles by a recurrence, so they may
-differ from the reference's ``sin(fl(p * w))`` by about one ulp of the angle.
+Tolerances: `posenc_fast._tolerance.tolerance` (float32 within ``2e-6 *
+(|want| + scale)``, where ``scale`` is the magnitude of the inputs of that row;
+float64 within ``1e-12 * (|want| + scale)`` plus four ulps of the angle).
 """
 
 import argparse
@@ -22,9 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-F32_RTOL = 2e-6
-F64_RTOL = 1e-12
-ANGLE_ULPS = 4 * 2.0**-52
+from ._tolerance import tolerance
+
 MAX_FAILURES_SHOWN = 20
 # Original context length of the scaled cases: small, so that "dynamic" and
 # "longrope" switch frequencies inside the drawn position ranges.
@@ -78,12 +75,7 @@ class Comparison:
             wrong = np.count_nonzero(got != self.want)
             return f"{self.name}: {wrong} entries differ" if wrong else None
         err = np.abs(got.astype(np.float64) - self.want)
-        bound = np.abs(self.want) + self.scale
-        if self.dtype == np.float32:
-            tol = F32_RTOL * bound
-        else:
-            tol = F64_RTOL * bound + ANGLE_ULPS * np.asarray(self.angle) * self.scale
-        tol = np.broadcast_to(tol, err.shape)
+        tol = tolerance(self.want, self.dtype, scale=self.scale, angle=self.angle)
         bad = ~(err <= tol)  # NaN counts as bad
         if not bad.any():
             return None
