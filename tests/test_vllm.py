@@ -7,7 +7,9 @@ first ``rot_dim`` features rotate as pairs ``(i, i + rot_dim/2)`` (neox) or
 through; query and key are updated in place.  torch cases skip without torch.
 """
 
+import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -177,6 +179,13 @@ def test_inference_mode_and_no_grad_tensors():
     with torch.no_grad():
         vllm.rotary_embedding(torch.tensor(positions), q, None, 8, torch.tensor(cache), True)
     assert np.array_equal(q.detach().numpy(), expected[0])
+
+
+def test_importing_never_imports_torch():
+    code = "import sys, posenc_fast.vllm; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert result.stdout.strip() == "False", result.stderr
 
 
 def test_works_without_torch(monkeypatch):
