@@ -97,45 +97,48 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox) -
                                 out_k=key)
 
 
-def _as_arrays(positions, query, key, cos_sin_cache):
+_NAMES = ("positions", "query", "key", "cos_sin_cache")
+
+
+def _as_arrays(*args):
     """NumPy views of the arguments: all torch tensors (key may be None) or all NumPy."""
-    names = ("positions", "query", "key", "cos_sin_cache")
-    given = dict(zip(names, (positions, query, key, cos_sin_cache)))
     torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
-    if torch is not None and isinstance(query, torch.Tensor):
-        for name, t in given.items():
-            if not (t is None and name == "key") and not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor like query (or all NumPy "
-                                f"arrays), got {type(t).__name__}")
-        return tuple(None if t is None else _tensor_view(torch, t, name)
-                     for name, t in given.items())
-    if torch is not None and any(isinstance(t, torch.Tensor) for t in given.values()):
+    if torch is not None and isinstance(args[1], torch.Tensor):
+        return tuple(None if t is None and name == "key" else _tensor_view(torch, t, name)
+                     for name, t in zip(_NAMES, args))
+    if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
         raise TypeError("positions, query, key and cos_sin_cache must be all torch tensors or "
                         "all NumPy arrays")
-    for name in ("query", "key"):  # rotated in place: a temporary would lose the result
-        if not (given[name] is None and name == "key"):
-            if not isinstance(given[name], np.ndarray):
-                raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is "
-                                f"rotated in place), got {type(given[name]).__name__}")
-    return (np.asarray(positions), query, key, np.asarray(cos_sin_cache))
+    positions, query, key, cos_sin_cache = args
+    for x, name in ((query, "query"), (key, "key")):
+        # Rotated in place: the rotation of a temporary would be lost.
+        if not isinstance(x, np.ndarray) and not (x is None and name == "key"):
+            raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is rotated "
+                            f"in place), got {type(x).__name__}")
+    return np.asarray(positions), query, key, np.asarray(cos_sin_cache)
 
 
 def _tensor_view(torch, t, name: str) -> np.ndarray:
     """The NumPy view of a CPU tensor's memory (never a copy)."""
     if type(t) is not torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor like query (or all NumPy arrays), "
+                            f"got {type(t).__name__}")
         raise TypeError(f"{name} must be a plain torch.Tensor, got {type(t).__name__}; inside "
                         f"torch.compile call torch.ops.posenc_fast.rotary_embedding "
                         f"(import posenc_fast.torch_ops)")
-    if t.device.type != "cpu" or t.layout != torch.strided:
+    if not t.is_cpu or t.layout != torch.strided:
         raise ValueError(f"{name} must be a strided CPU tensor, got device {t.device}, "
                          f"layout {t.layout}")
-    if t.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{name} requires grad, which an in-place NumPy update would bypass; "
-                         f"call under torch.no_grad() or torch.inference_mode()")
     if name != "positions" and t.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+    if t.requires_grad:
+        if torch.is_grad_enabled():
+            raise ValueError(f"{name} requires grad, which an in-place NumPy update would "
+                             f"bypass; call under torch.no_grad() or torch.inference_mode()")
+        t = t.detach()  # .numpy() refuses tensors that require grad
     try:
-        return t.detach().numpy()
+        return t.numpy()
     except (TypeError, RuntimeError) as exc:  # e.g. a conjugate or negative view
         raise TypeError(f"{name} cannot be viewed as a NumPy array: {exc}") from None
 
