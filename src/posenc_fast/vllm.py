@@ -9,15 +9,21 @@ imports it.  Under ``torch.compile`` call the registered op instead (see
 `posenc_fast.torch_ops`).
 """
 
+import math
 import sys
+from typing import Any
 
 import numpy as np
 
 from . import _validate as v
 from .rotary import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
 
+ArrayOrTensor = Any
+"""An ndarray or a CPU torch.Tensor (torch is optional, so not named in the types)."""
 
-def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+
+def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor | None,
+                     head_size: int, cos_sin_cache: ArrayOrTensor, is_neox: bool) -> None:
     """Rotate `query` and `key` in place, as vLLM's ``rotary_embedding`` op does.
 
     Parameters
@@ -100,7 +106,7 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox) -
 _NAMES = ("positions", "query", "key", "cos_sin_cache")
 
 
-def _as_arrays(*args):
+def _as_arrays(*args: ArrayOrTensor | None) -> tuple:
     """NumPy views of the arguments: all torch tensors (key may be None) or all NumPy."""
     torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
     if torch is not None and isinstance(args[1], torch.Tensor):
@@ -118,7 +124,7 @@ def _as_arrays(*args):
     return np.asarray(positions), query, key, np.asarray(cos_sin_cache)
 
 
-def _tensor_view(torch, t, name: str) -> np.ndarray:
+def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
     """The NumPy view of a CPU tensor's memory (never a copy)."""
     if type(t) is not torch.Tensor:
         if not isinstance(t, torch.Tensor):
@@ -162,7 +168,7 @@ def _heads_view(x: np.ndarray, name: str, lead: tuple, head_size: int) -> np.nda
     if not x.flags.writeable:
         raise ValueError(f"{name} must be writeable")
     heads = rest[0] if len(rest) == 2 else rest[0] // head_size
-    return x.reshape(int(np.prod(lead)), heads, head_size)
+    return x.reshape(math.prod(lead), heads, head_size)
 
 
 def _cos_sin(cache: np.ndarray, dtype: np.dtype, head_size: int) -> tuple:
