@@ -2,9 +2,10 @@
 
 Importing this module registers, through `torch.library`:
 
-``torch.ops.posenc_fast.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox) -> ()``
-    `posenc_fast.vllm.rotary_embedding`: rotates `query` and `key` (or None)
-    in place.
+``torch.ops.posenc_fast.rotary_embedding``
+    ``(positions, query, key, head_size, cos_sin_cache, is_neox) -> ()``:
+    `posenc_fast.vllm.rotary_embedding`, rotating `query` and `key` (or
+    None) in place.
 
 A torch function that calls a NumPy-backed function directly breaks its
 compiled graph at that call (or fails under ``fullgraph=True``); calling the
