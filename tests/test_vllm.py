@@ -29,8 +29,9 @@ EPS = {np.dtype(np.float32): 2.0**-23, np.dtype(np.float64): 2.0**-52}
 def reference(positions, x, head_size, cache, is_neox):
     """vLLM's rotation of x in float64, one pair at a time: (result, error bound per entry).
 
-    The bound is what three roundings in x's dtype allow: eps * (|a*cos| + |b*sin|);
-    features that pass through must be exact (bound 0).
+    The bound is what three roundings in x's dtype allow: eps * (|a*cos| + |b*sin|)
+    for a*cos - b*sin, the same for b*cos + a*sin; features that pass through must be
+    exact (bound 0).
     """
     half = cache.shape[1] // 2
     flat = np.asarray(positions).reshape(-1)
@@ -45,8 +46,8 @@ def reference(positions, x, head_size, cache, is_neox):
                 a, b = rows[t, h, ia], rows[t, h, ib]
                 result[t, h, ia] = a * cos[i] - b * sin[i]
                 result[t, h, ib] = b * cos[i] + a * sin[i]
-                bound[t, h, ia] = bound[t, h, ib] = abs(a * cos[i]) + abs(b * sin[i])
-                bound[t, h, ib] = max(bound[t, h, ib], abs(b * cos[i]) + abs(a * sin[i]))
+                bound[t, h, ia] = abs(a * cos[i]) + abs(b * sin[i])
+                bound[t, h, ib] = abs(b * cos[i]) + abs(a * sin[i])
     eps = EPS[np.dtype(x.dtype)]
     return result.reshape(x.shape), eps * bound.reshape(x.shape)
 
