@@ -1,0 +1,112 @@
+"""posenc_fast.vllm.rotary_embedding against a copy and vLLM's native formula, one thread.
+
+    PYTHONPATH=src python bench/bench_vllm.py [--rounds N]
+
+Two calls of a Llama-like layer (32 query heads, 8 kv heads, head_size 128,
+float32, neox pairs, a (8192, 128) cos/sin cache): a prefill of 4096 tokens at
+positions 0..4095, and a decode step of 16 sequences, one token each.  Rows:
+
+* ``posenc_fast numpy`` / ``posenc_fast torch``: the in-place call on NumPy
+  arrays / on CPU tensors (viewed, not copied); ``torch.ops`` through the
+  custom op of `posenc_fast.torch_ops` (dispatcher overhead included);
+* ``copy``: ``np.copyto`` of q and k into other arrays, the same bytes read
+  and written: the floor for a pass over q and k;
+* ``vLLM native``: vLLM's ``forward_native`` formula in torch eager
+  (index_select, chunk, products, cat), which returns new tensors.
+
+Each line: median time per call and its ratio to the copy (paired per round).
+The torch rows appear only when torch imports.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import posenc_fast as pf
+except ImportError:  # run from a source checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    import posenc_fast as pf
+from posenc_fast import _workloads as wl
+from posenc_fast import vllm
+
+HEADS, KV_HEADS, HEAD_SIZE, MAX_POSITION = 32, 8, 128, 8192
+
+
+def cos_sin_cache() -> np.ndarray:
+    angles = np.arange(MAX_POSITION)[:, None] * wl.rope_inv_freq(HEAD_SIZE)
+    return np.concatenate((np.cos(angles), np.sin(angles)), axis=1).astype(np.float32)
+
+
+def native_formula(torch, positions, query, key, cache):
+    """vLLM's forward_native (neox, rot_dim = head_size): new query and key tensors."""
+    cos, sin = cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+
+    def rotate(x):
+        heads = x.view(positions.numel(), -1, HEAD_SIZE)
+        x1, x2 = torch.chunk(heads, 2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).reshape(x.shape)
+
+    return rotate(query), rotate(key)
+
+
+def contenders(positions: np.ndarray) -> dict:
+    rng = np.random.default_rng(0)
+    tokens = positions.size
+    query = rng.standard_normal((tokens, HEADS * HEAD_SIZE), dtype=np.float32)
+    key = rng.standard_normal((tokens, KV_HEADS * HEAD_SIZE), dtype=np.float32)
+    cache = cos_sin_cache()
+    q_copy, k_copy = np.empty_like(query), np.empty_like(key)
+    calls = {
+        "posenc_fast numpy": lambda: vllm.rotary_embedding(positions, query, key, HEAD_SIZE,
+                                                           cache, True),
+        "copy": lambda: (np.copyto(q_copy, query), np.copyto(k_copy, key)),
+    }
+    try:
+        torch = wl.torch_or_unavailable()
+    except wl.Unavailable as exc:
+        print(f"  (torch rows skipped: {exc})")
+        return calls
+    import posenc_fast.torch_ops  # noqa: F401  (registers torch.ops.posenc_fast)
+
+    t_positions, t_cache = torch.from_numpy(positions), torch.from_numpy(cache)
+    t_query = torch.from_numpy(rng.standard_normal(query.shape, dtype=np.float32))
+    t_key = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32))
+    check_q, check_k = t_query.clone(), t_key.clone()
+    expected = native_formula(torch, t_positions, check_q, check_k, t_cache)
+    vllm.rotary_embedding(t_positions, check_q, check_k, HEAD_SIZE, t_cache, True)
+    same = torch.equal(check_q, expected[0]) and torch.equal(check_k, expected[1])
+    print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
+    op = torch.ops.posenc_fast.rotary_embedding
+    calls.update({
+        "posenc_fast torch": lambda: vllm.rotary_embedding(t_positions, t_query, t_key,
+                                                           HEAD_SIZE, t_cache, True),
+        "torch.ops": lambda: op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
+        "vLLM native": lambda: native_formula(torch, t_positions, t_query, t_key, t_cache),
+    })
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    print(f"posenc_fast {pf.__version__}, one thread, q ({HEADS} x {HEAD_SIZE}), "
+          f"k ({KV_HEADS} x {HEAD_SIZE}) per token, float32")
+    workloads = {"prefill, 4096 tokens": np.arange(4096),
+                 "decode, 16 sequences": np.random.default_rng(1).integers(0, 4096, 16)}
+    for title, positions in workloads.items():
+        print(title)
+        calls = contenders(positions)
+        wl.set_threads(1)  # posenc_fast's and torch's (imported by now)
+        timings = wl.measure(calls, rounds=args.rounds, target_ns=20_000_000)
+        for name, timing in timings.items():
+            ratio = wl.paired_ratio(timing, timings["copy"])
+            print(f"  {name:<18} {timing.median_ns / 1e3:10.1f} us  {ratio:6.2f}x copy")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""posenc_fast's kernels as torch custom ops, which ``torch.compile`` keeps in its graph.
+
+Importing this module registers, through `torch.library`:
+
+``torch.ops.posenc_fast.rotary_embedding``
+    ``(positions, query, key, head_size, cos_sin_cache, is_neox) -> ()``:
+    `posenc_fast.vllm.rotary_embedding`, rotating `query` and `key` (or
+    None) in place.
+
+A torch function that calls a NumPy-backed function directly breaks its
+compiled graph at that call (or fails under ``fullgraph=True``); calling the
+op instead compiles, and runs posenc_fast's kernel on CPU tensors.  Each op
+is a `torch.library.custom_op` over a posenc_fast function, declaring what
+it mutates, plus a fake implementation that tells the compiler the result's
+shapes without running it.
+
+Raises ImportError when torch is missing (posenc_fast itself never needs it).
+
+Examples
+--------
+>>> import torch
+>>> import posenc_fast.torch_ops
+>>> cache = torch.cat((torch.ones(16, 4), torch.zeros(16, 4)), dim=1)
+>>> q, k = torch.randn(3, 2 * 8), torch.randn(3, 8)
+>>> torch.ops.posenc_fast.rotary_embedding(torch.tensor([0, 4, 9]), q, k, 8, cache, True)
+"""
+
+try:
+    import torch
+except ImportError:
+    raise ImportError("posenc_fast.torch_ops needs torch: pip install torch") from None
+
+from . import vllm
+
+__all__ = ["rotary_embedding"]
+
+
+@torch.library.custom_op("posenc_fast::rotary_embedding", mutates_args=("query", "key"),
+                         device_types="cpu")
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """Rotate `query` and `key` in place (see `posenc_fast.vllm.rotary_embedding`)."""
+    vllm.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@rotary_embedding.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+    return None  # only mutates its inputs: no result to describe

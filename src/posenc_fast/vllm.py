@@ -1,0 +1,187 @@
+"""posenc_fast as vLLM's ``rotary_embedding`` op on the CPU.
+
+`rotary_embedding` has the signature and in-place semantics of vLLM's custom
+op (``torch.ops._C.rotary_embedding``): token-major queries and keys, one
+position per token, a ``[cos | sin]`` cache of the server's own.  It takes CPU
+torch tensors (viewed through NumPy, no copies) or NumPy arrays, and rotates
+them with `apply_rotary_cos_sin_qk`.  torch stays optional: this module never
+imports it.  Under ``torch.compile`` call the registered op instead (see
+`posenc_fast.torch_ops`).
+"""
+
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import _validate as v
+from .rotary import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+
+ArrayOrTensor = Any
+"""An ndarray or a CPU torch.Tensor (torch is optional, so not named in the types)."""
+
+
+def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor | None,
+                     head_size: int, cos_sin_cache: ArrayOrTensor, is_neox: bool) -> None:
+    """Rotate `query` and `key` in place, as vLLM's ``rotary_embedding`` op does.
+
+    Parameters
+    ----------
+    positions : torch.Tensor or ndarray of int, shape (num_tokens,) or (batch, seq)
+        The position of each token: a row of `cos_sin_cache`.
+    query : torch.Tensor or ndarray, float32 or float64, C-contiguous
+        ``positions.shape + (heads * head_size,)`` or ``positions.shape +
+        (heads, head_size)``; e.g. ``(num_tokens, heads * head_size)``,
+        ``(batch, seq, heads * head_size)`` or ``(num_tokens, heads,
+        head_size)``.  Rotated in place.
+    key : torch.Tensor or ndarray or None
+        Like `query`, with its own head count and query's dtype; rotated in
+        place.  None rotates `query` alone.
+    head_size : int
+        Features per head.
+    cos_sin_cache : torch.Tensor or ndarray, shape (max_position, rot_dim)
+        Row ``p`` is ``[cos | sin]`` of position ``p``, ``rot_dim/2`` entries
+        each; query's dtype.  ``rot_dim`` is even and at most `head_size`;
+        the features of each head past ``rot_dim`` pass through.
+    is_neox : bool
+        True: pair ``i`` is ``(x[i], x[i + rot_dim/2])`` (GPT-NeoX, Llama).
+        False: pair ``i`` is ``(x[2i], x[2i+1])`` (GPT-J).  Each pair becomes
+        ``(a*cos - b*sin, b*cos + a*sin)``, computed in query's dtype.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong kind or dtype (torch tensors mixed with
+        NumPy arrays, float16/bfloat16 data, a cache not of query's dtype).
+    ValueError
+        Shapes that do not fit, a position outside the cache, ``rot_dim``
+        odd or above `head_size`, `query`/`key` that cannot be rotated where
+        they lie (not C-contiguous, read-only, sharing memory, or torch
+        tensors that need grad or are not on the CPU).
+
+    Nothing is written when an error is raised.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from posenc_fast import vllm
+    >>> inv_freq = 10000.0 ** (-np.arange(0, 64, 2) / 64)
+    >>> angles = np.arange(2048)[:, None] * inv_freq
+    >>> cache = np.concatenate((np.cos(angles), np.sin(angles)), axis=1).astype(np.float32)
+    >>> q, k = np.ones((3, 8 * 64), np.float32), np.ones((3, 2 * 64), np.float32)
+    >>> vllm.rotary_embedding(np.array([5, 0, 17]), q, k, 64, cache, True)
+    """
+    positions, query, key, cos_sin_cache = _as_arrays(positions, query, key, cos_sin_cache)
+    head_size = v.integer(head_size, "head_size", minimum=1)
+    if not isinstance(is_neox, (bool, np.bool_)):
+        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
+    if positions.dtype.kind not in "iu":
+        raise TypeError(f"positions must be an integer array, got dtype {positions.dtype}")
+    if positions.ndim not in (1, 2):
+        raise ValueError(f"positions must have shape (num_tokens,) or (batch, seq), "
+                         f"got {positions.shape}")
+    query = _heads_view(query, "query", positions.shape, head_size)
+    if key is not None:
+        key = _heads_view(key, "key", positions.shape, head_size)
+        if key.dtype != query.dtype:
+            raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
+        if v.overlaps(query, key):
+            raise ValueError("query and key share memory; pass separate arrays")
+    cos, sin = _cos_sin(cos_sin_cache, query.dtype, head_size)
+    for x, name in ((query, "query"), (key, "key")):
+        if x is not None and v.overlaps(x, cos_sin_cache):
+            raise ValueError(f"{name} shares memory with cos_sin_cache")
+    # One table row per token, broadcast over the heads; apply_rotary_cos_sin
+    # checks every position against the cache before it writes anything.
+    index = positions.reshape(-1, 1)
+    layout = "half" if is_neox else "interleaved"
+    if key is None:
+        apply_rotary_cos_sin(query, cos, sin, index, layout=layout, out=query)
+    else:
+        apply_rotary_cos_sin_qk(query, key, cos, sin, index, layout=layout, out_q=query,
+                                out_k=key)
+
+
+_NAMES = ("positions", "query", "key", "cos_sin_cache")
+
+
+def _as_arrays(*args: ArrayOrTensor | None) -> tuple:
+    """NumPy views of the arguments: all torch tensors (key may be None) or all NumPy."""
+    torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
+    if torch is not None and isinstance(args[1], torch.Tensor):
+        return tuple(None if t is None and name == "key" else _tensor_view(torch, t, name)
+                     for name, t in zip(_NAMES, args))
+    if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
+        raise TypeError("positions, query, key and cos_sin_cache must be all torch tensors or "
+                        "all NumPy arrays")
+    positions, query, key, cos_sin_cache = args
+    for x, name in ((query, "query"), (key, "key")):
+        # Rotated in place: the rotation of a temporary would be lost.
+        if not isinstance(x, np.ndarray) and not (x is None and name == "key"):
+            raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is rotated "
+                            f"in place), got {type(x).__name__}")
+    return np.asarray(positions), query, key, np.asarray(cos_sin_cache)
+
+
+def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
+    """The NumPy view of a CPU tensor's memory (never a copy)."""
+    if type(t) is not torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor like query (or all NumPy arrays), "
+                            f"got {type(t).__name__}")
+        raise TypeError(f"{name} must be a plain torch.Tensor, got {type(t).__name__}; inside "
+                        f"torch.compile call torch.ops.posenc_fast.rotary_embedding "
+                        f"(import posenc_fast.torch_ops)")
+    if not t.is_cpu or t.layout != torch.strided:
+        raise ValueError(f"{name} must be a strided CPU tensor, got device {t.device}, "
+                         f"layout {t.layout}")
+    if name != "positions" and t.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+    if t.requires_grad:
+        if torch.is_grad_enabled():
+            raise ValueError(f"{name} requires grad, which an in-place NumPy update would "
+                             f"bypass; call under torch.no_grad() or torch.inference_mode()")
+        t = t.detach()  # .numpy() refuses tensors that require grad
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:  # e.g. a conjugate or negative view
+        raise TypeError(f"{name} cannot be viewed as a NumPy array: {exc}") from None
+
+
+def _heads_view(x: np.ndarray, name: str, lead: tuple, head_size: int) -> np.ndarray:
+    """`x` as a (num_tokens, heads, head_size) view of its own memory."""
+    if not x.dtype.isnative:  # float_array would convert it: a copy, rotated and lost
+        raise ValueError(f"{name} must be in native byte order to be rotated in place")
+    x = v.float_array(x, name)
+    rest = x.shape[len(lead):]
+    if x.shape[:len(lead)] != lead or len(rest) not in (1, 2):
+        raise ValueError(f"{name} must have shape positions.shape + (heads * head_size,) or "
+                         f"positions.shape + (heads, head_size), with positions.shape = "
+                         f"{lead}, got {x.shape}")
+    if rest[-1] % head_size or (len(rest) == 2 and rest[-1] != head_size):
+        raise ValueError(f"{name} of shape {x.shape} does not split into heads of "
+                         f"head_size = {head_size}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous to be rotated in place (a slice of a "
+                         f"fused qkv projection is not); got strides {x.strides}")
+    if not x.flags.writeable:
+        raise ValueError(f"{name} must be writeable")
+    heads = rest[0] if len(rest) == 2 else rest[0] // head_size
+    return x.reshape(math.prod(lead), heads, head_size)
+
+
+def _cos_sin(cache: np.ndarray, dtype: np.dtype, head_size: int) -> tuple:
+    """The cos and sin halves of a (max_position, rot_dim) cache, as views."""
+    cache = v.float_array(cache, "cos_sin_cache")
+    if cache.ndim != 2:
+        raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), "
+                         f"got {cache.shape}")
+    rot_dim = cache.shape[1]
+    if rot_dim % 2 or not 2 <= rot_dim <= head_size:
+        raise ValueError(f"cos_sin_cache.shape[1] is rot_dim, which must be even with 2 <= "
+                         f"rot_dim <= head_size = {head_size}, got {rot_dim}")
+    if cache.dtype != dtype:
+        raise TypeError(f"cos_sin_cache must have query's dtype {dtype}, got {cache.dtype}; "
+                        f"convert it once, as vLLM's RotaryEmbedding does")
+    return cache[:, :rot_dim // 2], cache[:, rot_dim // 2:]

@@ -1,0 +1,100 @@
+"""posenc_fast.torch_ops: the registered ops, eager and under torch.compile(fullgraph=True).
+
+Skipped without torch, except the check that importing without torch fails clearly.
+"""
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def torch():
+    torch = pytest.importorskip("torch")
+    importlib.import_module("posenc_fast.torch_ops")
+    return torch
+
+
+def test_import_without_torch_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+    monkeypatch.delitem(sys.modules, "posenc_fast.torch_ops", raising=False)
+    with pytest.raises(ImportError, match="posenc_fast.torch_ops needs torch"):
+        importlib.import_module("posenc_fast.torch_ops")
+
+
+def test_schema_declares_the_mutations(torch):
+    schema = str(torch.ops.posenc_fast.rotary_embedding.default._schema)
+    assert "Tensor(a1!) query" in schema and "Tensor(a2!)? key" in schema
+    assert schema.endswith("-> ()")
+
+
+def case(torch, tokens=7, heads=4, kv_heads=2, head_size=16, rot_dim=12, seed=0):
+    """positions, query, key and a [cos | sin] cache of 64 positions."""
+    generator = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 64, (tokens,), generator=generator)
+    angles = torch.arange(64.0)[:, None] * 10000.0 ** (-torch.arange(0, rot_dim, 2) / rot_dim)
+    cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+    return (positions, torch.randn(tokens, heads * head_size, generator=generator),
+            torch.randn(tokens, kv_heads * head_size, generator=generator), cache)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_eager_op_is_the_function(torch, is_neox):
+    from posenc_fast import vllm
+
+    positions, query, key, cache = case(torch)
+    q, k = query.clone(), key.clone()
+    torch.ops.posenc_fast.rotary_embedding(positions, query, key, 16, cache, is_neox)
+    vllm.rotary_embedding(positions.numpy(), q.numpy(), k.numpy(), 16, cache.numpy(), is_neox)
+    assert torch.equal(query, q) and torch.equal(key, k)
+    assert not torch.equal(query, case(torch)[1])
+
+
+def test_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch):
+    from posenc_fast import vllm
+
+    def attention_inputs(positions, hidden, w_q, w_k, cache):
+        # A layer's projections, rotated by the op inside the graph.
+        q, k = hidden @ w_q, hidden @ w_k
+        torch.ops.posenc_fast.rotary_embedding(positions, q, k, 16, cache, True)
+        return q * 0.25, k
+
+    def query_only(positions, query, cache):
+        query = query + 1.0
+        torch.ops.posenc_fast.rotary_embedding(positions, query, None, 16, cache, False)
+        return query
+
+    calls = []
+    monkeypatch.setattr(vllm, "rotary_embedding",
+                        lambda *args, real=vllm.rotary_embedding: calls.append(1) or real(*args))
+    positions, query, _, cache = case(torch)
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(7, 32, generator=generator)
+    w_q, w_k = torch.randn(32, 64, generator=generator), torch.randn(32, 32, generator=generator)
+    torch._dynamo.reset()
+    expected = attention_inputs(positions, hidden, w_q, w_k, cache)
+    compiled = torch.compile(attention_inputs, fullgraph=True)
+    calls.clear()
+    got = compiled(positions, hidden, w_q, w_k, cache)
+    assert calls, "the compiled graph did not run posenc_fast's kernel"
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    compiled = torch.compile(query_only, fullgraph=True)
+    torch.testing.assert_close(compiled(positions, query, cache),
+                               query_only(positions, query, cache), rtol=0, atol=0)
+
+
+def test_compiled_op_mutates_graph_inputs_like_eager(torch):
+    positions, query, key, cache = case(torch)
+    eager_q, eager_k = query.clone(), key.clone()
+
+    def rotate(positions, query, key, cache):
+        torch.ops.posenc_fast.rotary_embedding(positions, query, key, 16, cache, True)
+
+    torch._dynamo.reset()
+    torch.compile(rotate, fullgraph=True)(positions, query, key, cache)
+    rotate(positions, eager_q, eager_k, cache)
+    assert torch.equal(query, eager_q) and torch.equal(key, eager_k)
+    assert not np.array_equal(query.numpy(), case(torch)[1].numpy())
