@@ -23,11 +23,11 @@ LAYOUTS_SINUSOIDAL = ("interleaved", "split")
 def float_array(x, name: str, axes: tuple[str, ...] = ()) -> np.ndarray:
     """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one).
 
-    `axes` names the trailing axes `x` must have at least (e.g. ``("seq",
-    "dim")``); ValueError if it has fewer dimensions.  Other floating types (float16, and bfloat16 or float8 from ml_dtypes,
-    whose NumPy kind is not "f") raise TypeError with a hint to convert: the
-    kernels compute in float32/float64 only, and a silent conversion would
-    hide a full-size copy.
+    `axes` names the trailing axes `x` must have (e.g. ``("seq", "dim")``):
+    ValueError if it has fewer dimensions.  Other floating types (float16,
+    and bfloat16 or float8 from ml_dtypes, whose NumPy kind is not "f") raise
+    TypeError with a hint to convert: the kernels compute in float32/float64
+    only, and a silent conversion would hide a full-size copy.
     """
     if not isinstance(x, np.ndarray):
         try:
@@ -84,8 +84,7 @@ def integer(value, name: str, minimum: int | None = None) -> int:
 
 def whole_number(value, name: str, minimum: int | None = None) -> int:
     """As `integer`, but a real number holding a whole value (``4.0``) is accepted too."""
-    if (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
-            and not isinstance(value, (bool, np.bool_))):
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         if not (math.isfinite(value) and float(value).is_integer()):
             raise ValueError(f"{name} must be a whole number, got {value!r}")
         value = int(value)
