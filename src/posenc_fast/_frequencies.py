@@ -55,6 +55,7 @@ _ALIASES = {"su": "longrope"}
 
 
 def _entry(check, value, key: str, rope_type: str, **rule):
+    """Apply the _validate rule `check` to the entry `value` of `key`."""
     try:
         return check(value, f"scaling[{key!r}] (rope_type {rope_type!r})", **rule)
     except TypeError as error:
