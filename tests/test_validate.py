@@ -79,7 +79,8 @@ def test_scaling_entries_take_numpy_scalars_and_whole_floats(value):
 
 @pytest.mark.parametrize("entry, match", [
     ({"truncate": np.True_}, None),
-    ({"truncate": None}, r"scaling\['truncate'\] \(rope_type 'yarn'\) must be a bool, got NoneType"),
+    ({"truncate": None},
+     r"scaling\['truncate'\] \(rope_type 'yarn'\) must be a bool, got NoneType"),
     ({"truncate": 1}, r"'truncate'.* must be a bool, got int"),
     ({"beta_fast": np.array([32.0])}, r"'beta_fast'.* must be a real number, got ndarray"),
     ({"factor": np.True_}, r"'factor'.* must be a real number, got bool"),
