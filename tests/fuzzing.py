@@ -305,7 +305,7 @@ def make_out(kind: str, shape: tuple, dtype, x=None):
 
 
 def out_ok(out, shape: tuple, dtype, may_be=None, must_not_overlap=()) -> tuple[bool, bool]:
-    """(valid, in_place) for a user's `out` under API.md's rules."""
+    """(valid, in_place) for a user's `out` under the rules the docstrings state."""
     if out is None:
         return True, False
     if not isinstance(out, np.ndarray):
@@ -391,7 +391,7 @@ def positions_for(draw, lead: tuple, allow_none=True, integral=False):
 def positions_value(positions, lead: tuple, integral=False):
     """The float64 positions (broadcast to `lead`) a valid call uses; None if invalid.
 
-    Mirrors API.md: a real (or, with `integral`, integer) array-like, finite,
+    Mirrors the docstrings: a real (or, with `integral`, integer) array-like, finite,
     broadcasting exactly to `lead`.
     """
     try:

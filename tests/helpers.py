@@ -1,7 +1,10 @@
-"""Tolerances and exact values used by several test files."""
+"""Tolerances, exact values and a switch off the compiled path, used by several test files."""
+
+import contextlib
 
 import mpmath
 import numpy as np
+import pytest
 
 from posenc_fast._tolerance import (  # noqa: F401  (re-exported for the tests)
     angle_atol, float32_ulp, float32_ulp_distance, float32_ulps)
@@ -35,3 +38,27 @@ def exact_cos_sin(position: float, frequency: float) -> tuple[float, float]:
 def untouched(before: np.ndarray, after: np.ndarray) -> bool:
     """True if `after` is bitwise the same as `before` (NaNs included)."""
     return before.tobytes() == after.tobytes()
+
+
+class _WithoutFastPath:
+    """The kernels module with a compiled path that declines every call."""
+
+    def __init__(self, kernels):
+        self._kernels = kernels
+
+    def __getattr__(self, name):
+        return getattr(self._kernels, name)
+
+    @staticmethod
+    def rotate_cos_sin_fast(*args):
+        return None
+
+
+@contextlib.contextmanager
+def general_path_only():
+    """Make apply_rotary_cos_sin(_qk) skip the compiled path."""
+    from posenc_fast import rotary
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rotary, "kernels", _WithoutFastPath(rotary.kernels))
+        yield

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -40,6 +41,20 @@ def test_set_num_threads():
         with pytest.raises(TypeError, match="n must be an integer"):
             pf.set_num_threads(True)
         assert pf.get_num_threads() == 3
+    finally:
+        pf.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("flag", [True, np.True_, np.False_])
+def test_set_num_threads_refuses_every_bool(flag):
+    # NumPy 1.x lets np.bool_ through operator.index with a DeprecationWarning.
+    previous = pf.get_num_threads()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(TypeError, match="n must be an integer, got bool"):
+                pf.set_num_threads(flag)
+        assert pf.get_num_threads() == previous
     finally:
         pf.set_num_threads(previous)
 

@@ -6,10 +6,9 @@ the reference rounded once to x's dtype, bit for bit.  Only float32 data with
 a float32 cache computes in float32 and is compared to a tolerance.
 """
 
-import contextlib
-
 import numpy as np
 import pytest
+from helpers import general_path_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
@@ -522,30 +521,6 @@ def test_random_cases_match_reference(case):
 
 # ---------------------------------------------------------------------------
 # the compiled path (positions None) against the general path
-
-
-class _WithoutFastPath:
-    """The kernels module with a compiled path that declines every call."""
-
-    def __init__(self, kernels):
-        self._kernels = kernels
-
-    def __getattr__(self, name):
-        return getattr(self._kernels, name)
-
-    @staticmethod
-    def rotate_cos_sin_fast(*args):
-        return None
-
-
-@contextlib.contextmanager
-def general_path_only():
-    """Make apply_rotary_cos_sin(_qk) skip the compiled path."""
-    from posenc_fast import rotary
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rotary, "kernels", _WithoutFastPath(rotary.kernels))
-        yield
 
 
 def _fast(xs, cos, sin, outs, layout="half", inverse=False):

@@ -16,20 +16,13 @@ COMMANDS = {
 }
 
 
-def _command_module(name: str):
-    return importlib.import_module(f"posenc_fast._cli_{name}")
-
-
 def main(argv=None) -> int:
     """Run the command line; return the exit status."""
     parser = argparse.ArgumentParser(prog="python -m posenc_fast",
                                      description="posenc_fast: fast, exact positional encodings")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in COMMANDS.items():
-        try:
-            module = _command_module(name)
-        except ImportError:  # a command not shipped in this build
-            continue
+        module = importlib.import_module(f"posenc_fast._cli_{name}")
         sub = commands.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)

@@ -263,23 +263,11 @@ def _scaling_dict(method: str, rotary_dim: int, factor: float) -> dict[str, Any]
             "long_factor": [1.0 + 0.5 * i for i in range(pairs)]}
 
 
-SCALING_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALING_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 
 
-def supported_scalings(pf: Any) -> tuple[str, ...]:
-    """Return the scaling methods this build accepts, after ``"none"``."""
-    methods = ["none"]
-    for method in SCALING_METHODS:
-        try:
-            pf.RotaryEmbedding(8, scaling=_scaling_dict(method, 8, 4.0))
-        except ValueError:
-            continue
-        methods.append(method)
-    return tuple(methods)
-
-
-def _rope(pf: Any, d: Draw, methods: tuple[str, ...]) -> Any:
-    method = d.pick(methods, "scaling")
+def _rope(pf: Any, d: Draw) -> Any:
+    method = d.pick(SCALING_METHODS, "scaling")
     # NTK-style bases divide by rotary_dim - 2: those need two pairs at least.
     fewest = 2 if method in ("ntk", "dynamic") else 1
     dim = 2 * d.integer(fewest, 16, "dim")
@@ -336,8 +324,8 @@ def _rotated(ref: Any, rope: Any, x: Array, where: Array, inverse: bool,
     return Comparison(name, got, want, x.dtype, scale=scale, angle=angle, same_as=out)
 
 
-def _rotary_apply(pf: Any, ref: Any, d: Draw, methods: tuple[str, ...]) -> list[Comparison]:
-    rope = _rope(pf, d, methods)
+def _rotary_apply(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
+    rope = _rope(pf, d)
     dtype = d.pick((np.float32, np.float64), "dtype")
     x, positions, seq_axis, _ = _rope_input(d, rope.dim, dtype)
     offset = d.offset()
@@ -349,8 +337,8 @@ def _rotary_apply(pf: Any, ref: Any, d: Draw, methods: tuple[str, ...]) -> list[
     return [_rotated(ref, rope, x0, where, inverse, "x", got, out)]
 
 
-def _rotary_apply_qk(pf: Any, ref: Any, d: Draw, methods: tuple[str, ...]) -> list[Comparison]:
-    rope = _rope(pf, d, methods)
+def _rotary_apply_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
+    rope = _rope(pf, d)
     q_dtype = d.pick((np.float32, np.float64), "q_dtype")
     k_dtype = d.pick((q_dtype, np.float32, np.float64), "k_dtype")
     q, positions, seq_axis, form = _rope_input(d, rope.dim, q_dtype, "q", heads=4)
@@ -373,8 +361,8 @@ def _rotary_apply_qk(pf: Any, ref: Any, d: Draw, methods: tuple[str, ...]) -> li
                      inverse, "k", got_k, out_k)]
 
 
-def _rotary_cos_sin(pf: Any, ref: Any, d: Draw, methods: tuple[str, ...]) -> list[Comparison]:
-    rope = _rope(pf, d, methods)
+def _rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
+    rope = _rope(pf, d)
     shape = d.pick(((), (7,), (2, 5)), "shape")
     positions = d.positions(shape)
     dtype = d.pick((np.float32, np.float64), "dtype")
@@ -557,39 +545,29 @@ def _threads_agree(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 Case = Callable[[Any, Any, Draw], list[Comparison]]
 
 
-def _with_scalings(case: Callable[..., list[Comparison]], methods: tuple[str, ...]) -> Case:
-    return lambda pf, ref, d: case(pf, ref, d, methods)
+CASES: dict[str, Case] = {
+    "sinusoidal_table": _sinusoidal_table,
+    "sinusoidal": _sinusoidal,
+    "add_sinusoidal": _add_sinusoidal,
+    "add_position_table": _add_position_table,
+    "RotaryEmbedding.inv_freq": _rotary_inv_freq,
+    "RotaryEmbedding.apply": _rotary_apply,
+    "RotaryEmbedding.apply_qk": _rotary_apply_qk,
+    "RotaryEmbedding.cos_sin": _rotary_cos_sin,
+    "apply_rotary": _apply_rotary,
+    "apply_rotary_cos_sin": _apply_rotary_cos_sin,
+    "apply_rotary_cos_sin_qk": _apply_rotary_cos_sin_qk,
+    "alibi_slopes": _alibi_slopes,
+    "alibi_bias": _alibi_bias,
+    "add_alibi": _add_alibi,
+    "relative_position_index": _relative_position_index,
+    "t5_relative_bucket": _t5_relative_bucket,
+}
 
 
-def cases(pf: Any, ref: Any) -> dict[str, Case]:
-    """Return the cases this build and reference support, by name."""
-    methods = supported_scalings(pf)
-    found: dict[str, Case] = {
-        "sinusoidal_table": _sinusoidal_table,
-        "sinusoidal": _sinusoidal,
-        "add_sinusoidal": _add_sinusoidal,
-        "add_position_table": _add_position_table,
-        "RotaryEmbedding.inv_freq": _rotary_inv_freq,
-        "RotaryEmbedding.apply": _with_scalings(_rotary_apply, methods),
-        "RotaryEmbedding.apply_qk": _with_scalings(_rotary_apply_qk, methods),
-        "RotaryEmbedding.cos_sin": _with_scalings(_rotary_cos_sin, methods),
-        "apply_rotary": _apply_rotary,
-    }
-    optional: dict[str, tuple[Case, str]] = {
-        "apply_rotary_cos_sin": (_apply_rotary_cos_sin, "apply_rotary"),
-        "apply_rotary_cos_sin_qk": (_apply_rotary_cos_sin_qk, "apply_rotary"),
-        "alibi_slopes": (_alibi_slopes, "alibi_slopes"),
-        "alibi_bias": (_alibi_bias, "alibi_bias"),
-        "add_alibi": (_add_alibi, "add_alibi"),
-        "relative_position_index": (_relative_position_index, "relative_position_index"),
-        "t5_relative_bucket": (_t5_relative_bucket, "t5_relative_bucket"),
-    }
-    for name, (case, reference_name) in optional.items():
-        if hasattr(pf, name) and hasattr(ref, reference_name):
-            found[name] = case
-    if pf.get_num_threads() > 1:
-        found["threads"] = _threads_agree
-    return found
+def cases(pf: Any) -> dict[str, Case]:
+    """Return the cases to run, by name: `CASES`, and the thread check when threads > 1."""
+    return {**CASES, "threads": _threads_agree} if pf.get_num_threads() > 1 else dict(CASES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -608,11 +586,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cases < 1:
         raise SystemExit("check: --cases must be >= 1")
     info = pf.build_info()
-    available = cases(pf, ref)
-    methods = supported_scalings(pf)
+    available = cases(pf)
     print(f"posenc_fast {info['version']} ({info['isa_in_use']}, {info['num_threads']} threads, "
           f"openmp {'yes' if info['openmp'] else 'no'}): {args.cases} cases, seed {args.seed}, "
-          f"{len(available)} functions, RoPE scalings: {', '.join(methods[1:]) or 'none'}")
+          f"{len(available)} functions, RoPE scalings: {', '.join(SCALING_METHODS[1:])}")
     names = list(available)
     rng = np.random.default_rng(args.seed)
     passed = failed = 0

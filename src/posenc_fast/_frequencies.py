@@ -12,9 +12,11 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
+
+from . import _validate as v
 
 __all__ = ["RopeFrequencies", "resolve_rope_scaling", "ROPE_TYPES"]
 
@@ -47,63 +49,28 @@ ROPE_TYPES: dict[str, frozenset[str]] = {
 _ALIASES = {"su": "longrope"}
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- scaling entries
+# A scaling dict's entries are checked by the rules of _validate; a bad entry
+# is a ValueError (the dict is one argument, of the right type).
 
 
-def _check_rotary_dim(rotary_dim) -> int:
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
-        raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__} ({rotary_dim!r})")
-    rotary_dim = int(rotary_dim)
-    if rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be an even int >= 2, got {rotary_dim}")
-    return rotary_dim
-
-
-def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a real number, got {type(base).__name__} ({base!r})")
-    base = float(base)
-    if not (math.isfinite(base) and base > 0.0):
-        raise ValueError(f"base must be finite and > 0, got {base!r}")
-    return base
-
-
-def _check_seq_len(seq_len) -> int:
-    if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Real):
-        raise TypeError(f"seq_len must be an int, got {type(seq_len).__name__} ({seq_len!r})")
-    if not isinstance(seq_len, numbers.Integral):
-        # max(positions) + 1 of float positions that hold whole numbers is accepted
-        if not (math.isfinite(seq_len) and float(seq_len).is_integer()):
-            raise ValueError(f"seq_len must be a whole number >= 1, got {seq_len!r}")
-    seq_len = int(seq_len)
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    return seq_len
-
-
-def _real(params: Mapping, key: str, rope_type: str, *, minimum: float | None = None,
-          strict_minimum: bool = False, default=None) -> float | None:
-    """Read ``params[key]`` as a finite float (``default`` when absent or None)."""
-    value = params.get(key)
-    if value is None:
-        return default
-    where = f"scaling[{key!r}] (rope_type {rope_type!r})"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{where} must be a real number, got {type(value).__name__} ({value!r})")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{where} must be finite, got {value!r}")
-    if minimum is not None:
-        if strict_minimum and not value > minimum:
-            raise ValueError(f"{where} must be > {minimum:g}, got {value!r}")
-        if not strict_minimum and not value >= minimum:
-            raise ValueError(f"{where} must be >= {minimum:g}, got {value!r}")
-    return value
+def _entry(check, value, key: str, rope_type: str, **rule):
+    """Apply the _validate rule `check` to the entry `value` of `key`."""
+    try:
+        return check(value, f"scaling[{key!r}] (rope_type {rope_type!r})", **rule)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
 
 
 def _required(params: Mapping, key: str, rope_type: str) -> None:
     if params.get(key) is None:
         raise ValueError(f"scaling for rope_type {rope_type!r} needs parameter {key!r}, which is missing")
+
+
+def _real(params: Mapping, key: str, rope_type: str, *, default=None, **rule) -> float | None:
+    """``params[key]`` as a finite float (`default` when absent or None)."""
+    value = params.get(key)
+    return default if value is None else _entry(v.real, value, key, rope_type, **rule)
 
 
 def _factor(params: Mapping, rope_type: str) -> float:
@@ -114,35 +81,13 @@ def _factor(params: Mapping, rope_type: str) -> float:
 def _original_length(params: Mapping, rope_type: str) -> int:
     key = "original_max_position_embeddings"
     _required(params, key, rope_type)
-    value = params[key]
-    where = f"scaling[{key!r}] (rope_type {rope_type!r})"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{where} must be an int, got {type(value).__name__} ({value!r})")
-    if not (math.isfinite(value) and float(value).is_integer()):
-        raise ValueError(f"{where} must be a whole number, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{where} must be >= 1, got {value!r}")
-    return int(value)
+    return _entry(v.whole_number, params[key], key, rope_type, minimum=1)
 
 
 def _factor_list(params: Mapping, key: str, rope_type: str, rotary_dim: int) -> np.ndarray:
     _required(params, key, rope_type)
-    value = params[key]
-    where = f"scaling[{key!r}] (rope_type {rope_type!r})"
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise ValueError(f"{where} must be a list of numbers, got {type(value).__name__}")
-    if len(value) != rotary_dim // 2:
-        raise ValueError(
-            f"{where} must have rotary_dim // 2 = {rotary_dim // 2} entries, got {len(value)}"
-        )
-    for item in value:
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
-            raise ValueError(f"{where} must hold real numbers, got {type(item).__name__} ({item!r})")
-    array = np.array(value, dtype=np.float64)
-    if not (np.all(np.isfinite(array)) and np.all(array > 0.0)):
-        bad = array[~(np.isfinite(array) & (array > 0.0))][0]
-        raise ValueError(f"{where} must hold finite numbers > 0, got {bad!r}")
-    return array
+    return _entry(v.positive_reals, params[key], key, rope_type, length=rotary_dim // 2,
+                  length_name="rotary_dim // 2")
 
 
 # --------------------------------------------------------------------------- formulas
@@ -162,7 +107,7 @@ def _base_powers(base: float, exponent_sign: int, rotary_dim: int) -> np.ndarray
 
 
 def _default_inv_freq(base: float, rotary_dim: int) -> np.ndarray:
-    """``base ** (-2i / rotary_dim)`` (API.md); HF's ``1 / base ** (2i/d)`` to float32 rounding."""
+    """``base ** (-2i / rotary_dim)``: HF's ``1 / base ** (2i/d)`` to float32 rounding."""
     return _base_powers(base, -1, rotary_dim)
 
 
@@ -286,8 +231,8 @@ def _normalise(scaling: Mapping, rotary_dim: int, base: float) -> tuple[str, dic
 
     if rope_type == "yarn":
         # HF reads beta_fast/beta_slow as `value or default`
-        p["beta_fast"] = _real(scaling, "beta_fast", rope_type, minimum=0.0, strict_minimum=True, default=32.0)
-        p["beta_slow"] = _real(scaling, "beta_slow", rope_type, minimum=0.0, strict_minimum=True, default=1.0)
+        p["beta_fast"] = _real(scaling, "beta_fast", rope_type, positive=True, default=32.0)
+        p["beta_slow"] = _real(scaling, "beta_slow", rope_type, positive=True, default=1.0)
         if p["beta_fast"] < p["beta_slow"]:
             raise ValueError(
                 f"scaling['beta_fast'] must be >= scaling['beta_slow'] (rope_type 'yarn'), got "
@@ -297,22 +242,17 @@ def _normalise(scaling: Mapping, rotary_dim: int, base: float) -> tuple[str, dic
             value = _real(scaling, key, rope_type)
             if value is not None:
                 p[key] = value
-        truncate = scaling.get("truncate", True)
-        if not isinstance(truncate, (bool, np.bool_)):
-            raise ValueError(
-                f"scaling['truncate'] (rope_type 'yarn') must be a bool, got {type(truncate).__name__} ({truncate!r})"
-            )
-        p["truncate"] = bool(truncate)
+        p["truncate"] = _entry(v.flag, scaling.get("truncate", True), "truncate", rope_type)
 
     if rope_type in ("yarn", "longrope"):
-        attention_factor = _real(scaling, "attention_factor", rope_type, minimum=0.0, strict_minimum=True)
+        attention_factor = _real(scaling, "attention_factor", rope_type, positive=True)
         if attention_factor is not None:
             p["attention_factor"] = attention_factor
 
     if rope_type == "llama3":
         for key in ("low_freq_factor", "high_freq_factor"):
             _required(scaling, key, rope_type)
-            p[key] = _real(scaling, key, rope_type, minimum=0.0, strict_minimum=True)
+            p[key] = _real(scaling, key, rope_type, positive=True)
         if not p["low_freq_factor"] < p["high_freq_factor"]:
             raise ValueError(
                 "scaling['low_freq_factor'] must be < scaling['high_freq_factor'] (rope_type 'llama3'), got "
@@ -322,7 +262,7 @@ def _normalise(scaling: Mapping, rotary_dim: int, base: float) -> tuple[str, dic
     if rope_type == "longrope":
         p["short_factor"] = _factor_list(scaling, "short_factor", rope_type, rotary_dim).tolist()
         p["long_factor"] = _factor_list(scaling, "long_factor", rope_type, rotary_dim).tolist()
-        factor = _real(scaling, "factor", rope_type, minimum=0.0, strict_minimum=True)
+        factor = _real(scaling, "factor", rope_type, positive=True)
         if factor is not None:
             p["factor"] = factor
     return rope_type, p
@@ -426,7 +366,7 @@ class RopeFrequencies:
         ValueError
             If ``seq_len`` is not a whole number >= 1.
         """
-        seq_len = _check_seq_len(seq_len)
+        seq_len = v.whole_number(seq_len, "seq_len", minimum=1)
         if self._for_length is None:
             return self._inv_freq
         return self._for_length(seq_len)
@@ -447,7 +387,7 @@ class RopeFrequencies:
         -------
         float
         """
-        _check_seq_len(seq_len)
+        v.whole_number(seq_len, "seq_len", minimum=1)
         return self._attention_factor
 
     def __repr__(self) -> str:
@@ -495,7 +435,7 @@ def resolve_rope_scaling(scaling, *, rotary_dim: int, base: float) -> RopeFreque
         (or legacy ``"type"``) names the method, one of ``"default"``,
         ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``, ``"llama3"``,
         ``"longrope"`` (alias ``"su"``); the other keys are that method's
-        parameters (see the API's ``scaling`` table). The dict must be
+        parameters (see the Notes below). The dict must be
         self-contained: ``original_max_position_embeddings`` is required by
         ``"dynamic"``, ``"yarn"``, ``"llama3"`` and ``"longrope"``. A
         ``"rope_theta"`` key is accepted when it equals ``base``.
@@ -537,12 +477,12 @@ def resolve_rope_scaling(scaling, *, rotary_dim: int, base: float) -> RopeFreque
       ``sqrt(1 + ln(factor) / ln(original))`` for ``factor > 1``, else 1
       (also when ``factor`` is absent).
     """
-    rotary_dim = _check_rotary_dim(rotary_dim)
-    base = _check_base(base)
-    if scaling is None:
+    rotary_dim = v.rotary_dim(rotary_dim)
+    base = v.real(base, "base")
+    if base <= 0:
+        raise ValueError(f"base must be finite and > 0, got {base!r}")
+    if v.mapping_or_none(scaling, "scaling") is None:
         return RopeFrequencies("default", None, _default_inv_freq(base, rotary_dim), 1.0, None, rotary_dim, base)
-    if not isinstance(scaling, Mapping):
-        raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
 
     rope_type, p = _normalise(scaling, rotary_dim, base)
     params = None if rope_type == "default" else p

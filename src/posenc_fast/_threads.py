@@ -9,6 +9,7 @@ import os
 import warnings
 
 from ._dispatch import kernels
+from ._validate import integer
 
 ENV_VAR = "POSENC_FAST_NUM_THREADS"
 # Elements (of x, or of a table written) below which a call stays on one thread.
@@ -56,16 +57,12 @@ def set_num_threads(n: int) -> None:
     Raises
     ------
     TypeError
-        If `n` is not an integer.
+        If `n` is not an integer (a bool, Python's or NumPy's, is not).
     ValueError
         If `n` < 1.
     """
     global _num_threads
-    if isinstance(n, bool) or not hasattr(n, "__index__"):
-        raise TypeError(f"n must be an integer, got {type(n).__name__}")
-    n = int(n.__index__())
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    n = integer(n, "n", minimum=1)
     kernels.set_thread_limit(min(n, MAX_KERNEL_THREADS), MIN_ELEMENTS_PER_THREAD)
     _num_threads = n
 

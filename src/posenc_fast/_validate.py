@@ -2,12 +2,16 @@
 
 Every public function validates here, before any kernel runs, so that a bad
 call raises ``TypeError``/``ValueError`` naming the argument and writes
-nothing.  The kernels trust what passes.
+nothing.  The kernels trust what passes.  (The compiled fast paths of
+``RotaryEmbedding.apply``/``apply_qk`` and ``apply_rotary_cos_sin(_qk)`` take
+only calls that already pass these rules and hand everything else to the
+general path, which checks here.)
 """
 
 import math
 import numbers
 import operator
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -16,13 +20,14 @@ LAYOUTS_ROTARY = ("interleaved", "half")
 LAYOUTS_SINUSOIDAL = ("interleaved", "split")
 
 
-def float_array(x, name: str) -> np.ndarray:
+def float_array(x, name: str, axes: tuple[str, ...] = ()) -> np.ndarray:
     """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one).
 
-    Other floating types (float16, and bfloat16 or float8 from ml_dtypes,
-    whose NumPy kind is not "f") raise TypeError with a hint to convert: the
-    kernels compute in float32/float64 only, and a silent conversion would
-    hide a full-size copy.
+    `axes` names the trailing axes `x` must have (e.g. ``("seq", "dim")``):
+    ValueError if it has fewer dimensions.  Other floating types (float16,
+    and bfloat16 or float8 from ml_dtypes, whose NumPy kind is not "f") raise
+    TypeError with a hint to convert: the kernels compute in float32/float64
+    only, and a silent conversion would hide a full-size copy.
     """
     if not isinstance(x, np.ndarray):
         try:
@@ -34,6 +39,9 @@ def float_array(x, name: str) -> np.ndarray:
         floating = dtype.kind == "f" or "float" in dtype.name  # bfloat16: kind "V"
         hint = "; convert it with .astype(np.float32) first" if floating else ""
         raise TypeError(f"{name} must be a float32 or float64 array, got dtype {dtype}{hint}")
+    if x.ndim < len(axes):
+        raise ValueError(f"{name} must have shape (..., {', '.join(axes)}) with at least "
+                         f"{len(axes)} dimensions, got shape {x.shape}")
     if not dtype.isnative:
         x = x.astype(dtype.newbyteorder("="))
     return x
@@ -50,8 +58,19 @@ def table_dtype(dtype, name: str = "dtype") -> np.dtype:
     return np.dtype(resolved.name)
 
 
+def flag(value, name: str) -> bool:
+    """Return `value` as a Python bool: only bool and numpy.bool_ are accepted."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def integer(value, name: str, minimum: int | None = None) -> int:
-    """Return `value` as a Python int (bool refused), checked against `minimum`."""
+    """Return `value` as a Python int (bool refused), checked against `minimum`.
+
+    numpy.bool_ is refused explicitly: NumPy 1.x would let it through
+    ``operator.index`` with only a DeprecationWarning.
+    """
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, got bool")
     try:
@@ -63,8 +82,28 @@ def integer(value, name: str, minimum: int | None = None) -> int:
     return result
 
 
-def real(value, name: str, *, positive: bool = False) -> float:
-    """Return `value` as a finite Python float (bool refused); optionally > 0."""
+def whole_number(value, name: str, minimum: int | None = None) -> int:
+    """As `integer`, but a real number holding a whole value (``4.0``) is accepted too."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        if not (math.isfinite(value) and float(value).is_integer()):
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+        value = int(value)
+    return integer(value, name, minimum)
+
+
+def rotary_dim(value, dim: int | None = None) -> int:
+    """Return a RoPE `rotary_dim`: an even int >= 2, and <= `dim` when given."""
+    value = integer(value, "rotary_dim")
+    if dim is None and (value % 2 or value < 2):
+        raise ValueError(f"rotary_dim must be an even int >= 2, got {value}")
+    if dim is not None and (value % 2 or not 2 <= value <= dim):
+        raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= dim={dim}, "
+                         f"got {value}")
+    return value
+
+
+def real(value, name: str, *, positive: bool = False, minimum: float | None = None) -> float:
+    """Return `value` as a finite Python float (bool refused); optionally > 0 or >= `minimum`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         if not (isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -76,7 +115,37 @@ def real(value, name: str, *, positive: bool = False) -> float:
         raise ValueError(f"{name} must be finite, got {result}")
     if positive and result <= 0:
         raise ValueError(f"{name} must be > 0, got {result}")
+    if minimum is not None and result < minimum:
+        raise ValueError(f"{name} must be >= {minimum:g}, got {result}")
     return result
+
+
+def positive_reals(values, name: str, length: int, length_name: str) -> np.ndarray:
+    """Return a list of `length` finite numbers > 0 as a float64 array.
+
+    `length_name` says in a message where the length comes from.
+    """
+    if (isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray))
+            or np.ndim(values) == 0):
+        raise TypeError(f"{name} must be a list of numbers, got {type(values).__name__}")
+    if len(values) != length:
+        raise ValueError(f"{name} must have {length_name} = {length} entries, got {len(values)}")
+    for item in values:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
+            raise TypeError(f"{name} must hold real numbers, got {type(item).__name__} "
+                            f"({item!r})")
+    array = np.array(values, dtype=np.float64)
+    bad = ~(np.isfinite(array) & (array > 0.0))
+    if bad.any():
+        raise ValueError(f"{name} must hold finite numbers > 0, got {array[bad][0]!r}")
+    return array
+
+
+def mapping_or_none(value, name: str) -> Mapping | None:
+    """Return `value` if it is a Mapping or None, else raise TypeError."""
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict or None, got {type(value).__name__}")
+    return value
 
 
 def choice(value, name: str, options: tuple[str, ...]) -> str:
@@ -86,19 +155,27 @@ def choice(value, name: str, options: tuple[str, ...]) -> str:
     return value
 
 
-def positions_array(positions, name: str = "positions", *, integral: bool = False) -> np.ndarray:
-    """Return real positions as a float64 ndarray (a new array), checked finite.
+def _as_array(values, name: str, what: str) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values
+    try:
+        return np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be {what}: {exc}") from None
 
-    With `integral`, only integer dtypes are accepted (TypeError otherwise).
-    """
-    if not isinstance(positions, np.ndarray):
-        try:
-            positions = np.asarray(positions)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
-    kind = positions.dtype.kind
-    if integral and kind not in "iu":
+
+def integer_array(positions, name: str = "positions") -> np.ndarray:
+    """Return integer positions as an ndarray of their own integer dtype (no copy)."""
+    positions = _as_array(positions, name, "an integer array")
+    if positions.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array, got dtype {positions.dtype}")
+    return positions
+
+
+def positions_array(positions, name: str = "positions") -> np.ndarray:
+    """Return real positions as a float64 ndarray (a new array), checked finite."""
+    positions = _as_array(positions, name, "an array of real numbers")
+    kind = positions.dtype.kind
     if kind not in "iuf":
         raise TypeError(f"{name} must be an array of real numbers, got dtype {positions.dtype}")
     values = positions.astype(np.float64)

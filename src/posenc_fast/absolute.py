@@ -138,23 +138,15 @@ def sinusoidal(positions: ArrayLike, dim: int, *, base: float = 10000.0,
     return out
 
 
-def _leading_positions(x: np.ndarray, positions: ArrayLike | None, offset: float, *,
-                       integral: bool) -> tuple[NDArray[np.float64], tuple[int, ...]]:
+def _leading_positions(x: np.ndarray, positions: ArrayLike | None, offset: float
+                       ) -> tuple[NDArray[np.float64], tuple[int, ...]]:
     """Positions for the rows of x (..., seq, dim): (values, index_shape)."""
     if positions is None:
         seq = x.shape[-2]
         return v.with_offset(np.arange(seq, dtype=np.float64), offset), (seq,)
-    values = v.positions_array(positions, integral=integral)
+    values = v.positions_array(positions)
     v.broadcast_target(values.shape, x.shape[:-1], "positions", "x.shape[:-1]")
     return v.with_offset(values, offset), values.shape
-
-
-def _data_array(x: ArrayLike, name: str = "x") -> np.ndarray:
-    x = v.float_array(x, name)
-    if x.ndim < 2:
-        raise ValueError(f"{name} must have shape (..., seq, dim) with at least 2 "
-                         f"dimensions, got shape {x.shape}")
-    return x
 
 
 def _add_rows(x: np.ndarray, table: np.ndarray, index_shape: tuple[int, ...],
@@ -195,26 +187,15 @@ def add_sinusoidal(x: ArrayLike, *, positions: ArrayLike | None = None, offset: 
     >>> np.array_equal(pf.add_sinusoidal(x)[1], pf.sinusoidal_table(5, 8))
     True
     """
-    x = _data_array(x)
+    x = v.float_array(x, "x", ("seq", "dim"))
     offset = v.real(offset, "offset")
     base = v.real(base, "base", positive=True)
-    values, index_shape = _leading_positions(x, positions, offset, integral=False)
+    values, index_shape = _leading_positions(x, positions, offset)
     out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
     table = np.empty((values.size, x.shape[-1]), dtype=np.float64)
     if x.shape[-1]:
         _fill_sinusoidal(values.reshape(-1), x.shape[-1], base, False, table)
     return _add_rows(x, table, index_shape, out, in_place)
-
-
-def _integer_positions(positions: ArrayLike) -> np.ndarray:
-    if not isinstance(positions, np.ndarray):
-        try:
-            positions = np.asarray(positions)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"positions must be an integer array: {exc}") from None
-    if positions.dtype.kind not in "iu":
-        raise TypeError(f"positions must be an integer array, got dtype {positions.dtype}")
-    return positions
 
 
 def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | None = None, *,
@@ -258,7 +239,7 @@ def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | No
     >>> pf.add_position_table(np.zeros((1, 3, 4), np.float32), wpe)[0, 0]
     array([1., 1., 1., 1.], dtype=float32)
     """
-    x = _data_array(x)
+    x = v.float_array(x, "x", ("seq", "dim"))
     table = v.float_array(table, "table")
     if table.ndim != 2 or table.shape[1] != x.shape[-1]:
         raise ValueError(f"table must have shape (max_len, {x.shape[-1]}) to match "
@@ -267,7 +248,7 @@ def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | No
     if positions is None:
         index = np.arange(x.shape[-2], dtype=np.int64)
     else:
-        index = _integer_positions(positions)
+        index = v.integer_array(positions)
         v.broadcast_target(index.shape, x.shape[:-1], "positions", "x.shape[:-1]")
     out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
                              must_not_overlap=(table,))

@@ -33,12 +33,6 @@ MAX_OFFSET = 2**52
 MAX_BUCKET_ARGUMENT = 2**52
 
 
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
 def _offset(offset) -> int:
     offset = v.integer(offset, "offset")
     if abs(offset) > MAX_OFFSET:
@@ -158,7 +152,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, offset: 
     num_heads = v.integer(num_heads, "num_heads", minimum=1)
     offset = _offset(offset)
     q_len, k_len = _lengths(q_len, k_len, offset)
-    causal = _flag(causal, "causal")
+    causal = v.flag(causal, "causal")
     dtype = v.table_dtype(dtype)
     shape = (num_heads, q_len, k_len)
     out, _ = v.output(out, "out", shape, dtype)
@@ -213,12 +207,9 @@ def add_alibi(scores: ArrayLike, *, offset: int = 0, causal: bool = True,
     array([[-0.25,  0.  ,  0.25],
            [-0.5 , -0.25,  0.  ]], dtype=float32)
     """
-    scores = v.float_array(scores, "scores")
-    if scores.ndim < 3:
-        raise ValueError(f"scores must have shape (..., heads, q_len, k_len) with at least 3 "
-                         f"dimensions, got shape {scores.shape}")
+    scores = v.float_array(scores, "scores", ("heads", "q_len", "k_len"))
     offset = _offset(offset)
-    causal = _flag(causal, "causal")
+    causal = v.flag(causal, "causal")
     out, in_place = v.output(out, "out", scores.shape, scores.dtype, may_be=(scores,))
     heads, q_len = scores.shape[-3:-1]
     rows = RowOutput(scores, out, in_place)  # first: a broadcast view may claim huge heads
@@ -331,7 +322,7 @@ def t5_relative_bucket(q_len: int, k_len: int | None = None, *, bidirectional: b
     """
     offset = _offset(offset)
     q_len, k_len = _lengths(q_len, k_len, offset)
-    bidirectional = _flag(bidirectional, "bidirectional")
+    bidirectional = v.flag(bidirectional, "bidirectional")
     minimum = 4 if bidirectional else 2
     num_buckets = v.integer(num_buckets, "num_buckets")
     if not minimum <= num_buckets <= MAX_BUCKET_ARGUMENT:

@@ -26,12 +26,6 @@ from ._rows import RowOutput, cos_sin_table, row_index, row_table
 from ._threads import threads_for
 
 
-def _flag(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
 def _data(x: ArrayLike, name: str, dim: int) -> np.ndarray:
     x = v.float_array(x, name)
     if x.ndim < 1 or x.shape[-1] != dim:
@@ -125,14 +119,10 @@ class RotaryEmbedding:
             if dim % 2:
                 raise ValueError(f"dim must be even when rotary_dim is not given, got {dim}")
             rotary_dim = dim
-        rotary_dim = v.integer(rotary_dim, "rotary_dim")
-        if rotary_dim % 2 or not 2 <= rotary_dim <= dim:
-            raise ValueError(f"rotary_dim must be even with 2 <= rotary_dim <= dim={dim}, "
-                             f"got {rotary_dim}")
+        rotary_dim = v.rotary_dim(rotary_dim, dim)
         base = v.real(base, "base", positive=True)
         layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
-        if scaling is not None and not isinstance(scaling, Mapping):
-            raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        v.mapping_or_none(scaling, "scaling")
         self._dim = dim
         self._rotary_dim = rotary_dim
         self._base = base
@@ -256,7 +246,7 @@ class RotaryEmbedding:
     def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
         x = _data(x, "x", self._dim)
         offset = v.real(offset, "offset")
-        inverse = _flag(inverse, "inverse")
+        inverse = v.flag(inverse, "inverse")
         values, index_shape = _call_positions(x.shape[:-1], positions, offset, seq_axis)
         out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
         cos, sin = self._table(values, x.dtype, inverse)
@@ -267,7 +257,7 @@ class RotaryEmbedding:
         q = _data(q, "q", self._dim)
         k = _data(k, "k", self._dim)
         offset = v.real(offset, "offset")
-        inverse = _flag(inverse, "inverse")
+        inverse = v.flag(inverse, "inverse")
         values, q_index = _call_positions(q.shape[:-1], positions, offset, seq_axis, "q")
         if positions is None:
             k_values, k_index = _call_positions(k.shape[:-1], None, offset, seq_axis, "k")
@@ -360,10 +350,7 @@ def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: floa
     x = v.float_array(x, "x")
     if x.ndim < 1:
         raise ValueError(f"x must have shape (..., dim), got {x.shape}")
-    factor = v.real(interpolation_factor, "interpolation_factor")
-    if factor < 1.0:
-        raise ValueError(f"interpolation_factor must be >= 1 (positions are divided by it), "
-                         f"got {factor}")
+    factor = v.real(interpolation_factor, "interpolation_factor", minimum=1.0)
     # Checked here first: the embedding cache below needs hashable arguments.
     base = v.real(base, "base", positive=True)
     layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
@@ -405,9 +392,7 @@ def _cache_index(cos: np.ndarray, lead: tuple, positions, name: str) -> np.ndarr
         v.broadcast_target(cos.shape[:-1], lead, "cos/sin without positions: their leading shape",
                            f"{name}.shape[:-1]")
         return row_table(cos.shape[:-1], lead)
-    index = np.asarray(positions) if not isinstance(positions, np.ndarray) else positions
-    if index.dtype.kind not in "iu":
-        raise TypeError(f"positions must be an integer array, got dtype {index.dtype}")
+    index = v.integer_array(positions)
     v.broadcast_target(index.shape, lead, "positions", f"{name}.shape[:-1]")
     n = cos.shape[0]
     if index.size and (int(index.min()) < 0 or int(index.max()) >= n):
@@ -476,7 +461,7 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
         raise ValueError(f"x must have shape (..., dim), got {x.shape}")
     cos, sin = _cache_tables(cos, sin)
     half = v.choice(layout, "layout", v.LAYOUTS_ROTARY) == "half"
-    inverse = _flag(inverse, "inverse")
+    inverse = v.flag(inverse, "inverse")
     _check_cache_width(cos, x, "x", positions)
     index = _cache_index(cos, x.shape[:-1], positions, "x")
     out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
@@ -507,7 +492,7 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
                          f"got {q.shape} and {k.shape}")
     cos, sin = _cache_tables(cos, sin)
     half = v.choice(layout, "layout", v.LAYOUTS_ROTARY) == "half"
-    inverse = _flag(inverse, "inverse")
+    inverse = v.flag(inverse, "inverse")
     _check_cache_width(cos, q, "q", positions)
     q_index = _cache_index(cos, q.shape[:-1], positions, "q")
     k_index = _cache_index(cos, k.shape[:-1], positions, "k")
