@@ -165,7 +165,9 @@ def test_model_rules():
     assert rotary_kwargs_from_hf_config(deepseek) == dict(dim=64, rotary_dim=64, base=10000.0, layout="half",
                                                           scaling=None)
     other = {"hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5, "rope_theta": 1e6}
-    assert rotary_kwargs_from_hf_config(other) == dict(dim=128, rotary_dim=64, base=1e6, layout="half", scaling=None)
+    for layout in ("half", "interleaved"):
+        assert rotary_kwargs_from_hf_config(other, layout=layout) == dict(
+            dim=128, rotary_dim=64, base=1e6, layout=layout, scaling=None)
 
 
 def test_path_input(tmp_path):
@@ -179,7 +181,7 @@ def test_path_input(tmp_path):
 
 @pytest.mark.parametrize("config", [42, None, ["config.json"], b"config.json"])
 def test_wrong_type_raises_type_error(config):
-    with pytest.raises(TypeError, match="config must be a dict or a path"):
+    with pytest.raises(TypeError, match="config must be a dict, a transformers config or a path"):
         rotary_kwargs_from_hf_config(config)
 
 
@@ -207,12 +209,16 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_theta": None}, "'rope_theta'"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_theta": "1e4"}, "'rope_theta'"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "rope_type 'mrope' is not supported"),
+          "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "several position streams"),
+        ({"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default"}}, "several position streams.*qwen2_vl/modeling_qwen2_vl.py"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_scaling": "linear"},
          "must be an object"),
         ({"model_type": "gemma3_text", "head_dim": 64, "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "one RoPE per layer type"),
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+         r"one RoPE per layer type \['full_attention', 'sliding_attention'\]; pass layer_type="),
+        ({"model_type": "nanochat", "hidden_size": 128, "num_attention_heads": 2}, "rotates by -theta"),
         ({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5,
           "rope_scaling": {"type": "linear", "factor": 2.0}}, "partial_rotary_factor=0.5 with rope_type 'linear'"),
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 0.2625},
@@ -220,7 +226,7 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 1.5},
          r"partial_rotary_factor must be in \(0, 1\]"),
         ({"model_type": "llama", "hidden_size": 130, "num_attention_heads": 2}, "even.*rotary_dim=65"),
-        ({"model_type": "mystery", "hidden_size": 128, "num_attention_heads": 2,
+        ({"model_type": "cohere", "hidden_size": 128, "num_attention_heads": 2,
           "rope_scaling": {"type": "yarn", "factor": 4.0}}, "missing 'max_position_embeddings'"),
         ({"model_type": 7}, "'model_type' must be a string"),
     ],
