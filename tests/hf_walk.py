@@ -81,9 +81,12 @@ def check(model_type, partial_rotary_factor=None, seed=0):
     With `partial_rotary_factor`, its default config gets that factor first
     (a family that rotates the whole head ignores it).
     """
-    module = modeling_module(model_type)
     config = configuration_auto.CONFIG_MAPPING[model_type](**CONFIG_OVERRIDES.get(model_type, {}))
     text = config.get_text_config(decoder=True)
+    # a composite model's text part rotates as its own model type does (GLM-ASR's text model is a Llama)
+    module = modeling_module(text.model_type) if text is not config else None
+    if module is None or not rotary_classes(module):
+        module = modeling_module(model_type)
     if partial_rotary_factor is not None:
         params = getattr(text, "rope_parameters", None)
         if not params or "rope_type" not in params or params["rope_type"] != "default":
@@ -136,15 +139,13 @@ def _model_rotation(module, config, rotary_out, q, k):
         function, tables = module.apply_rotary_pos_emb, rotary_out
     names = list(inspect.signature(function).parameters)
     pairwise = names[1] in ("k", "xk", "key", "k_embed")
-    cos, sin = tables if len(tables) == 1 or names.index("cos") < names.index("sin") else tables[::-1]
-    if len(tables) == 1:
-        cos = sin = tables[0]
+    cos = tables[0] if len(tables) == 1 or names.index("cos") < names.index("sin") else tables[1]
     widths = [q.shape[-1]] + [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
     errors = []
     for width in widths:  # the attention passes the leading `width` features (partial rotary)
         for axes in ((1, 2), None):  # (batch, heads, seq, dim) or (batch, seq, heads, dim)
             qq, kk = (x[..., :width] if axes is None else x[..., :width].transpose(1, 2) for x in (q, k))
-            args = (cos,) if len(tables) == 1 else (cos, sin) if names.index("cos") < names.index("sin") else (sin, cos)
+            args = tuple(tables)  # in the order the rotary module returns and the function takes them
             try:
                 if pairwise:
                     q_rot, k_rot = function(qq, kk, *args)

@@ -44,6 +44,7 @@ class ModelRule(NamedTuple):
     """A flat ``rope_scaling`` applies to the sliding-window layers too (else to full attention only)."""
 
 
+# Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
 MODEL_RULES: dict[str, ModelRule] = {
     "afmoe": ModelRule("afmoe/modeling_afmoe.py"),
     "apertus": ModelRule("apertus/modeling_apertus.py"),
@@ -67,6 +68,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "cwm": ModelRule("cwm/modeling_cwm.py"),
     "deepseek_ocr2_encoder": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
+    "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True),
     "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
     "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", mla=True),
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
@@ -129,6 +131,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "lfm2": ModelRule("lfm2/modeling_lfm2.py"),
     "lfm2_moe": ModelRule("lfm2_moe/modeling_lfm2_moe.py"),
     "llama": ModelRule("llama/modeling_llama.py"),
+    "llama4_text": ModelRule("llama4/modeling_llama4.py", "interleaved"),
     "mellum": ModelRule("mellum/modeling_mellum.py"),
     "mimi": ModelRule("mimi/modeling_mimi.py"),
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
