@@ -120,7 +120,8 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
     if layer_type is not None:
         if not isinstance(layer_type, str):
             raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
-        known = sorted(set(declared) | set(nested))
+        known = sorted(set(declared) | set(nested)
+                       | ({"full_attention", "sliding_attention"} if rule.local_theta_key else set()))
         if layer_type not in known:
             raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
                              f"expected one of {known}")
