@@ -277,7 +277,7 @@ LONG = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0]
         ({**YARN, "mscale": float("nan")}, "'mscale'.*finite"),
         ({**YARN, "attention_factor": 0.0}, r"'attention_factor'.*> 0"),
         ({**YARN, "truncate": "yes"}, "'truncate'.*bool"),
-        ({**LLAMA3, "low_freq_factor": 4.0}, "low_freq_factor.*< .*high_freq_factor"),
+        ({**LLAMA3, "low_freq_factor": 5.0}, "low_freq_factor.*<= .*high_freq_factor"),
         ({**LLAMA3, "high_freq_factor": None}, "'high_freq_factor'.*missing"),
         ({**LLAMA3, "low_freq_factor": 0.0}, r"'low_freq_factor'.*> 0"),
         ({**LONG, "short_factor": [1.0] * 3}, r"'short_factor'.*rotary_dim // 2 = 4.*got 3"),

@@ -164,7 +164,9 @@ def test_model_rules():
     assert rotary_kwargs_from_hf_config(deepseek) == dict(dim=64, rotary_dim=64, base=10000.0, layout="half",
                                                           scaling=None)
     other = {"hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5, "rope_theta": 1e6}
-    assert rotary_kwargs_from_hf_config(other) == dict(dim=128, rotary_dim=64, base=1e6, layout="half", scaling=None)
+    for layout in ("half", "interleaved"):
+        assert rotary_kwargs_from_hf_config(other, layout=layout) == dict(
+            dim=128, rotary_dim=64, base=1e6, layout=layout, scaling=None)
 
 
 def test_path_input(tmp_path):
@@ -178,7 +180,7 @@ def test_path_input(tmp_path):
 
 @pytest.mark.parametrize("config", [42, None, ["config.json"], b"config.json"])
 def test_wrong_type_raises_type_error(config):
-    with pytest.raises(TypeError, match="config must be a dict or a path"):
+    with pytest.raises(TypeError, match="config must be a dict, a transformers config or a path"):
         rotary_kwargs_from_hf_config(config)
 
 
@@ -206,12 +208,16 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_theta": None}, "'rope_theta'"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_theta": "1e4"}, "'rope_theta'"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "rope_type 'mrope' is not supported"),
+          "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "several position streams"),
+        ({"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default"}}, "several position streams.*qwen2_vl/modeling_qwen2_vl.py"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_scaling": "linear"},
          "must be an object"),
         ({"model_type": "gemma3_text", "head_dim": 64, "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "one RoPE per layer type"),
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+         r"one RoPE per layer type \['full_attention', 'sliding_attention'\]; pass layer_type="),
+        ({"model_type": "nanochat", "hidden_size": 128, "num_attention_heads": 2}, "rotates by -theta"),
         ({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5,
           "rope_scaling": {"type": "linear", "factor": 2.0}}, "partial_rotary_factor=0.5 with rope_type 'linear'"),
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 0.2625},
@@ -219,7 +225,7 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 1.5},
          r"partial_rotary_factor must be in \(0, 1\]"),
         ({"model_type": "llama", "hidden_size": 130, "num_attention_heads": 2}, "even.*rotary_dim=65"),
-        ({"model_type": "mystery", "hidden_size": 128, "num_attention_heads": 2,
+        ({"model_type": "cohere", "hidden_size": 128, "num_attention_heads": 2,
           "rope_scaling": {"type": "yarn", "factor": 4.0}}, "missing 'max_position_embeddings'"),
         ({"model_type": 7}, "'model_type' must be a string"),
     ],
@@ -289,3 +295,108 @@ def test_rotation_matches_transformers(case, rotation):
             error = np.abs(ours_part.astype(np.float64) - hf_part)
             assert np.all(error <= tolerance), f"worst excess {np.max(error - tolerance):.3g}"
         np.testing.assert_array_equal(ours[..., r:], hf[..., r:])
+
+
+# --------------------------------------------------------------------------- model rules, layer types, composites
+
+GEMMA3_FLAT = {"model_type": "gemma3_text", "head_dim": 256, "hidden_size": 2560, "num_attention_heads": 8,
+               "rope_theta": 1e6, "rope_local_base_freq": 1e4, "max_position_embeddings": 131072,
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+GEMMA3_NESTED = {"model_type": "gemma3_text", "head_dim": 256, "hidden_size": 2560, "num_attention_heads": 8,
+                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+                 "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+
+
+@pytest.mark.parametrize("config", [GEMMA3_FLAT, GEMMA3_NESTED], ids=["flat", "nested"])
+def test_gemma3_one_rope_per_layer_type(config):
+    full = rotary_kwargs_from_hf_config(config, layer_type="full_attention")
+    sliding = rotary_kwargs_from_hf_config(config, layer_type="sliding_attention")
+    assert full == dict(dim=256, rotary_dim=256, base=1e6, layout="half",
+                        scaling={"rope_type": "linear", "factor": 8.0})
+    assert sliding == dict(dim=256, rotary_dim=256, base=1e4, layout="half", scaling=None)
+    with pytest.raises(ValueError, match="one RoPE per layer type.*pass layer_type="):
+        rotary_kwargs_from_hf_config(config)
+    with pytest.raises(ValueError, match=r"layer_type='chunked' is not a layer type"):
+        rotary_kwargs_from_hf_config(config, layer_type="chunked")
+    with pytest.raises(TypeError, match="layer_type must be a str"):
+        rotary_kwargs_from_hf_config(config, layer_type=1)
+
+
+def test_gemma3_flat_config_reads_as_transformers_converts_it():
+    transformers = pytest.importorskip("transformers")
+    flat = dict(GEMMA3_FLAT, rope_scaling=dict(GEMMA3_FLAT["rope_scaling"]))
+    converted = transformers.Gemma3TextConfig(**{k: v for k, v in flat.items() if k != "model_type"}).to_dict()
+    for layer_type in ("full_attention", "sliding_attention"):
+        assert rotary_kwargs_from_hf_config(flat, layer_type=layer_type) == rotary_kwargs_from_hf_config(
+            converted, layer_type=layer_type)
+
+
+def test_same_rope_for_every_layer_type_needs_no_layer_type():
+    config = dict(GEMMA3_NESTED, rope_parameters={key: {"rope_type": "default", "rope_theta": 1e4}
+                                                  for key in ("full_attention", "sliding_attention")})
+    assert rotary_kwargs_from_hf_config(config)["base"] == 1e4
+
+
+def test_composite_config_reads_its_text_config():
+    composite = {"model_type": "llava", "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024},
+                 "text_config": {"model_type": "cohere", "hidden_size": 256, "num_attention_heads": 2,
+                                 "rope_theta": 8e6}}
+    assert rotary_kwargs_from_hf_config(composite) == dict(dim=128, rotary_dim=128, base=8e6,
+                                                           layout="interleaved", scaling=None)
+
+
+def test_unknown_model_type_is_refused_unless_layout_is_given():
+    import posenc_fast as pf
+
+    config = {"model_type": "brand_new", "hidden_size": 256, "num_attention_heads": 2}
+    with pytest.raises(ValueError, match=r"no rule for model_type 'brand_new'.*pass layout='half'.*"
+                                         r"layout='interleaved'"):
+        pf.RotaryEmbedding.from_hf_config(config)
+    assert pf.RotaryEmbedding.from_hf_config(config, layout="interleaved").layout == "interleaved"
+    with pytest.raises(ValueError, match="layout='half' contradicts model_type 'cohere'"):
+        rotary_kwargs_from_hf_config(dict(config, model_type="cohere"), layout="half")
+    with pytest.raises(ValueError, match="layout must be"):
+        rotary_kwargs_from_hf_config(config, layout="rotate_half")
+
+
+def test_interleaved_and_mla_families():
+    cohere = {"model_type": "cohere", "hidden_size": 256, "num_attention_heads": 2}
+    assert rotary_kwargs_from_hf_config(cohere)["layout"] == "interleaved"
+    youtu = {"model_type": "youtu", "hidden_size": 256, "num_attention_heads": 2, "qk_rope_head_dim": 32}
+    assert rotary_kwargs_from_hf_config(youtu)[("layout")] == "interleaved"
+    assert rotary_kwargs_from_hf_config(dict(youtu, rope_interleave=False))["layout"] == "half"
+    assert rotary_kwargs_from_hf_config(youtu)["dim"] == rotary_kwargs_from_hf_config(youtu)["rotary_dim"] == 32
+
+
+# Llama-4-Scout's rope_scaling: low_freq_factor == high_freq_factor
+LLAMA4_SCOUT = {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192}
+
+
+def test_llama3_with_equal_factors_has_no_medium_band():
+    freqs = resolve_rope_scaling(LLAMA4_SCOUT, rotary_dim=128, base=500000.0)
+    plain = 500000.0 ** (-np.arange(0, 128, 2) / 128)
+    expected = np.where(2 * np.pi / plain > 8192, plain / 16.0, plain)
+    np.testing.assert_allclose(freqs.inv_freq, expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize("params", [
+    {**LLAMA4_SCOUT, "rope_theta": 500000.0},
+    {"rope_type": "proportional", "rope_theta": 1e6, "factor": 1.0, "partial_rotary_factor": 0.25},
+    {"rope_type": "proportional", "rope_theta": 1e4, "factor": 8.0, "partial_rotary_factor": 0.5},
+], ids=["llama4-scout", "proportional-gemma4", "proportional-scaled"])
+def test_rope_init_functions_of_transformers(params):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(hidden_size=512, num_attention_heads=4, head_dim=128,
+                                      max_position_embeddings=131072, rope_parameters=dict(params))
+    hf_inv_freq, hf_factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")
+    kwargs = rotary_kwargs_from_hf_config(config.to_dict())
+    assert (kwargs["dim"], kwargs["rotary_dim"]) == (128, 128)
+    freqs = resolve_rope_scaling(kwargs["scaling"], rotary_dim=128, base=kwargs["base"])
+    assert_matches_hf(freqs.inv_freq[freqs.inv_freq > 0], hf_inv_freq.numpy()[hf_inv_freq.numpy() > 0], 128)
+    assert np.array_equal(freqs.inv_freq == 0, hf_inv_freq.numpy() == 0)
+    assert freqs.attention_factor == hf_factor

@@ -44,6 +44,7 @@ ROPE_TYPES: dict[str, frozenset[str]] = {
     "longrope": frozenset(
         {"short_factor", "long_factor", "original_max_position_embeddings", "factor", "attention_factor"}
     ),
+    "proportional": frozenset({"factor", "partial_rotary_factor"}),
 }
 
 _ALIASES = {"su": "longrope"}
@@ -165,8 +166,10 @@ def _llama3(base: float, rotary_dim: int, p: dict) -> np.ndarray:
 
     wavelen = 2 * math.pi / inv_freq
     inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # equal factors (Llama 4 Scout): no medium band, unless a wavelength equals the bound (0/0, as in HF)
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return np.where(is_medium, smoothed, inv_freq_llama)
 
@@ -253,11 +256,18 @@ def _normalise(scaling: Mapping, rotary_dim: int, base: float) -> tuple[str, dic
         for key in ("low_freq_factor", "high_freq_factor"):
             _required(scaling, key, rope_type)
             p[key] = _real(scaling, key, rope_type, positive=True)
-        if not p["low_freq_factor"] < p["high_freq_factor"]:
+        if not p["low_freq_factor"] <= p["high_freq_factor"]:
             raise ValueError(
-                "scaling['low_freq_factor'] must be < scaling['high_freq_factor'] (rope_type 'llama3'), got "
+                "scaling['low_freq_factor'] must be <= scaling['high_freq_factor'] (rope_type 'llama3'), got "
                 f"low_freq_factor={p['low_freq_factor']!r} and high_freq_factor={p['high_freq_factor']!r}"
             )
+
+    if rope_type == "proportional":
+        p["factor"] = _real(scaling, "factor", rope_type, positive=True, default=1.0)
+        p["partial_rotary_factor"] = _real(scaling, "partial_rotary_factor", rope_type, minimum=0.0, default=1.0)
+        if p["partial_rotary_factor"] > 1.0:
+            raise ValueError(f"scaling['partial_rotary_factor'] (rope_type 'proportional') must be <= 1, "
+                             f"got {p['partial_rotary_factor']!r}")
 
     if rope_type == "longrope":
         p["short_factor"] = _factor_list(scaling, "short_factor", rope_type, rotary_dim).tolist()
@@ -471,6 +481,8 @@ def resolve_rope_scaling(scaling, *, rotary_dim: int, base: float) -> RopeFreque
       ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are
       non-zero, else ``0.1 * ln(factor) + 1`` (1 for ``factor <= 1``).
     - ``"llama3"``: wavelength-dependent division by ``factor``.
+    - ``"proportional"``: linear for the first ``int(partial_rotary_factor *
+      rotary_dim // 2)`` pairs; the others do not rotate (frequency 0).
     - ``"longrope"``: ``1 / (ext * base ** (2i / d))`` with ``ext = long_factor``
       when ``seq_len > original_max_position_embeddings`` else
       ``short_factor``; attention factor ``attention_factor`` if given, else
@@ -493,6 +505,10 @@ def resolve_rope_scaling(scaling, *, rotary_dim: int, base: float) -> RopeFreque
         inv_freq = _default_inv_freq(base, rotary_dim)
     elif rope_type == "linear":
         inv_freq = _default_inv_freq(base, rotary_dim) / p["factor"]
+    elif rope_type == "proportional":
+        # HF _compute_proportional_rope_parameters: int(partial * rotary_dim // 2) default frequencies, then zeros
+        inv_freq = _default_inv_freq(base, rotary_dim) / p["factor"]
+        inv_freq[int(p["partial_rotary_factor"] * rotary_dim // 2):] = 0.0
     elif rope_type == "ntk":
         inv_freq = _default_inv_freq(base * p["factor"] ** (rotary_dim / (rotary_dim - 2)), rotary_dim)
     elif rope_type == "dynamic":

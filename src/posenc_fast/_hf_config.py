@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
+from ._hf_models import MODEL_RULES, ModelRule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
 
@@ -49,12 +50,6 @@ _PARTIAL_DEFAULTS = {
     "stablelm": 0.25,  # StableLmConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25)
 }
 
-# models whose attention rotates only int(head_dim * partial_rotary_factor) leading features
-_PARTIAL_MODELS = {"phi", "phi3", "gpt_neox", "stablelm"}
-
-# Llama-style models: compute_default_rope_parameters ignores partial_rotary_factor and the whole head rotates
-_FULL_HEAD_MODELS = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "deepseek_v3"}
-
 _SCALED_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
 
 
@@ -62,6 +57,10 @@ def _load(config) -> tuple[dict, str]:
     """Return (config dict, description for messages)."""
     if isinstance(config, Mapping):
         return dict(config), "config"
+    if callable(getattr(config, "to_dict", None)):  # a transformers PretrainedConfig
+        data = config.to_dict()
+        if isinstance(data, Mapping):
+            return dict(data), "config"
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         try:
@@ -74,7 +73,8 @@ def _load(config) -> tuple[dict, str]:
         if not isinstance(data, dict):
             raise ValueError(f"config file {path!r} must hold a JSON object, got {type(data).__name__}")
         return data, f"config file {path!r}"
-    raise TypeError(f"config must be a dict or a path to a config.json, got {type(config).__name__}")
+    raise TypeError(f"config must be a dict, a transformers config or a path to a config.json, "
+                    f"got {type(config).__name__}")
 
 
 def _int(cfg: Mapping, key: str, where: str, default=None) -> int:
@@ -94,7 +94,7 @@ def _real(value, key: str, where: str) -> float:
     return float(value)
 
 
-def _head_dim(cfg: Mapping, model_type: str, where: str) -> int:
+def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int:
     if model_type == "gptj":
         # GPTJConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
         hidden = _int(cfg, "n_embd", where) if "n_embd" in cfg else _int(cfg, "hidden_size", where)
@@ -102,36 +102,67 @@ def _head_dim(cfg: Mapping, model_type: str, where: str) -> int:
         return hidden // heads
     if model_type in _HEAD_DIM_DEFAULTS and "head_dim" not in cfg:
         return _HEAD_DIM_DEFAULTS[model_type]
-    if cfg.get("head_dim") is not None:
-        return _int(cfg, "head_dim", where)
+    if cfg.get(rule.head_dim_key) is not None:
+        return _int(cfg, rule.head_dim_key, where)
     # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
     return _int(cfg, "hidden_size", where) // _int(cfg, "num_attention_heads", where)
 
 
-def _rope_parameters(cfg: Mapping, where: str) -> dict:
-    """The rope parameter dict transformers standardises: rope_scaling wins over rope_parameters."""
+def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
+    """The rope parameter dict transformers standardises for `layer_type`: rope_scaling wins over rope_parameters."""
     # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
     params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
-    labels = set(cfg.get("layer_types") or ()) | {"full_attention", "sliding_attention"}
-    nested = sorted(key for key in params if key in labels and isinstance(params[key], Mapping))
+    declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
+    labels = set(declared) | {"full_attention", "sliding_attention"}
+    nested = {key: value for key, value in params.items() if key in labels and isinstance(value, Mapping)}
+    if layer_type is not None:
+        if not isinstance(layer_type, str):
+            raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
+        known = sorted(set(declared) | set(nested)
+                       | ({"full_attention", "sliding_attention"} if rule.local_theta_key else set()))
+        if layer_type not in known:
+            raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
+                             f"expected one of {known}")
     if nested:
-        raise ValueError(
-            f"{where}: rope_parameters holds one RoPE per layer type {nested}; "
-            "build one RotaryEmbedding per layer type instead"
-        )
-    return dict(params)
+        # standardize_rope_params: top-level rope_theta / partial_rotary_factor fill each layer type's dict
+        per_type = {key: {**_top_level(cfg, rule), **value} for key, value in nested.items()}
+    elif rule.local_theta_key is not None:
+        # the flat transformers-4 form (Gemma 3): rope_scaling and rope_theta are the full-attention layers',
+        # `local_theta_key` (or the class default) the sliding-window layers' default RoPE
+        local = cfg.get(rule.local_theta_key)
+        full = {**_top_level(cfg, rule), **params}
+        sliding = {**params} if rule.local_scaled else {"rope_type": "default"}
+        sliding["rope_theta"] = _DEFAULT_THETA if local is None else local
+        per_type = {"full_attention": full, "sliding_attention": sliding}
+    else:
+        return dict(params)
+    if layer_type is None:
+        distinct = {repr(sorted(value.items())) for value in per_type.values()}
+        if len(distinct) > 1:
+            raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; "
+                             f"pass layer_type= to choose one")
+        return dict(next(iter(per_type.values())))
+    if layer_type not in per_type:
+        raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "
+                         f"it has {sorted(per_type)}")
+    return dict(per_type[layer_type])
 
 
-def _theta(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
+def _top_level(cfg: Mapping, rule: ModelRule) -> dict:
+    top = {"rope_theta": cfg.get(rule.theta_key), "partial_rotary_factor": cfg.get("partial_rotary_factor")}
+    return {key: value for key, value in top.items() if value is not None}
+
+
+def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, where: str) -> float:
     if params.get("rope_theta") is not None:
         return _real(params["rope_theta"], "rope_theta", where)
     if model_type == "gpt_neox":
         # GPTNeoXConfig.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
         value, key = cfg.get("rotary_emb_base", _DEFAULT_THETA), "rotary_emb_base"
     else:
-        value, key = cfg.get("rope_theta", _DEFAULT_THETA), "rope_theta"
+        value, key = cfg.get(rule.theta_key, rule.default_theta), rule.theta_key
     if value is None:
         raise ValueError(f"{where}: {key!r} is null")
     return _real(value, key, where)
@@ -202,32 +233,64 @@ def _arithmetic_as_value_error(function):
     # Numbers beyond the float range (an int like 10**400) or a zero that a
     # rule divides by (original_max_position_embeddings = 0.0) are bad values.
     @functools.wraps(function)
-    def checked(config):
+    def checked(config, **kwargs):
         try:
-            return function(config)
+            return function(config, **kwargs)
         except (OverflowError, ZeroDivisionError) as error:
             raise ValueError(f"config: a value is out of range ({error})") from None
 
     return checked
 
 
+# where composite configs (vision-language, speech) keep their text model's config
+_TEXT_CONFIG_KEYS = ("text_config", "decoder", "generator", "text_encoder")
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def _text_part(cfg: dict, where: str) -> tuple[dict, str]:
+    for key in _TEXT_CONFIG_KEYS:
+        if isinstance(cfg.get(key), Mapping) and "hidden_size" not in cfg:
+            return dict(cfg[key]), f"{where}[{key!r}]"
+    return cfg, where
+
+
+def _rule(model_type, layout, where: str) -> ModelRule:
+    rule = MODEL_RULES.get(model_type)
+    if layout is not None and layout not in ("half", "interleaved"):
+        raise ValueError(f"layout must be 'half', 'interleaved' or None, got {layout!r}")
+    if rule is None:
+        if layout is None:
+            raise ValueError(
+                f"{where}: no rule for model_type {model_type!r}, and its pair layout cannot be read from the "
+                f"config; pass layout='half' (transformers' rotate_half) or layout='interleaved' (x[..., 0::2]) "
+                f"as its attention rotates")
+        return ModelRule(source="", layout=layout, whole_head=False)  # the config's partial_rotary_factor holds
+    if layout is not None and layout != rule.layout and not rule.mla:
+        raise ValueError(f"{where}: layout={layout!r} contradicts model_type {model_type!r}, which rotates "
+                         f"{rule.layout!r} pairs ({rule.source})")
+    return rule
+
+
 @_arithmetic_as_value_error
-def rotary_kwargs_from_hf_config(config) -> dict:
+def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layout: str | None = None) -> dict:
     """Keyword arguments for ``RotaryEmbedding`` from a Hugging Face model config.
 
     Parameters
     ----------
-    config : dict or str or os.PathLike
-        A parsed ``config.json`` or the path to one. Both the transformers-4
-        form (``rope_theta`` + ``rope_scaling``) and the transformers-5 form
-        (``rope_parameters``, possibly holding ``rope_theta`` and
-        ``partial_rotary_factor``) are read. Per-model rules follow
-        transformers 5 for ``llama``, ``mistral``, ``qwen2``, ``qwen3``,
-        ``gemma``, ``gemma2``, ``phi``, ``phi3``, ``gpt_neox``, ``gptj``,
-        ``stablelm`` and ``deepseek_v3``. Another ``model_type`` (or none) is
-        read with the generic rules: ``head_dim`` or ``hidden_size //
-        num_attention_heads``, ``partial_rotary_factor`` honoured, layout
-        ``"half"``.
+    config : dict or str or os.PathLike or transformers config
+        A parsed ``config.json``, the path to one, or a transformers
+        configuration object (read through its ``to_dict()``).  Both the
+        transformers-4 form (``rope_theta`` + ``rope_scaling``) and the
+        transformers-5 form (``rope_parameters``) are read.  A composite
+        config (vision-language, speech) gives its text model's RoPE
+        (``text_config``).
+    layer_type : str, optional
+        For configs with one RoPE per layer type (Gemma 3, ModernBERT, ...):
+        which one, e.g. ``"sliding_attention"``.  Required when the layer
+        types' RoPEs differ.
+    layout : {"half", "interleaved"}, optional
+        The pair layout, for a ``model_type`` without a rule in
+        ``_hf_models.MODEL_RULES`` (refused without it).
 
     Returns
     -------
@@ -242,11 +305,14 @@ def rotary_kwargs_from_hf_config(config) -> dict:
     Raises
     ------
     TypeError
-        If ``config`` is neither a mapping nor a path.
+        If ``config`` is neither a mapping, a config object nor a path.
     ValueError
         If the file cannot be read or is not a JSON object, a needed key is
         missing (named in the message), a value is invalid, the RoPE type is
-        unsupported or the config holds one RoPE per layer type (Gemma 3).
+        unsupported, the model type has no rule and no ``layout`` was given,
+        the model rotates in a way ``RotaryEmbedding`` does not (several
+        position streams, the reversed direction), or the config holds
+        differing RoPEs per layer type and no ``layer_type`` was given.
 
     Notes
     -----
@@ -258,46 +324,59 @@ def rotary_kwargs_from_hf_config(config) -> dict:
     - GPT-NeoX reads ``rotary_emb_base`` and ``rotary_pct`` (default 0.25).
     - GPT-J rotates ``rotary_dim`` (default 64) features in interleaved
       pairs with a fixed base of 10000 and no scaling.
-    - DeepSeek-V3 rotates the ``qk_rope_head_dim`` (default 64) features,
-      interleaved unless ``rope_interleave`` is false; those features are
-      the whole array it rotates, so ``dim == rotary_dim``.
-    - Llama-style models (llama, mistral, qwen2, qwen3, gemma, gemma2,
-      deepseek_v3) rotate the whole head and ignore ``partial_rotary_factor``
-      for default RoPE; with a scaled RoPE and ``partial_rotary_factor < 1``
-      transformers computes fewer frequencies than it rotates, which is
-      rejected here.
+    - Multi-head latent attention (DeepSeek-V3 and others) rotates the
+      ``qk_rope_head_dim`` features, interleaved unless ``rope_interleave``
+      is false; those features are the whole array it rotates, so
+      ``dim == rotary_dim``.
+    - Models that rotate the whole head (Llama and most others) ignore
+      ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
+      ``partial_rotary_factor < 1`` transformers computes fewer frequencies
+      than they rotate, which is rejected here.
+    - ``"proportional"`` RoPE (Gemma 4) rotates the whole head with zero
+      frequencies past ``partial_rotary_factor``.
     """
     cfg, where = _load(config)
+    cfg, where = _text_part(cfg, where)
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
     where = f"{where} (model_type {model_type!r})"
+    rule = _rule(model_type, layout, where)
+    if rule.reversed:
+        raise ValueError(
+            f"{where}: this model rotates by -theta (its rotate_half is cat(x2, -x1), {rule.source}); "
+            "RotaryEmbedding rotates by +theta. Its rotation is RotaryEmbedding(...).apply(x, positions, "
+            "inverse=True) of the same RoPE when the attention factor is 1")
 
     if model_type == "gptj":
         # GPTJRotaryEmbedding: create_sinusoidal_positions(n_positions, rotary_dim or hidden_size), base 10000
-        head_dim = _head_dim(cfg, model_type, where)
+        head_dim = _head_dim(cfg, model_type, rule, where)
         rotary_dim = cfg.get("rotary_dim", 64)
         rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
         return dict(dim=head_dim, rotary_dim=rotary_dim, base=_DEFAULT_THETA, layout="interleaved", scaling=None)
 
-    params = _rope_parameters(cfg, where)
-    base = _theta(cfg, params, model_type, where)
+    params = _rope_parameters(cfg, rule, layer_type, where)
+    streams = [key for key in _MROPE_KEYS if params.get(key) or cfg.get(key)]
+    if rule.position_streams or streams or params.get("rope_type", params.get("type")) == "mrope":
+        raise ValueError(f"{where}: this model's RoPE has several position streams per token (multimodal "
+                         f"RoPE, {rule.source or streams or 'mrope'}), which RotaryEmbedding does not rotate yet")
+    base = _theta(cfg, params, model_type, rule, where)
     rope_type = _rope_type(params, model_type, where)
     scaling = _scaling(cfg, params, rope_type, model_type, where)
     partial = _partial_factor(cfg, params, model_type, where)
 
-    if model_type == "deepseek_v3":
-        # DeepseekV3Config: head_dim = qk_rope_head_dim; the attention rotates q_rot / k_rot only
-        dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64)
-        layout = "half" if cfg.get("rope_interleave", True) is False else "interleaved"
+    if rule.mla:
+        # the attention rotates q_rot / k_rot, the qk_rope_head_dim features, only
+        dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64 if model_type == "deepseek_v3" else None)
+        interleave = cfg.get("rope_interleave")
+        layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
     else:
-        dim = _head_dim(cfg, model_type, where)
-        layout = "half"
-        if model_type in _FULL_HEAD_MODELS:
-            rotary_dim = dim
-        else:
-            rotary_dim = int(dim * partial)
-    if model_type in _FULL_HEAD_MODELS and partial < 1.0 and scaling is not None:
+        dim = _head_dim(cfg, model_type, rule, where)
+        layout = rule.layout
+        rotary_dim = dim if rule.whole_head or rope_type == "proportional" else int(dim * partial)
+    if rope_type == "proportional":
+        scaling["partial_rotary_factor"] = partial
+    elif rule.whole_head and not rule.mla and partial < 1.0 and scaling is not None:
         raise ValueError(
             f"{where}: partial_rotary_factor={partial!r} with rope_type {rope_type!r}: transformers computes "
             f"int(head_dim * partial_rotary_factor) frequencies but this model rotates all {dim} head features"

@@ -135,25 +135,41 @@ class RotaryEmbedding:
                                             _length_with_base_frequencies(self._frequencies))
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str]
-                       ) -> "RotaryEmbedding":
+    def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], *,
+                       layer_type: str | None = None,
+                       layout: Literal["interleaved", "half"] | None = None) -> "RotaryEmbedding":
         """Build the rotary embedding a Hugging Face model config describes.
 
         Parameters
         ----------
-        config : dict or str or os.PathLike
-            A parsed ``config.json`` or its path.  Read as transformers' own
-            configuration class for its ``model_type`` reads it (head_dim,
-            partial rotary, ``rope_theta``/``rope_scaling`` or
-            ``rope_parameters``, per-model rules).
+        config : dict or str or os.PathLike or transformers config
+            A parsed ``config.json``, its path, or a transformers config
+            object.  Read as transformers' own configuration class and
+            modeling code for its ``model_type`` read it (head_dim, partial
+            rotary, ``rope_theta``/``rope_scaling`` or ``rope_parameters``,
+            pair layout; the text model's part of a composite config).
+        layer_type : str, optional
+            Which layer type's RoPE, for configs with one per layer type
+            (Gemma 3: ``"full_attention"`` or ``"sliding_attention"``).
+        layout : {"interleaved", "half"}, optional
+            Pair layout of a ``model_type`` posenc_fast has no rule for
+            (refused without it: never a guess).
 
         Returns
         -------
         RotaryEmbedding
+
+        Examples
+        --------
+        >>> import posenc_fast as pf
+        >>> config = {"model_type": "gemma3_text", "head_dim": 256, "rope_theta": 1e6,
+        ...           "rope_local_base_freq": 1e4}
+        >>> pf.RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention").base
+        10000.0
         """
         from ._hf_config import rotary_kwargs_from_hf_config
 
-        kwargs = rotary_kwargs_from_hf_config(config)
+        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout)
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")

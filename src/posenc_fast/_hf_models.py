@@ -1,0 +1,214 @@
+"""Per-model RoPE rules of Hugging Face transformers, one row per ``model_type``.
+
+Each row names the file of ``transformers/models/`` it was read from and is
+kept honest by ``tests/test_hf_models.py``, which runs the model's own rotary
+module and rotation against ``RotaryEmbedding.from_hf_config`` for every
+model type of the installed transformers.  A model type without a row is
+refused unless the caller settles its layout (``layout=``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["ModelRule", "MODEL_RULES"]
+
+
+class ModelRule(NamedTuple):
+    """How one model family rotates queries and keys."""
+
+    source: str
+    """The modeling file the rule was read from (under ``transformers/models/``)."""
+    layout: str = "half"
+    """Pair layout of its rotation: ``"half"`` (``rotate_half``) or ``"interleaved"`` (``x[..., 0::2]``)."""
+    whole_head: bool = True
+    """True: rotates the whole head, ignoring ``partial_rotary_factor`` for default RoPE (Llama's
+    ``compute_default_rope_parameters``); False: rotates ``int(head_dim * partial_rotary_factor)``
+    leading features."""
+    head_dim_key: str = "head_dim"
+    """The config key its ``head_dim`` is stored under (``attribute_map``)."""
+    mla: bool = False
+    """Multi-head latent attention: rotates the ``qk_rope_head_dim`` features; ``rope_interleave``
+    (when the config has it) picks the layout."""
+    position_streams: bool = False
+    """Multimodal RoPE: several position streams (t/h/w) per token, whatever the config says."""
+    reversed: bool = False
+    """Rotates by ``-theta`` (its ``rotate_half`` is ``cat(x2, -x1)``)."""
+    theta_key: str = "rope_theta"
+    """The flat (transformers-4) config key of ``rope_theta``."""
+    default_theta: float = 10000.0
+    """``rope_theta`` when the config has none (the configuration class's ``default_theta``)."""
+    local_theta_key: str | None = None
+    """Flat config key of the sliding-window layers' ``rope_theta`` (one RoPE per layer type)."""
+    local_scaled: bool = False
+    """A flat ``rope_scaling`` applies to the sliding-window layers too (else to full attention only)."""
+
+
+# Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
+MODEL_RULES: dict[str, ModelRule] = {
+    "afmoe": ModelRule("afmoe/modeling_afmoe.py"),
+    "apertus": ModelRule("apertus/modeling_apertus.py"),
+    "apertus1p5_text": ModelRule("apertus1p5/modeling_apertus1p5.py"),
+    "arcee": ModelRule("arcee/modeling_arcee.py"),
+    "aria_text": ModelRule("aria/modeling_aria.py"),
+    "axk1": ModelRule("axk1/modeling_axk1.py", "interleaved", mla=True),
+    "axk2": ModelRule("axk2/modeling_axk2.py", mla=True),
+    "bamba": ModelRule("bamba/modeling_bamba.py", whole_head=False),
+    "bitnet": ModelRule("bitnet/modeling_bitnet.py"),
+    "blt_global_transformer": ModelRule("blt/modeling_blt.py", "interleaved"),
+    "blt_local_decoder": ModelRule("blt/modeling_blt.py", "interleaved"),
+    "blt_local_encoder": ModelRule("blt/modeling_blt.py", "interleaved"),
+    "blt_patcher": ModelRule("blt/modeling_blt.py", "interleaved"),
+    "chameleon": ModelRule("chameleon/modeling_chameleon.py"),
+    "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
+    "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
+    "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
+    "csm": ModelRule("csm/modeling_csm.py"),
+    "csm_depth_decoder_model": ModelRule("csm/modeling_csm.py"),
+    "cwm": ModelRule("cwm/modeling_cwm.py"),
+    "deepseek_ocr2_encoder": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
+    "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
+    "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True),
+    "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
+    "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", mla=True),
+    "dia_decoder": ModelRule("dia/modeling_dia.py"),
+    "dia_encoder": ModelRule("dia/modeling_dia.py"),
+    "diffllama": ModelRule("diffllama/modeling_diffllama.py"),
+    "doge": ModelRule("doge/modeling_doge.py"),
+    "dory": ModelRule("dory/modeling_dory.py"),
+    "dots1": ModelRule("dots1/modeling_dots1.py"),
+    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", mla=True),
+    "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
+    "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
+    "ernie4_5_moe": ModelRule("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved"),
+    "ernie4_5_vl_moe_text": ModelRule("ernie4_5_vl_moe/modeling_ernie4_5_vl_moe.py", "interleaved", position_streams=True),
+    "esm": ModelRule("esm/modeling_esm.py"),
+    "esmc": ModelRule("esmc/modeling_esmc.py"),
+    "eurobert": ModelRule("eurobert/modeling_eurobert.py"),
+    "exaone4": ModelRule("exaone4/modeling_exaone4.py"),
+    "exaone_moe": ModelRule("exaone_moe/modeling_exaone_moe.py"),
+    "falcon": ModelRule("falcon/modeling_falcon.py"),
+    "falcon_h1": ModelRule("falcon_h1/modeling_falcon_h1.py"),
+    "flex_olmo": ModelRule("flex_olmo/modeling_flex_olmo.py"),
+    "flint": ModelRule("flint/modeling_flint.py"),
+    "gemma": ModelRule("gemma/modeling_gemma.py"),
+    "gemma2": ModelRule("gemma2/modeling_gemma2.py"),
+    "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
+    "gemma3n_text": ModelRule("gemma3n/modeling_gemma3n.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
+    "glm": ModelRule("glm/modeling_glm.py", "interleaved", whole_head=False),
+    "glm4": ModelRule("glm4/modeling_glm4.py", "interleaved", whole_head=False),
+    "glm4_moe": ModelRule("glm4_moe/modeling_glm4_moe.py", whole_head=False),
+    "glmasr_encoder": ModelRule("glmasr/modeling_glmasr.py", whole_head=False),
+    "gpt_neox": ModelRule("gpt_neox/modeling_gpt_neox.py", whole_head=False),
+    "gpt_neox_japanese": ModelRule("gpt_neox_japanese/modeling_gpt_neox_japanese.py", whole_head=False),
+    "gpt_oss": ModelRule("gpt_oss/modeling_gpt_oss.py"),
+    "gptj": ModelRule("gptj/modeling_gptj.py", "interleaved"),
+    "gradium_phonon_tts": ModelRule("gradium_phonon_tts/modeling_gradium_phonon_tts.py"),
+    "granite": ModelRule("granite/modeling_granite.py"),
+    "granite_docling_text": ModelRule("granite_docling/modeling_granite_docling.py"),
+    "granite_swa": ModelRule("granite_swa/modeling_granite_swa.py"),
+    "granitemoe": ModelRule("granitemoe/modeling_granitemoe.py"),
+    "granitemoe_swa": ModelRule("granitemoe_swa/modeling_granitemoe_swa.py"),
+    "granitemoehybrid": ModelRule("granitemoehybrid/modeling_granitemoehybrid.py"),
+    "granitemoeshared": ModelRule("granitemoeshared/modeling_granitemoeshared.py"),
+    "gte": ModelRule("gte/modeling_gte.py"),
+    "helium": ModelRule("helium/modeling_helium.py", "interleaved"),
+    "hrm_text": ModelRule("hrm_text/modeling_hrm_text.py"),
+    "hunyuan_v1_dense": ModelRule("hunyuan_v1_dense/modeling_hunyuan_v1_dense.py"),
+    "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py"),
+    "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
+    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True),
+    "hyperclovax": ModelRule("hyperclovax/modeling_hyperclovax.py"),
+    "idefics": ModelRule("idefics/modeling_idefics.py"),
+    "jais2": ModelRule("jais2/modeling_jais2.py"),
+    "jetmoe": ModelRule("jetmoe/modeling_jetmoe.py", head_dim_key="kv_channels"),
+    "jina_embeddings_v3": ModelRule("jina_embeddings_v3/modeling_jina_embeddings_v3.py"),
+    "kolibri1": ModelRule("kolibri1/modeling_kolibri1.py"),
+    "kyutai_speech_to_text": ModelRule("kyutai_speech_to_text/modeling_kyutai_speech_to_text.py"),
+    "laguna": ModelRule("laguna/modeling_laguna.py", whole_head=False),
+    "lara_mini": ModelRule("lara_mini/modeling_lara_mini.py"),
+    "lasr_encoder": ModelRule("lasr/modeling_lasr.py"),
+    "lfm2": ModelRule("lfm2/modeling_lfm2.py"),
+    "lfm2_moe": ModelRule("lfm2_moe/modeling_lfm2_moe.py"),
+    "llama": ModelRule("llama/modeling_llama.py"),
+    "llama4_text": ModelRule("llama4/modeling_llama4.py", "interleaved"),
+    "mellum": ModelRule("mellum/modeling_mellum.py"),
+    "mimi": ModelRule("mimi/modeling_mimi.py"),
+    "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
+    "mimi_encoder": ModelRule("mimi/modeling_mimi.py"),
+    "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False),
+    "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True),
+    "minimax": ModelRule("minimax/modeling_minimax.py"),
+    "minimax_m2": ModelRule("minimax_m2/modeling_minimax_m2.py", whole_head=False),
+    "minimax_m3_vl_text": ModelRule("minimax_m3_vl/modeling_minimax_m3_vl.py", whole_head=False),
+    "ministral": ModelRule("ministral/modeling_ministral.py"),
+    "ministral3": ModelRule("ministral3/modeling_ministral3.py"),
+    "mistral": ModelRule("mistral/modeling_mistral.py"),
+    "mistral4": ModelRule("mistral4/modeling_mistral4.py", "interleaved", whole_head=False, mla=True),
+    "mixtral": ModelRule("mixtral/modeling_mixtral.py"),
+    "mllama_text_model": ModelRule("mllama/modeling_mllama.py"),
+    "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
+    "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
+    "molmo2_text": ModelRule("molmo2/modeling_molmo2.py"),
+    "moshi": ModelRule("moshi/modeling_moshi.py"),
+    "muse_glimmer_assistant": ModelRule("muse_glimmer_assistant/modeling_muse_glimmer_assistant.py"),
+    "muse_glimmer_text": ModelRule("muse_glimmer/modeling_muse_glimmer.py"),
+    "muse_spark_text": ModelRule("muse_spark/modeling_muse_spark.py"),
+    "nanochat": ModelRule("nanochat/modeling_nanochat.py", reversed=True),
+    "nemotron": ModelRule("nemotron/modeling_nemotron.py", whole_head=False),
+    "nemotron3_5_transcribe_asr_audio": ModelRule("nemotron3_5_transcribe/modeling_nemotron3_5_transcribe.py", whole_head=False),
+    "nemotron3_5_transcribe_word_timestamp": ModelRule("nemotron3_5_transcribe/modeling_nemotron3_5_transcribe.py", whole_head=False),
+    "nemotron3_diarization_audio": ModelRule("nemotron3_diarization/modeling_nemotron3_diarization.py", whole_head=False),
+    "neomme": ModelRule("neomme/modeling_neomme.py", whole_head=False, position_streams=True),
+    "neucodec": ModelRule("neucodec/modeling_neucodec.py"),
+    "nomic_bert": ModelRule("nomic_bert/modeling_nomic_bert.py"),
+    "olmo": ModelRule("olmo/modeling_olmo.py"),
+    "olmo2": ModelRule("olmo2/modeling_olmo2.py"),
+    "olmo3": ModelRule("olmo3/modeling_olmo3.py"),
+    "olmo_hybrid": ModelRule("olmo_hybrid/modeling_olmo_hybrid.py"),
+    "olmoe": ModelRule("olmoe/modeling_olmoe.py"),
+    "openai_privacy_filter": ModelRule("openai_privacy_filter/modeling_openai_privacy_filter.py", "interleaved"),
+    "paddleocr_vl_text": ModelRule("paddleocr_vl/modeling_paddleocr_vl.py", position_streams=True),
+    "persimmon": ModelRule("persimmon/modeling_persimmon.py", whole_head=False),
+    "phi": ModelRule("phi/modeling_phi.py", whole_head=False),
+    "phi3": ModelRule("phi3/modeling_phi3.py", whole_head=False),
+    "phi4_multimodal": ModelRule("phi4_multimodal/modeling_phi4_multimodal.py", whole_head=False),
+    "phimoe": ModelRule("phimoe/modeling_phimoe.py"),
+    "pocket_tts": ModelRule("pocket_tts/modeling_pocket_tts.py"),
+    "qwen2": ModelRule("qwen2/modeling_qwen2.py"),
+    "qwen2_5_omni_talker": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py"),
+    "qwen2_5_omni_text": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py", position_streams=True),
+    "qwen2_5_vl_text": ModelRule("qwen2_5_vl/modeling_qwen2_5_vl.py", position_streams=True),
+    "qwen2_moe": ModelRule("qwen2_moe/modeling_qwen2_moe.py"),
+    "qwen2_vl_text": ModelRule("qwen2_vl/modeling_qwen2_vl.py", position_streams=True),
+    "qwen3": ModelRule("qwen3/modeling_qwen3.py"),
+    "qwen3_5_moe_text": ModelRule("qwen3_5_moe/modeling_qwen3_5_moe.py", whole_head=False, position_streams=True),
+    "qwen3_5_text": ModelRule("qwen3_5/modeling_qwen3_5.py", whole_head=False, position_streams=True),
+    "qwen3_moe": ModelRule("qwen3_moe/modeling_qwen3_moe.py"),
+    "qwen3_next": ModelRule("qwen3_next/modeling_qwen3_next.py", whole_head=False),
+    "qwen3_omni_moe_talker_code_predictor": ModelRule("qwen3_omni_moe/modeling_qwen3_omni_moe.py"),
+    "qwen3_omni_moe_talker_text": ModelRule("qwen3_omni_moe/modeling_qwen3_omni_moe.py"),
+    "qwen3_vl_moe_text": ModelRule("qwen3_vl_moe/modeling_qwen3_vl_moe.py", position_streams=True),
+    "qwen3_vl_text": ModelRule("qwen3_vl/modeling_qwen3_vl.py", position_streams=True),
+    "qwen4_exp_text": ModelRule("qwen4_exp/modeling_qwen4_exp.py", whole_head=False, position_streams=True),
+    "recurrent_gemma": ModelRule("recurrent_gemma/modeling_recurrent_gemma.py", whole_head=False),
+    "seed_oss": ModelRule("seed_oss/modeling_seed_oss.py"),
+    "smollm3": ModelRule("smollm3/modeling_smollm3.py"),
+    "solar_open": ModelRule("solar_open/modeling_solar_open.py", whole_head=False),
+    "stablelm": ModelRule("stablelm/modeling_stablelm.py", whole_head=False),
+    "starcoder2": ModelRule("starcoder2/modeling_starcoder2.py"),
+    "step3p5": ModelRule("step3p7/modeling_step3p7.py"),
+    "t5_gemma_module": ModelRule("t5gemma/modeling_t5gemma.py"),
+    "t5gemma2_decoder": ModelRule("t5gemma2/modeling_t5gemma2.py"),
+    "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
+    "timesfm2_5": ModelRule("timesfm2_5/modeling_timesfm2_5.py"),
+    "ultrabert": ModelRule("ultrabert/modeling_ultrabert.py"),
+    "unlimited_ocr_text": ModelRule("unlimited_ocr/modeling_unlimited_ocr.py"),
+    "vaultgemma": ModelRule("vaultgemma/modeling_vaultgemma.py"),
+    "voxtral_realtime_encoder": ModelRule("voxtral_realtime/modeling_voxtral_realtime.py"),
+    "voxtral_realtime_text": ModelRule("voxtral_realtime/modeling_voxtral_realtime.py"),
+    "xcodec2": ModelRule("xcodec2/modeling_xcodec2.py"),
+    "youtu": ModelRule("youtu/modeling_youtu.py", "interleaved", mla=True),
+    "zamba2": ModelRule("zamba2/modeling_zamba2.py", head_dim_key="attention_head_dim"),
+    "zaya": ModelRule("zaya/modeling_zaya.py", whole_head=False),
+}

@@ -1,0 +1,173 @@
+"""Walk every model type of the installed transformers that defines a text rotary embedding.
+
+For each one: its default config, the model's own rotary module and its own
+``apply_rotary_pos_emb`` on random q/k at random positions, compared with
+``RotaryEmbedding.from_hf_config(config).apply_qk`` through the attention
+scores q·k (which do not depend on where a model writes each rotated pair).
+Used by ``test_hf_models.py`` and ``make_models_table.py``; needs torch and
+transformers.
+"""
+
+import importlib
+import inspect
+import re
+import warnings
+
+import numpy as np
+import torch
+import transformers
+from transformers.models.auto import configuration_auto
+
+import posenc_fast as pf
+
+SEQ = 12
+HEADS = 2
+MAX_POSITION = 1024
+# |score error| allowed, relative to |q_i| |k_j|: transformers forms float32
+# angles up to MAX_POSITION rad (half an ulp: 6e-5 rad) and float32 products.
+SCORE_RTOL = 1e-3
+
+_NOT_TEXT = re.compile(r"Vision|ViT|DiT|Talker|Audio|Video")
+
+
+def modeling_module(model_type):
+    name = configuration_auto.model_type_to_module_name(model_type)
+    try:
+        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return None
+
+
+def rotary_classes(module):
+    return [c for n, c in vars(module).items()
+            if n.endswith("RotaryEmbedding") and inspect.isclass(c) and c.__module__ == module.__name__]
+
+
+def model_types():
+    """Model types whose modeling module defines a rotary embedding class, sorted."""
+    types = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model_type in sorted(configuration_auto.CONFIG_MAPPING_NAMES):
+            module = modeling_module(model_type)
+            if module is not None and rotary_classes(module):
+                types.append(model_type)
+    return types
+
+
+def text_rotary_class(module):
+    """The module's text rotary embedding (None when it only has vision/audio ones)."""
+    classes = rotary_classes(module)
+    text = [c for c in classes if not _NOT_TEXT.search(c.__name__)]
+    if len(text) > 1:
+        text = [c for c in text if "Text" in c.__name__] or text
+    return text[0] if len(text) == 1 else None
+
+
+def head_dim(config):
+    """The width of the q/k the model's attention rotates."""
+    if getattr(config, "qk_rope_head_dim", None):
+        return config.qk_rope_head_dim  # MLA: only the rope part of q/k rotates
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class Skip(Exception):
+    """The family is out of the walk's reach; the message says why."""
+
+
+def check(model_type, partial_rotary_factor=None, seed=0):
+    """Compare one model type; return [(layer_type, worst score error relative to |q_i| |k_j|)].
+
+    With `partial_rotary_factor`, its default config gets that factor first
+    (a family that rotates the whole head ignores it).
+    """
+    config = configuration_auto.CONFIG_MAPPING[model_type](**CONFIG_OVERRIDES.get(model_type, {}))
+    text = config.get_text_config(decoder=True)
+    # a composite model's text part rotates as its own model type does (GLM-ASR's text model is a Llama)
+    module = modeling_module(text.model_type) if text is not config else None
+    if module is None or not rotary_classes(module):
+        module = modeling_module(model_type)
+    if partial_rotary_factor is not None:
+        params = getattr(text, "rope_parameters", None)
+        if not params or "rope_type" not in params or params["rope_type"] != "default":
+            raise Skip("no single default RoPE to give a partial rotary factor")
+        text.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
+    rotary_class = text_rotary_class(module)
+    if rotary_class is None:
+        raise Skip("no text rotary embedding (vision/audio only)")
+    try:
+        rotary = rotary_class(config=text)
+    except Exception as error:  # a vision/audio sub-config: the text rotary module does not take it
+        raise Skip(f"{rotary_class.__name__}(config) fails: {type(error).__name__}") from None
+    rng = np.random.default_rng(seed)
+    limit = min(MAX_POSITION, getattr(text, "max_position_embeddings", None) or MAX_POSITION)
+    positions = np.sort(rng.choice(limit, SEQ, replace=False))
+    dim = head_dim(text)
+    q = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
+    k = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
+    layer_types = [None]
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        layer_types = sorted(set(getattr(text, "layer_types", None) or ())) or [None]
+    results = []
+    for layer_type in layer_types:
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        with torch.no_grad():
+            rotary_out = rotary(torch.from_numpy(q), torch.from_numpy(positions)[None], **extra)
+            q_hf, k_hf = _model_rotation(module, text, rotary_out, torch.from_numpy(q), torch.from_numpy(k))
+        rope = pf.RotaryEmbedding.from_hf_config(config.to_dict(), **extra)
+        assert rope.dim == dim, f"dim {rope.dim}, the model rotates {dim}"
+        q_ours, k_ours = rope.apply_qk(q.astype(np.float64), k.astype(np.float64), positions)
+        results.append((layer_type, _score_error(q_hf, k_hf, q_ours, k_ours, q, k)))
+    return results
+
+
+# Default configs that cannot be compared as they are, and the change that makes them comparable
+CONFIG_OVERRIDES = {
+    # GLM-4.5's default head_dim is 4096 // 96 = 42, so int(42 * 0.5) = 21 features would rotate;
+    # the released checkpoints set head_dim = 128
+    "glm4_moe": {"head_dim": 128},
+}
+
+
+def _model_rotation(module, config, rotary_out, q, k):
+    """q and k (batch, heads, seq, dim) rotated by the model's own function, as its attention calls it."""
+    if isinstance(rotary_out, torch.Tensor):  # complex freqs_cis (Llama 4, DeepSeek-V2)
+        function, tables = module.apply_rotary_emb, (rotary_out,)
+    elif getattr(config, "rope_interleave", False) and hasattr(module, "apply_rotary_pos_emb_interleave"):
+        function, tables = module.apply_rotary_pos_emb_interleave, rotary_out  # MLA's choice
+    else:
+        function, tables = module.apply_rotary_pos_emb, rotary_out
+    names = list(inspect.signature(function).parameters)
+    pairwise = names[1] in ("k", "xk", "key", "k_embed")
+    cos = tables[0] if len(tables) == 1 or names.index("cos") < names.index("sin") else tables[1]
+    widths = [q.shape[-1]] + [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
+    errors = []
+    for width in widths:  # the attention passes the leading `width` features (partial rotary)
+        for axes in ((1, 2), None):  # (batch, heads, seq, dim) or (batch, seq, heads, dim)
+            qq, kk = (x[..., :width] if axes is None else x[..., :width].transpose(1, 2) for x in (q, k))
+            args = tuple(tables)  # in the order the rotary module returns and the function takes them
+            try:
+                if pairwise:
+                    q_rot, k_rot = function(qq, kk, *args)
+                else:
+                    q_rot, k_rot = function(qq, *args), function(kk, *args)
+            except (RuntimeError, IndexError) as error:
+                errors.append(str(error)[:80])
+                continue
+            if q_rot.shape != qq.shape:
+                continue
+            if axes is not None:
+                q_rot, k_rot = q_rot.transpose(1, 2), k_rot.transpose(1, 2)
+            rest = q.shape[-1] - width
+            q_rot = torch.cat((q_rot, q[..., width:]), -1) if rest else q_rot
+            k_rot = torch.cat((k_rot, k[..., width:]), -1) if rest else k_rot
+            return q_rot.double().numpy(), k_rot.double().numpy()
+    raise RuntimeError(f"cannot call {function.__name__}: {errors}")
+
+
+def _score_error(q_hf, k_hf, q_ours, k_ours, q, k):
+    scores_hf = np.einsum("bhid,bhjd->bhij", q_hf, k_hf)
+    scores_ours = np.einsum("bhid,bhjd->bhij", q_ours, k_ours)
+    norms = np.linalg.norm(q.astype(np.float64), axis=-1)[..., :, None] * np.linalg.norm(
+        k.astype(np.float64), axis=-1)[..., None, :]
+    return float(np.max(np.abs(scores_hf - scores_ours) / norms))

@@ -1,0 +1,88 @@
+"""Every RoPE model type of the installed transformers against from_hf_config (see hf_walk.py).
+
+Skipped without torch and transformers.  Nothing is downloaded: default
+configs, the model's own rotary module, random q/k.  A model type either
+agrees through the attention scores or is listed in OUT_OF_SCOPE with the
+reason, and a listed one must still fail (so the list cannot go stale).
+"""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import hf_walk  # noqa: E402  (needs torch)
+
+import posenc_fast as pf  # noqa: E402
+
+_STREAMS = "several position streams per token (multimodal RoPE): refused by from_hf_config"
+_PER_LAYER_HEAD = "head_dim differs per layer (per_layer_config): not read"
+_OTHER_ROTATION = "its attention rotates with a function other than apply_rotary_pos_emb(q, k, cos, sin)"
+_KEYS = "no rule: its config names the head sizes differently (encoder/decoder, n_embd, d_model)"
+
+OUT_OF_SCOPE = {
+    "bailing_hybrid": _OTHER_ROTATION, "glm_moe_dsa": _OTHER_ROTATION, "longcat_flash": _OTHER_ROTATION,
+    "mistral_large4": _OTHER_ROTATION, "mistral_large4_text": _OTHER_ROTATION,
+    "mlcd": "vision tower (2-D rotary)", "mlcd_vision_model": "vision tower (2-D rotary)",
+    "efficientloftr": "vision (2-D rotary)", "eomt_dinov3": "vision (2-D rotary)",
+    "qwen2_5_omni_dit": "speech DiT rotary, not a text model",
+    "beam": "its rotary module has no RoPE for the default config's layer types",
+    "deepseek_v4": "its rotary module has no RoPE for the default config's layer types",
+    "lfm3": "its rotary module has no RoPE for the default config's layer types",
+    "lfm3_vl": "its rotary module has no RoPE for the default config's layer types",
+    "diffusion_gemma": _PER_LAYER_HEAD, "diffusion_gemma_text": _PER_LAYER_HEAD,
+    "embedding_gemma2": _PER_LAYER_HEAD, "embedding_gemma2_text": _PER_LAYER_HEAD,
+    "gemma4": _PER_LAYER_HEAD, "gemma4_text": _PER_LAYER_HEAD,
+    "gemma4_unified": _PER_LAYER_HEAD, "gemma4_unified_text": _PER_LAYER_HEAD,
+    "nanochat": "rotates by -theta (rotate_half = cat(x2, -x1)): refused by from_hf_config",
+    "codegen": _KEYS, "dbrx": _KEYS, "dia": _KEYS, "moonshine": _KEYS, "voxtral_realtime": _KEYS,
+    "qwen2_5_omni": "composite config without text_config (thinker_config): not read",
+    "moonshine_streaming": "no rule: its rotation differs from both layouts (not read yet)",
+    "glm4_moe_lite": "no rule: MLA with a partial rope head (not read yet)",
+}
+OUT_OF_SCOPE.update(dict.fromkeys([
+    "cosmos3_edge", "cosmos3_edge_text", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm4v", "glm4v_text",
+    "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text", "glm_ocr", "glm_ocr_text", "hunyuan_vl",
+    "hunyuan_vl_text", "hy_v4_vl", "hy_v4_vl_text", "neomme", "paddleocr_vl", "paddleocr_vl_text",
+    "qwen2_5_omni_text", "qwen2_5_omni_thinker", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_vl", "qwen2_vl_text",
+    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_omni_moe", "qwen3_omni_moe_text",
+    "qwen3_omni_moe_thinker", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen4_exp",
+    "qwen4_exp_text"], _STREAMS))
+
+MODEL_TYPES = hf_walk.model_types()
+
+
+def _agrees(model_type, partial_rotary_factor=None):
+    results = hf_walk.check(model_type, partial_rotary_factor)
+    return all(error <= hf_walk.SCORE_RTOL for _, error in results), results
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_rope_matches_the_model(model_type):
+    if model_type in OUT_OF_SCOPE:
+        try:
+            agrees, _ = _agrees(model_type)
+        except hf_walk.Skip as skip:
+            pytest.fail(f"listed as out of scope, but the walk skips it: {skip}")
+        except Exception:  # refused by from_hf_config, or the walk cannot call the model's rotation
+            agrees = False
+        assert not agrees, f"{model_type} now agrees: remove it from OUT_OF_SCOPE"
+        return
+    try:
+        agrees, results = _agrees(model_type)
+    except hf_walk.Skip as skip:
+        pytest.skip(str(skip))
+    assert agrees, results
+    try:  # the whole-head / partial rule, with a partial rotary factor in the same config
+        agrees, results = _agrees(model_type, 0.5)
+    except hf_walk.Skip:
+        return
+    assert agrees, f"with partial_rotary_factor=0.5: {results}"
+
+
+def test_every_rule_is_walked():
+    walked = set()
+    for model_type in MODEL_TYPES:
+        config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
+        walked.add(config.get_text_config(decoder=True).model_type)
+    assert set(pf._hf_models.MODEL_RULES) - walked == set()
