@@ -381,7 +381,11 @@ def test_rotary_cos_sin_and_inv_freq_for(data, rope, dtype):
     valid = parsed is not None and dtype_ok(dtype)
     snap = Snapshot(positions)
     outcome = call(rope.cos_sin, positions, dtype=dtype)
-    if check(outcome, not valid, snap):
+    expect = not valid
+    if (valid and (rope.scaling or {}).get("rope_type") == "dynamic" and parsed[0].size
+            and parsed[0].max() > 2**60):
+        expect = None  # as for inv_freq_for below: the grown base may overflow float64
+    if check(outcome, expect, snap):
         values = parsed[0]
         seq_len = max(1, math.floor(values.max()) + 1) if values.size else 1
         inv_freq = rope.inv_freq_for(seq_len)
