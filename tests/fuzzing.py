@@ -19,6 +19,7 @@ import numbers
 import os
 import warnings
 
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -30,7 +31,9 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 
 
-FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float64)]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+HALF_DTYPES = [np.dtype(np.float16), BF16]
+FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float64)] + HALF_DTYPES
 # Data dtypes: mostly the supported ones, then every kind of wrong one.
 
 
@@ -50,9 +53,9 @@ def choose(good: list, bad: list, one_in=12):
         st.sampled_from(good)
 
 
-DATA_DTYPES = choose(["float32", "float64", ">f4", ">f8"],
-                     ["float16", "int32", "int64", "uint8", "bool", "complex64", "complex128",
-                      "object", "U3"], one_in=8)
+DATA_DTYPES = choose(["float32", "float64", ">f4", ">f8", "float16", BF16],
+                     ["float8_e4m3fn", "int32", "int64", "uint8", "bool", "complex64",
+                      "complex128", "object", "U3"], one_in=8)
 LAYOUTS = ["c"] * 6 + ["fortran", "strided", "reversed", "broadcast", "readonly"]
 
 
@@ -183,16 +186,24 @@ def arrays(draw, shape, dtype=None, layout=None):
 
 
 def is_float_data(a) -> bool:
-    """True if `a` is a float32/float64 array (any byte order) or converts to float64."""
+    """True if `a` is a float16/bfloat16/float32/float64 array (any byte order) or converts to one."""
     try:
         dtype = np.asarray(a).dtype
     except (TypeError, ValueError):
         return False
-    return dtype.kind == "f" and dtype.itemsize in (4, 8)
+    return dtype.newbyteorder("=") in FLOAT_DTYPES
 
 
 def native(dtype) -> np.dtype:
-    return np.dtype(np.dtype(dtype).name)
+    dtype = BF16 if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
+    return dtype.newbyteorder("=")
+
+
+def table_ok(data_dtype, table_dtype) -> bool:
+    """True if cos/sin of `table_dtype` may rotate `data_dtype` data (half data: float32 or own)."""
+    if native(data_dtype) in HALF_DTYPES:
+        return native(table_dtype) in (np.dtype(np.float32), native(data_dtype))
+    return True
 
 
 # Scalars: good and bad values of each kind of parameter.
@@ -419,15 +430,24 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype, scale: float, max_ang
     """|got - want| within a few roundings of `dtype` at magnitude `scale`, plus angle rounding.
 
     The kernels use cos/sin of the exact product p*w, the reference sin(fl(p*w)):
-    they may differ by up to half an ulp of the angle (times the magnitude).
+    they may differ by up to half an ulp of the angle (times the magnitude).  A
+    half type is computed in float32 and rounded once: within one of its ulps
+    of `want` (times the magnitude), and inf where `want` lies past its range.
     """
     got = np.asarray(got)
     assert got.dtype == native(dtype), (got.dtype, dtype)
     assert got.shape == np.shape(want), (got.shape, np.shape(want))
     want = np.asarray(want, dtype=np.float64)
-    rel = 4 * float(np.finfo(np.float32).eps) if native(dtype) == np.float32 else 1e-12
-    tol = (rel + 4 * EPS64 * max_angle + RECURRENCE_ATOL) * max(scale, 1.0)
     got64 = got.astype(np.float64)
+    if native(dtype) in HALF_DTYPES:
+        info = ml_dtypes.finfo(native(dtype))
+        past = np.abs(want) >= float(info.max) * (1 + float(info.eps))
+        assert (got64[past] == np.sign(want[past]) * np.inf).all(), "overflow must give inf"
+        want, got64 = want[~past], got64[~past]
+        rel = 2 * float(info.eps)
+    else:
+        rel = 4 * float(np.finfo(np.float32).eps) if native(dtype) == np.float32 else 1e-12
+    tol = (rel + 4 * EPS64 * max_angle + RECURRENCE_ATOL) * max(scale, 1.0)
     assert np.isfinite(got64).all() or not np.isfinite(want).all(), "non-finite result"
     err = np.abs(got64 - want)
     assert not (err > tol).any(), (f"max error {err.max():.3g} > tolerance {tol:.3g} "

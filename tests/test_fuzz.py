@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given
@@ -20,20 +21,21 @@ from hypothesis import strategies as st
 import posenc_fast as pf
 from posenc_fast import reference as ref
 
-from fuzzing import (FUZZ, HUGE_INTS, OUT_KINDS, Snapshot, arrays, assert_close, bad_ints,
-                     bad_reals, call, check, choose, int_ok, is_float_data, lead_shapes,
+from fuzzing import (FLOAT_DTYPES, FUZZ, HUGE_INTS, OUT_KINDS, Snapshot, arrays, assert_close,
+                     bad_ints, bad_reals, call, check, choose, int_ok, is_float_data, lead_shapes,
                      magnitude, make_out, maybe, native, out_ok, positions_for, positions_value,
-                     real_ok, real_values)
+                     real_ok, real_values, table_ok)
 
 LAYOUT_VALUES = choose(["interleaved", "split"], ["half", "Half", 3, None])
 ROTARY_LAYOUTS = choose(["interleaved", "half"], ["split", "Half", 3, None])
-DTYPE_ARGS = choose([np.float32, np.float64, "float32", "f8", np.dtype("float32")],
-                    [np.float16, np.int64, "bogus", object, complex])
+DTYPE_ARGS = choose([np.float32, np.float64, "float32", "f8", np.dtype("float32"), np.float16,
+                     "bfloat16"],
+                    [ml_dtypes.float8_e5m2, np.int64, "bogus", object, complex])
 
 
 def dtype_ok(dtype) -> bool:
     try:
-        return np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+        return native(dtype) in FLOAT_DTYPES
     except TypeError:
         return False
 
@@ -592,6 +594,9 @@ def _cache_expectation(x, cos, sin, positions, lead):
     """(valid, index_rows function) for apply_rotary_cos_sin's cache arguments."""
     if not (is_float_data(cos) and is_float_data(sin)) or cos.shape != sin.shape:
         return False, None
+    table = cos.dtype if cos.dtype == sin.dtype else np.float64  # mixed: used as float64
+    if not table_ok(x.dtype, table):
+        return False, None
     if cos.ndim < 1 or cos.shape[-1] < 1 or 2 * cos.shape[-1] > x.shape[-1]:
         return False, None
     h = cos.shape[-1]
@@ -834,35 +839,30 @@ def test_set_num_threads(n):
     lambda x: pf.add_position_table(x, np.zeros((8, 4), np.float32)),
     lambda x: pf.apply_rotary_cos_sin(x, np.ones((3, 2)), np.zeros((3, 2))),
 ])
-def test_float16_is_a_type_error_naming_the_supported_dtypes(call_with):
-    x = np.ones((2, 3, 4), np.float16)
-    with pytest.raises(TypeError, match=r"must be a float32 or float64 array, got dtype float16; "
-                                        r"convert it with \.astype\(np\.float32\) first"):
+def test_float8_is_a_type_error_naming_the_supported_dtypes(call_with):
+    x = np.ones((2, 3, 4), ml_dtypes.float8_e4m3fn)
+    with pytest.raises(TypeError, match=r"must be a float16, bfloat16, float32 or float64 array, "
+                                        r"got dtype float8_e4m3fn"):
         call_with(x)
 
 
-def test_bfloat16_is_a_type_error_naming_the_supported_dtypes():
-    ml_dtypes = pytest.importorskip("ml_dtypes")
-    x = np.ones((2, 3, 4), ml_dtypes.bfloat16)
-    with pytest.raises(TypeError, match=r"float32 or float64 array, got dtype bfloat16; "
-                                        r"convert it with \.astype\(np\.float32\) first"):
-        pf.apply_rotary(x)
-
-
-def test_float16_table_dtype_is_a_type_error():
-    with pytest.raises(TypeError, match="dtype must be float32 or float64, got float16"):
-        pf.sinusoidal_table(4, 8, dtype=np.float16)
+def test_float8_table_dtype_is_a_type_error():
+    with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64, "
+                                        "got float8_e5m2"):
+        pf.sinusoidal_table(4, 8, dtype=ml_dtypes.float8_e5m2)
 
 
 BURST = textwrap.dedent("""
     import random, sys, warnings
+    import ml_dtypes
     import numpy as np
     import posenc_fast as pf
     random.seed(int(sys.argv[1]))
     values = [None, 0, 1, -1, 2, 3, 7, 2**31, 2**62, 2**64, -2**63, 1e300, float("nan"),
               float("inf"), True, "x", 0.5, [1, 2], (), np.int64(3)]
     shapes = [(), (0,), (4,), (3, 4), (2, 0, 4), (2, 3, 4), (1, 2, 3, 4), (2, 1, 1, 1, 3, 4)]
-    dtypes = [np.float32, np.float64, np.float16, np.int32, ">f4", bool, complex, object]
+    dtypes = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+              np.int32, ">f4", bool, complex, object]
     def array():
         a = np.ones(random.choice(shapes), random.choice(dtypes))
         if a.ndim and random.random() < 0.3:

@@ -177,13 +177,25 @@ def test_inference_mode():
 # what falls back to transformers' formula
 
 
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_falls_back_to_transformers(dtype):
-    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), dtype, "transposed")
+def test_half_precision_takes_the_kernel_and_rounds_once(dtype, layout, kernel_calls):
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), dtype, layout)
     cos, sin = hf_cache(1, 5, 16, dtype)
-    for g, e in zip(hf.apply_rotary_pos_emb(q, k, cos, sin), HF_APPLY(q, k, cos, sin)):
-        assert g.dtype == dtype
-        assert torch.equal(g, e)
+    with torch.inference_mode():
+        got = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert kernel_calls  # not transformers' formula
+    for g, x, e in zip(got, (q, k), HF_APPLY(q, k, cos, sin)):
+        assert g.dtype == dtype and g.shape == x.shape
+        # float32 arithmetic on the half inputs, rounded once
+        x32, c32, s32 = x.float(), cos.float()[:, None], sin.float()[:, None]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+        assert torch.equal(g, (x32 * c32 + rotated * s32).to(dtype))
+        # closer to the float64 rotation than transformers' own half-precision formula
+        exact = x.double() * cos.double()[:, None] + torch.cat(
+            (-x.double()[..., half:], x.double()[..., :half]), dim=-1) * sin.double()[:, None]
+        assert (g.double() - exact).abs().max() <= (e.double() - exact).abs().max()
 
 
 def test_wider_cache_promotes_like_torch():
@@ -248,7 +260,7 @@ def test_errors():
         hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
     with pytest.raises(ValueError, match=r"unsqueeze_dim must be in \[-4, 3\]"):
         hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=4)
-    with pytest.raises(TypeError, match="q must be a float32 or float64 array, got dtype int64"):
+    with pytest.raises(TypeError, match="q must be a float16, bfloat16, float32 or float64 array, got dtype int64"):
         hf.apply_rotary_pos_emb(np.zeros((1, 4, 5, 16), int), k.numpy(), cos.numpy(),
                                 sin.numpy())
 

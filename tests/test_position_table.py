@@ -109,7 +109,7 @@ def test_out_of_range_positions_write_nothing():
 @pytest.mark.parametrize("call, error, match", [
     (dict(table=np.ones((10, 9))), ValueError, r"table must have shape \(max_len, 8\)"),
     (dict(table=np.ones(8)), ValueError, "table must have shape"),
-    (dict(table=np.ones((10, 8), np.int32)), TypeError, "table must be a float32 or float64"),
+    (dict(table=np.ones((10, 8), np.int32)), TypeError, "table must be a float16, bfloat16, float32 or float64"),
     (dict(positions=np.array([0.0, 1.0, 2.0])), TypeError, "positions must be an integer array"),
     (dict(positions=np.array([True, False, True])), TypeError, "integer array, got dtype bool"),
     (dict(positions=np.arange(4)), ValueError, "does not broadcast"),
@@ -134,7 +134,7 @@ def test_out_overlapping_table_is_refused():
     with pytest.raises(ValueError, match="overlaps"):
         pf.add_position_table(x, table, out=table[:3].reshape(1, 3, 8))
     assert not table.any()
-    with pytest.raises(TypeError, match="x must be a float32 or float64"):
+    with pytest.raises(TypeError, match="x must be a float16, bfloat16, float32 or float64"):
         pf.add_position_table(np.ones((1, 3, 8), np.int16), table)
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         pf.add_position_table(np.ones(8), table)

@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import ml_dtypes
 import mpmath
 import numpy as np
 import pytest
@@ -448,15 +449,18 @@ def test_t5_default_keys_and_defaults():
     (lambda: alibi_bias(2, 3, offset=2**52 + 1), ValueError,
      r"offset must lie in \[-2\*\*52, 2\*\*52\]"),
     (lambda: alibi_bias(2, 3, causal=1), TypeError, r"causal must be a bool, got int"),
-    (lambda: alibi_bias(2, 3, dtype=np.int32), TypeError, r"dtype must be float32 or float64"),
-    (lambda: alibi_bias(2, 3, dtype=np.float16), TypeError, r"dtype must be float32 or float64"),
-    (lambda: alibi_bias(2, 3, dtype="nonsense"), TypeError, r"dtype must be float32 or float64"),
+    (lambda: alibi_bias(2, 3, dtype=np.int32), TypeError,
+     r"dtype must be float16, bfloat16, float32 or float64"),
+    (lambda: alibi_bias(2, 3, dtype=ml_dtypes.float8_e4m3fn), TypeError,
+     r"dtype must be float16, bfloat16, float32 or float64"),
+    (lambda: alibi_bias(2, 3, dtype="nonsense"), TypeError,
+     r"dtype must be float16, bfloat16, float32 or float64"),
     (lambda: alibi_bias(2, 3, out=[0.0]), TypeError, r"out must be a numpy.ndarray, got list"),
     (lambda: add_alibi(np.zeros((2, 3, 4), np.int32)), TypeError,
-     r"scores must be a float32 or float64 array, got dtype int32"),
-    (lambda: add_alibi(np.zeros((2, 3, 4), bool)), TypeError, r"scores must be a float32"),
-    (lambda: add_alibi(np.zeros((2, 3, 4), np.float16)), TypeError,
-     r"scores must be a float32 or float64 array, got dtype float16"),
+     r"scores must be a float16, bfloat16, float32 or float64 array, got dtype int32"),
+    (lambda: add_alibi(np.zeros((2, 3, 4), bool)), TypeError, r"scores must be a float16"),
+    (lambda: add_alibi(np.zeros((2, 3, 4), ml_dtypes.float8_e4m3fn)), TypeError,
+     r"scores must be a float16, bfloat16, float32 or float64 array, got dtype float8_e4m3fn"),
     (lambda: add_alibi(np.zeros((3, 4))), ValueError,
      r"scores must have shape \(\.\.\., heads, q_len, k_len\) with at least 3 dimensions, "
      r"got shape \(3, 4\)"),

@@ -363,7 +363,7 @@ def bad_apply_calls():
     x = np.ones((2, 3, 4, 8))
     return [
         (dict(x=np.ones((2, 3, 4, 6))), ValueError, r"x must have shape \(\.\.\., 8\)"),
-        (dict(x=np.ones((2, 8), np.int32)), TypeError, "x must be a float32 or float64 array"),
+        (dict(x=np.ones((2, 8), np.int32)), TypeError, "x must be a float16, bfloat16, float32 or float64 array"),
         (dict(x=np.ones(8)), ValueError, "no sequence axis"),
         (dict(x=x, positions=np.arange(5)), ValueError, "does not broadcast"),
         (dict(x=x, positions=np.array([0, np.nan, 1, 2])), ValueError, "finite"),
@@ -432,7 +432,7 @@ def test_inv_freq_for_and_cos_sin_errors():
     rope = pf.RotaryEmbedding(8)
     with pytest.raises(ValueError, match="seq_len must be >= 1"):
         rope.inv_freq_for(0)
-    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+    with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64"):
         rope.cos_sin([1, 2], dtype=np.int64)
     with pytest.raises(ValueError, match="positions must be finite"):
         rope.cos_sin([1, np.nan])

@@ -360,7 +360,7 @@ ERROR_CASES = {
         "last axis of rotary_dim/2 >= 1 entries"),
     "integer cache": (
         dict(cos=np.zeros((3, 4), int), sin=np.zeros((3, 4), int)), TypeError,
-        "cos must be a float32 or float64 array, got dtype int64"),
+        "cos must be a float16, bfloat16, float32 or float64 array, got dtype int64"),
     "bad layout": (dict(layout="neox"), ValueError, "layout must be one of"),
     "inverse not a bool": (dict(inverse=1), TypeError, "inverse must be a bool"),
 }
@@ -472,7 +472,7 @@ def test_bad_out(out, match):
 
 
 def test_integer_x():
-    with pytest.raises(TypeError, match="x must be a float32 or float64 array, got dtype int64"):
+    with pytest.raises(TypeError, match="x must be a float16, bfloat16, float32 or float64 array, got dtype int64"):
         pf.apply_rotary_cos_sin(np.zeros((3, 8), int), random((3, 4)), random((3, 4)))
 
 

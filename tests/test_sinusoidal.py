@@ -2,6 +2,7 @@
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import (angle_atol, assert_float32_rounding, exact_cos_sin, float32_ulps,
@@ -226,9 +227,12 @@ def test_threads_give_bitwise_equal_tables(threads, length):
     (dict(length=3, dim=4, offset=float("inf")), ValueError, "offset must be finite"),
     (dict(length=3, dim=4, offset="1"), TypeError, "offset must be a real number"),
     (dict(length=3, dim=4, layout="half"), ValueError, "layout must be one of"),
-    (dict(length=3, dim=4, dtype=np.float16), TypeError, "dtype must be float32 or float64"),
-    (dict(length=3, dim=4, dtype=np.int32), TypeError, "dtype must be float32 or float64"),
-    (dict(length=3, dim=4, dtype="complex"), TypeError, "dtype must be float32 or float64"),
+    (dict(length=3, dim=4, dtype=ml_dtypes.float8_e5m2), TypeError,
+     "dtype must be float16, bfloat16, float32 or float64"),
+    (dict(length=3, dim=4, dtype=np.int32), TypeError,
+     "dtype must be float16, bfloat16, float32 or float64"),
+    (dict(length=3, dim=4, dtype="complex"), TypeError,
+     "dtype must be float16, bfloat16, float32 or float64"),
 ])
 def test_table_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -276,12 +280,12 @@ def test_sinusoidal_bad_positions(positions, error, match):
 
 
 @pytest.mark.parametrize("x, error, match", [
-    (np.zeros((3, 4), np.int64), TypeError, "x must be a float32 or float64 array, got dtype int64"),
+    (np.zeros((3, 4), np.int64), TypeError, "x must be a float16, bfloat16, float32 or float64 array, got dtype int64"),
     (np.zeros((3, 4), bool), TypeError, "got dtype bool"),
-    (np.zeros((3, 4), np.float16), TypeError, "float16.*astype"),
+    (np.zeros((3, 4), ml_dtypes.float8_e4m3fn), TypeError, "got dtype float8_e4m3fn"),
     (np.zeros((3, 4), np.complex64), TypeError, "got dtype complex64"),
     (np.zeros(4), ValueError, "at least 2 dimensions"),
-    ("text", TypeError, "x must be a float32 or float64 array"),
+    ("text", TypeError, "x must be a float16, bfloat16, float32 or float64 array"),
 ])
 def test_add_sinusoidal_bad_x(x, error, match):
     with pytest.raises(error, match=match):

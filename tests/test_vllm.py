@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given
@@ -247,7 +248,8 @@ BAD_NUMPY = {
                                            ValueError, "heads of head_size"),
     "split heads of another size": (dict(query=_f32(4, 4, 4)), ValueError, "heads of head_size"),
     "key of another dtype": (dict(key=np.ones((4, 8))), TypeError, "key must have query's dtype"),
-    "float16 query": (dict(query=np.ones((4, 16), np.float16)), TypeError, "float32 or float64"),
+    "float8 query": (dict(query=np.ones((4, 16), ml_dtypes.float8_e4m3fn)), TypeError,
+                     "float16, bfloat16, float32 or float64"),
     "query a list": (dict(query=[[0.0] * 16] * 4), TypeError, "query must be a numpy.ndarray"),
     "query not contiguous": (dict(query=lambda c: _strided(c["query"])), ValueError,
                              "query must be C-contiguous"),
@@ -289,7 +291,8 @@ def test_bad_torch_input_refused_with_nothing_written():
     cases = [
         (dict(query=qkv[:, :16]), ValueError, "query must be C-contiguous"),
         (dict(query=base["query"].clone().requires_grad_()), ValueError, "requires grad"),
-        (dict(query=base["query"].to(torch.bfloat16)), TypeError, "float32 or float64"),
+        (dict(query=base["query"].to(torch.bfloat16)), TypeError, "key must have query's dtype"),
+        (dict(query=base["query"].to(torch.int16)), TypeError, "float16, bfloat16, float32"),
         (dict(query=base["query"].numpy()), TypeError, "all torch tensors or all NumPy"),
         (dict(positions=base["positions"].numpy()), TypeError, "positions must be a torch"),
         (dict(positions=torch.tensor([0, 9, 1, 1])), ValueError, "positions must lie in"),
@@ -304,3 +307,25 @@ def test_bad_torch_input_refused_with_nothing_written():
             vllm.rotary_embedding(**call)
         for name, t in before.items():
             assert torch.equal(t, call[name].detach()), f"{name} was written ({words})"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_torch_half_tensors_rotate_in_place_as_their_numpy_views(dtype):
+    torch = pytest.importorskip("torch")
+    call = valid_call()
+    tdtype = getattr(torch, dtype)
+    tensors = {name: (torch.from_numpy(a).to(tdtype) if name != "positions" else
+                      torch.from_numpy(a)) if isinstance(a, np.ndarray) else a
+               for name, a in call.items()}
+    arrays = {name: (a.view(torch.int16).numpy().view(
+        ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16).copy()
+        if isinstance(a, torch.Tensor) and name != "positions" else
+        (a.numpy() if isinstance(a, torch.Tensor) else a)) for name, a in tensors.items()}
+    query_memory = tensors["query"].data_ptr()
+    vllm.rotary_embedding(**tensors)
+    vllm.rotary_embedding(**arrays)
+    assert tensors["query"].data_ptr() == query_memory and tensors["query"].dtype == tdtype
+    for name in ("query", "key"):
+        got = tensors[name].view(torch.int16).numpy()
+        assert np.array_equal(got, arrays[name].view(np.int16))
+

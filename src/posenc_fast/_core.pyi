@@ -10,7 +10,6 @@ from typing import Any, final
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from typing_extensions import disjoint_base
 
 _F64 = NDArray[np.float64]
 _Float = NDArray[np.float32] | NDArray[np.float64]
@@ -22,6 +21,7 @@ _Int64 = NDArray[np.int64]
 __test__: dict[str, str]
 
 def use_kernels(capsule: Any) -> None: ...
+def set_bfloat16_typenum(typenum: int) -> None: ...
 def openmp_enabled() -> bool: ...
 def simd_level() -> str: ...
 def trig_work_rows(num_threads: int) -> int: ...
@@ -47,7 +47,6 @@ def rotate_cos_sin_fast(xs: tuple[Any, ...], cos_cache: Any, sin_cache: Any, lay
                         inverse: Any, outs: tuple[Any, ...]) -> tuple[_FloatOut, ...] | None: ...
 
 @final
-@disjoint_base
 class RotaryFastPath:
     def __init__(self, dim: int, rotary_dim: int, half: bool, freqs: _F64,
                  attention_factor: float, valid_below: int) -> None: ...

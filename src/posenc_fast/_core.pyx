@@ -36,6 +36,11 @@ def use_kernels(capsule):
     K = <const posenc_kernel_table*>PyCapsule_GetPointer(capsule, b"posenc_fast.kernel_table")
 
 
+def set_bfloat16_typenum(int typenum):
+    """Accept arrays of NumPy type number `typenum` (ml_dtypes.bfloat16's) as bfloat16."""
+    posenc_set_bf16_typenum(typenum)
+
+
 def openmp_enabled():
     """Return True if this module was compiled with OpenMP."""
     return bool(POSENC_OPENMP)

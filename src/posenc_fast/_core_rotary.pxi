@@ -36,7 +36,7 @@ cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char
     # rows of a block (half an L2) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream.
     cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, i, r
-    cdef Py_ssize_t half_row = call.npairs * call.itemsize  # bytes of a cos (or sin) row
+    cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
     cdef long long t
     for s in range(block * block_size, min((block + 1) * block_size, plan.seq)):
         t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
@@ -51,7 +51,7 @@ cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char
 cdef void _rotate_planned(const char* x, char* out, const char* table, RowPlan plan,
                           const RowCall* call, int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
-    cdef Py_ssize_t block = _positions_per_block(call.npairs, call.itemsize)
+    cdef Py_ssize_t block = _positions_per_block(call.npairs, call.table_itemsize)
     cdef Py_ssize_t nitems = (plan.seq + block - 1) // block * plan.outer
     cdef Py_ssize_t item
     if num_threads == 1:  # no parallel region: it costs a microsecond
@@ -216,6 +216,11 @@ cdef object _fast_out(cnp.ndarray x, object out, tuple others):
     return arr
 
 
+cdef inline int _table_of(cnp.ndarray x):
+    # The cos/sin cache dtype for x (a kernel dtype, checked by _fast_array).
+    return posenc_table_dtype(posenc_dtype_index(cnp.PyArray_TYPE(x)))
+
+
 cdef int _inverse_flag(object inverse, double factor):
     # 0/1, or -1 to fall back (not a bool, or an inverse that divides by the factor).
     if inverse is False:
@@ -275,15 +280,14 @@ cdef class RotaryFastPath:
         self.freqs = freqs
         self.caches = [None] * POSENC_NUM_DTYPES
 
-    cdef object _cache_for(self, cnp.ndarray x, long long highest):
-        """The cos/sin cache of x's dtype covering row `highest`, or None."""
-        cdef int d = posenc_dtype_index(cnp.PyArray_TYPE(x))
-        cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x)
+    cdef object _cache_for(self, int table, long long highest):
+        """The cos/sin cache of dtype `table` covering row `highest`, or None."""
+        cdef Py_ssize_t itemsize = 8 if table == POSENC_F64 else 4
         cdef Py_ssize_t limit = POSENC_CACHE_BYTES // (2 * itemsize * max(self.npairs, 1))
         cdef Py_ssize_t rows, new_rows
         cdef object cache
         with self.lock:
-            cache = self.caches[d]
+            cache = self.caches[table]
             rows = 0 if cache is None else (<cnp.ndarray>cache).shape[0]
             if highest < rows:
                 return cache
@@ -291,8 +295,9 @@ cdef class RotaryFastPath:
                 return None
             new_rows = min(limit, max(2 * rows, (highest // POSENC_CACHE_GROWTH + 1)
                                       * POSENC_CACHE_GROWTH))
-            cache = self._grow_cache(x.dtype, cache, rows, new_rows)
-            self.caches[d] = cache
+            cache = self._grow_cache("float64" if table == POSENC_F64 else "float32", cache,
+                                     rows, new_rows)
+            self.caches[table] = cache
             return cache
 
     cdef object _grow_cache(self, dtype, object old, Py_ssize_t rows, Py_ssize_t new_rows):
@@ -311,11 +316,13 @@ cdef class RotaryFastPath:
 
     cdef void _run(self, cnp.ndarray x, cnp.ndarray out, cnp.ndarray table, RowPlan plan,
                    bint inverse):
-        cdef Py_ssize_t size = cnp.PyArray_SIZE(x), itemsize = cnp.PyArray_ITEMSIZE(x)
+        cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
         cdef int d = posenc_dtype_index(cnp.PyArray_TYPE(x))
         cdef int threads = _threads_for(size)
-        cdef RowCall call = _row_call(d, d, itemsize, self.npairs, self.dim, self.half, inverse,
-                                      _data(x) == _data(out), cnp.PyArray_NBYTES(x))
+        cdef RowCall call = _row_call(d, posenc_table_dtype(d), cnp.PyArray_ITEMSIZE(x),
+                                      cnp.PyArray_ITEMSIZE(table), self.npairs, self.dim,
+                                      self.half, inverse, _data(x) == _data(out),
+                                      cnp.PyArray_NBYTES(x))
         cdef const char* xp = _data(x)
         cdef char* op = _data(out)
         cdef const char* tp = _data(table)
@@ -342,7 +349,7 @@ cdef class RotaryFastPath:
         result = _fast_out(<cnp.ndarray>x, out, ())
         if result is None:
             return None
-        cache = self._cache_for(<cnp.ndarray>x, plan.highest)
+        cache = self._cache_for(_table_of(x), plan.highest)
         if cache is None:
             return None
         self._run(<cnp.ndarray>x, <cnp.ndarray>result, <cnp.ndarray>cache, plan, flag)
@@ -369,8 +376,8 @@ cdef class RotaryFastPath:
         k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
         if q_out is None or k_out is None:
             return None
-        q_cache = self._cache_for(<cnp.ndarray>q, q_plan.highest)
-        k_cache = self._cache_for(<cnp.ndarray>k, k_plan.highest)
+        q_cache = self._cache_for(_table_of(q), q_plan.highest)
+        k_cache = self._cache_for(_table_of(k), k_plan.highest)
         if q_cache is None or k_cache is None:
             return None
         self._run(<cnp.ndarray>q, <cnp.ndarray>q_out, <cnp.ndarray>q_cache, q_plan, flag)

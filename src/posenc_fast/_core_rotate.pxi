@@ -7,6 +7,7 @@ cdef struct RowCall:
     posenc_rotate_fn rotate
     Py_ssize_t npairs
     Py_ssize_t itemsize
+    Py_ssize_t table_itemsize
     Py_ssize_t row_bytes
     Py_ssize_t tail_bytes   # bytes past the rotary pairs, copied unless in place
     bint inverse
@@ -14,9 +15,9 @@ cdef struct RowCall:
     bint prefetch           # ask for the lines ahead of each row
 
 
-cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t npairs,
-                              Py_ssize_t dim, bint half, bint inverse, bint in_place,
-                              Py_ssize_t nbytes) noexcept nogil:
+cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t table_itemsize,
+                              Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
+                              bint in_place, Py_ssize_t nbytes) noexcept nogil:
     # nbytes: the size of x.  Past the caches (POSENC_STREAM_BYTES) a result
     # is written with non-temporal stores (never in place: those lines were
     # just read) and half-layout rows take the scalar functions, faster there;
@@ -33,6 +34,7 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.rotate = K.rotate[data][table][kind]
     call.npairs = npairs
     call.itemsize = itemsize
+    call.table_itemsize = table_itemsize
     call.row_bytes = dim * itemsize
     call.tail_bytes = 0 if in_place else (dim - 2 * npairs) * itemsize
     call.inverse = inverse
@@ -74,8 +76,11 @@ def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef char* op = _data(out)
     cdef const char* cbase = _data(cos_table)
     cdef const char* sbase = _data(sin_table)
-    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x), npairs,
-                                  dim, half_layout, inverse, xp == op, cnp.PyArray_NBYTES(x))
+    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x),
+                                  cnp.PyArray_ITEMSIZE(cos_table), npairs, dim, half_layout,
+                                  inverse, xp == op, cnp.PyArray_NBYTES(x))
+    if call.rotate == NULL:
+        raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:
         return
     with nogil:

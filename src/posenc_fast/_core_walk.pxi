@@ -131,8 +131,9 @@ cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.n
     cdef int threads = _threads_for(cnp.PyArray_SIZE(x))
     cdef RowCall call = _row_call(posenc_dtype_index(cnp.PyArray_TYPE(x)),
                                   posenc_dtype_index(cnp.PyArray_TYPE(cos_cache)),
-                                  cnp.PyArray_ITEMSIZE(x), walk.npairs, dim, half, inverse,
-                                  _data(x) == _data(out), cnp.PyArray_NBYTES(x))
+                                  cnp.PyArray_ITEMSIZE(x), cnp.PyArray_ITEMSIZE(cos_cache),
+                                  walk.npairs, dim, half, inverse, _data(x) == _data(out),
+                                  cnp.PyArray_NBYTES(x))
     cdef Py_ssize_t table_itemsize = cnp.PyArray_ITEMSIZE(cos_cache)
     cdef const char* xp = _data(x)
     cdef char* op = _data(out)
@@ -168,6 +169,7 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
     """
     cdef CacheWalk walks[2]
     cdef Py_ssize_t n = len(xs), j, dim = 0
+    cdef int table
     cdef list results = []
     cdef cnp.ndarray c, s, x
     if (n > 2 or len(outs) != n or not (inverse is True or inverse is False)
@@ -177,6 +179,7 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
     c, s = cos_cache, sin_cache
     if cnp.PyArray_TYPE(c) != cnp.PyArray_TYPE(s) or not cnp.PyArray_SAMESHAPE(c, s):
         return None
+    table = posenc_dtype_index(cnp.PyArray_TYPE(c))
     for j in range(n):
         if not cnp.PyArray_CheckExact(xs[j]) or cnp.PyArray_NDIM(<cnp.ndarray>xs[j]) < 1:
             return None
@@ -184,6 +187,7 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
         if j == 0:  # k must end in q's dim
             dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
         if (not _fast_array(x, dim) or 2 * cnp.PyArray_DIMS(c)[cnp.PyArray_NDIM(c) - 1] > dim
+                or K.rotate[posenc_dtype_index(cnp.PyArray_TYPE(x))][table][0] == NULL
                 or not _plan_walk(x, c, s, &walks[j])):
             return None
     if n == 2 and not _disjoint(<cnp.ndarray>xs[0], <cnp.ndarray>xs[1]):

@@ -16,6 +16,9 @@ import importlib.util
 import os
 import warnings
 
+import ml_dtypes
+import numpy as np
+
 from . import _core, _cpu
 
 ENV_VAR = "POSENC_FAST_ISA"
@@ -44,4 +47,5 @@ CPU_SUPPORTS = _cpu.cpu_supports()
 ISA_IN_USE = _choose(BUILT, CPU_SUPPORTS)
 if ISA_IN_USE != "baseline":
     _core.use_kernels(importlib.import_module(f"posenc_fast._isa_{ISA_IN_USE}").KERNELS)
+_core.set_bfloat16_typenum(np.dtype(ml_dtypes.bfloat16).num)
 kernels = _core

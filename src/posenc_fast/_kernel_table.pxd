@@ -5,6 +5,8 @@ cdef extern from "posenc_kernels.h" nogil:
     int POSENC_OPENMP
     const char* POSENC_SIMD
     enum:
+        POSENC_F32
+        POSENC_F64
         POSENC_NUM_DTYPES
         POSENC_ROW_HALF
         POSENC_ROW_HALF_IN_PLACE
@@ -40,6 +42,7 @@ cdef extern from "posenc_kernels.h" nogil:
                                           Py_ssize_t stop, const posenc_trig_steps* steps,
                                           double* thread_work, void* out, Py_ssize_t dim,
                                           int split)
+    ctypedef void (*posenc_convert_fn)(const void* src, void* dst, Py_ssize_t n)
     ctypedef void (*posenc_alibi_fn)(const void* x, void* out, double slope, double start,
                                      double step, const double* ramp, Py_ssize_t n)
 
@@ -53,11 +56,15 @@ cdef extern from "posenc_kernels.h" nogil:
         posenc_alibi_fn alibi_fill[POSENC_NUM_DTYPES]
         posenc_alibi_fn alibi_add[POSENC_NUM_DTYPES]
         posenc_alibi_fn alibi_add_in_place[POSENC_NUM_DTYPES]
+        posenc_convert_fn from_f32[POSENC_NUM_DTYPES]
+        posenc_convert_fn to_f32[POSENC_NUM_DTYPES]
 
     # The table compiled into the including module (with its ISA flags).
     const posenc_kernel_table posenc_kernels
 
     int posenc_dtype_index(int typenum)
+    int posenc_table_dtype(int d)
+    void posenc_set_bf16_typenum(int typenum)
     void posenc_trig_steps_init(posenc_trig_steps* steps, const double* w, double* work,
                                 Py_ssize_t n)
     void posenc_prefetch_ahead(const void* p, Py_ssize_t nbytes)

@@ -46,6 +46,18 @@ def tolerance(want, dtype, *, scale=1.0, angle=0.0) -> np.ndarray:
     return np.broadcast_to(tol, want.shape)
 
 
+def half_tolerance(want, dtype, scale=1.0) -> np.ndarray:
+    """The largest |got - want| allowed for a float16/bfloat16 result of float64 value `want`.
+
+    One ulp of the half type at `want` (the one rounding, from a value that
+    float32 arithmetic may have moved) plus float32's own error, 2**-20 of
+    the magnitude `scale` of the inputs behind the element.
+    """
+    want = np.abs(np.asarray(want, dtype=np.float64))
+    ulp = np.spacing(want.astype(dtype)).astype(np.float64)
+    return ulp + 2.0**-20 * np.asarray(scale, dtype=np.float64)
+
+
 def float32_ulp(exact) -> np.ndarray:
     """The float32 ulp at each |value| of `exact`, as float64."""
     return np.spacing(np.abs(np.asarray(exact, dtype=np.float64)).astype(np.float32)).astype(

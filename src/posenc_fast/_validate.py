@@ -13,32 +13,34 @@ import numbers
 import operator
 from collections.abc import Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# Half types: stored in 16 bits, computed in float32 and rounded once.
+HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES
+FLOAT_NAMES = "float16, bfloat16, float32 or float64"
 LAYOUTS_ROTARY = ("interleaved", "half")
 LAYOUTS_SINUSOIDAL = ("interleaved", "split")
 
 
 def float_array(x, name: str, axes: tuple[str, ...] = ()) -> np.ndarray:
-    """Return `x` as a native-byte-order float32/float64 ndarray (no copy if it is one).
+    """Return `x` as a native-byte-order ndarray of a kernel dtype (no copy if it is one).
 
+    The kernel dtypes are float16, bfloat16 (``ml_dtypes.bfloat16``), float32
+    and float64; anything else (float8, integers, ...) raises TypeError.
     `axes` names the trailing axes `x` must have (e.g. ``("seq", "dim")``):
-    ValueError if it has fewer dimensions.  Other floating types (float16,
-    and bfloat16 or float8 from ml_dtypes, whose NumPy kind is not "f") raise
-    TypeError with a hint to convert: the kernels compute in float32/float64
-    only, and a silent conversion would hide a full-size copy.
+    ValueError if it has fewer dimensions.
     """
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be a float32 or float64 array: {exc}") from None
+            raise TypeError(f"{name} must be a {FLOAT_NAMES} array: {exc}") from None
     dtype = x.dtype
-    if dtype.kind != "f" or dtype.itemsize not in (4, 8):
-        floating = dtype.kind == "f" or "float" in dtype.name  # bfloat16: kind "V"
-        hint = "; convert it with .astype(np.float32) first" if floating else ""
-        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {dtype}{hint}")
+    if dtype.newbyteorder("=") not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a {FLOAT_NAMES} array, got dtype {dtype}")
     if x.ndim < len(axes):
         raise ValueError(f"{name} must have shape (..., {', '.join(axes)}) with at least "
                          f"{len(axes)} dimensions, got shape {x.shape}")
@@ -48,14 +50,35 @@ def float_array(x, name: str, axes: tuple[str, ...] = ()) -> np.ndarray:
 
 
 def table_dtype(dtype, name: str = "dtype") -> np.dtype:
-    """Return np.float32 or np.float64 for a `dtype=` argument, else raise TypeError."""
+    """Return the kernel dtype a `dtype=` argument names (also "bfloat16"), else TypeError."""
     try:
-        resolved = np.dtype(dtype)
+        resolved = BFLOAT16 if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from None
+        raise TypeError(f"{name} must be {FLOAT_NAMES}, got {dtype!r}") from None
     if resolved not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32 or float64, got {resolved}")
-    return np.dtype(resolved.name)
+        raise TypeError(f"{name} must be {FLOAT_NAMES}, got {resolved}")
+    return resolved if resolved == BFLOAT16 else np.dtype(resolved.name)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a kernel computes `dtype` data in: float32 for a half type."""
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
+
+
+def rotation_tables(cos: np.ndarray, sin: np.ndarray, dtype: np.dtype, name: str):
+    """cos/sin tables for rotating `dtype` data named `name` (a half type widened exactly).
+
+    float32/float64 data take float32 or float64 tables (a half table is
+    widened to float32); half data take float32 or their own type.
+    """
+    if dtype in HALF_DTYPES:
+        if cos.dtype not in (np.dtype(np.float32), dtype):
+            raise TypeError(f"cos and sin must be float32 or {dtype} for {dtype} {name}, "
+                            f"got {cos.dtype}")
+        return cos, sin
+    if cos.dtype in HALF_DTYPES:
+        return cos.astype(np.float32), sin.astype(np.float32)
+    return cos, sin
 
 
 def flag(value, name: str) -> bool:

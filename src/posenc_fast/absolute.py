@@ -69,7 +69,7 @@ def sinusoidal_table(length: int, dim: int, *, offset: float = 0, base: float = 
     base : float, optional
         Wavelength base, > 0.
     layout : {"interleaved", "split"}, optional
-    dtype : {np.float32, np.float64}, optional
+    dtype : {np.float32, np.float64, np.float16, "bfloat16"}, optional
     out : ndarray of shape (length, dim), optional
         Written and returned.
 
@@ -164,7 +164,7 @@ def add_sinusoidal(x: ArrayLike, *, positions: ArrayLike | None = None, offset: 
 
     Parameters
     ----------
-    x : ndarray of shape (..., seq, dim), float32 or float64
+    x : ndarray of shape (..., seq, dim), float16, bfloat16, float32 or float64
         Token embeddings; the encoding broadcasts over the leading axes.
     positions : array_like of real numbers, optional
         Default ``arange(seq)``.  Any shape that broadcasts against
@@ -205,8 +205,8 @@ def add_position_table(x: ArrayLike, table: ArrayLike, positions: ArrayLike | No
 
     Parameters
     ----------
-    x : ndarray of shape (..., seq, dim), float32 or float64
-    table : ndarray of shape (max_len, dim), float32 or float64
+    x : ndarray of shape (..., seq, dim), float16, bfloat16, float32 or float64
+    table : ndarray of shape (max_len, dim), float16, bfloat16, float32 or float64
         One learned row per position.  It is read in place (no copy) when its
         last axis is contiguous.
     positions : array_like of int, optional

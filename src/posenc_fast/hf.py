@@ -64,7 +64,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Raises
     ------
     TypeError
-        NumPy data that is not float32/float64, or torch tensors mixed with
+        NumPy data of another dtype than float16, bfloat16, float32 or
+        float64, or torch tensors mixed with
         NumPy arrays.
     ValueError
         ``cos``/``sin`` not of shape ``(..., head_dim)`` with an even
@@ -72,14 +73,17 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
     Notes
     -----
-    torch tensors take the fast path when they are plain CPU float32/float64
-    tensors needing no gradient and ``cos``/``sin`` are not wider than the
-    data (torch would then promote the result).  Everything else (bfloat16
-    or float16, other devices, tensors that require grad while autograd is
-    on, tracing by ``torch.compile``) runs transformers' own formula in torch,
-    so training and GPUs keep working unchanged.  NumPy inputs follow
+    torch tensors take the fast path when they are plain CPU float32,
+    float64, bfloat16 or float16 tensors needing no gradient and
+    ``cos``/``sin`` are not wider than the data (torch would then promote the
+    result).  bfloat16/float16 are computed in float32 and rounded once
+    (transformers' own formula rounds every operation to the half type, so
+    the results differ in the last bit: ours are the closer ones).
+    Everything else (other devices, tensors that require grad while autograd
+    is on, tracing by ``torch.compile``) runs transformers' own formula in
+    torch, so training and GPUs keep working unchanged.  NumPy inputs follow
     posenc_fast's rule: the result has q's (k's) dtype, computed in the wider
-    of its and the cache's dtype.  The kernel's thread count is
+    of its and the cache's dtype (float32 for a half type).  The kernel's thread count is
     `posenc_fast.set_num_threads`, not torch's.
 
     Examples
@@ -108,16 +112,32 @@ def _apply_torch(torch, q, k, cos, sin, unsqueeze_dim):
         raise TypeError("q, k, cos and sin must be all torch tensors or all NumPy arrays")
     if not _numpy_can_take(torch, tensors):
         return _torch_formula(torch, q, k, cos, sin, unsqueeze_dim)
-    # .numpy() refuses tensors that require grad (possible under no_grad).
-    q_rot, k_rot = _apply_numpy(*(t.detach().numpy() if t.requires_grad else t.numpy()
-                                  for t in tensors), unsqueeze_dim)
-    return torch.from_numpy(q_rot), torch.from_numpy(k_rot)
+    q_rot, k_rot = _apply_numpy(*(_numpy_view(torch, t) for t in tensors), unsqueeze_dim)
+    return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
+
+
+def _numpy_view(torch, t):
+    # The tensor's memory as an ndarray: half types through int16, since NumPy
+    # has no bfloat16 of its own.  (.numpy() refuses tensors that require grad,
+    # possible under no_grad.)
+    t = t.detach() if t.requires_grad else t
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.view(torch.int16).numpy().view(
+            v.BFLOAT16 if t.dtype == torch.bfloat16 else np.float16)
+    return t.numpy()
+
+
+def _torch_view(torch, a, dtype):
+    # The result's memory as a tensor of `dtype` (q's or k's).
+    if dtype in (torch.bfloat16, torch.float16):
+        return torch.from_numpy(a.view(np.int16)).view(dtype)
+    return torch.from_numpy(a)
 
 
 def _numpy_can_take(torch, tensors) -> bool:
     """True when NumPy views of the tensors give exactly transformers' result."""
     # Called once per attention layer and step: the cheapest attributes first.
-    fast = (torch.float32, torch.float64)
+    fast = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     q, k, cos, sin = tensors
     for t in tensors:
         if (type(t) is not torch.Tensor or not t.is_cpu or t.layout != torch.strided

@@ -3,11 +3,12 @@
 Every kernel of posenc_fast is tested against these functions.  They are
 written to be read, not to be fast, and take no shortcuts: each value is
 computed from its definition.  Results are returned as float64 NumPy arrays
-(NumPy is used only to hold them).
+(NumPy is used only to hold them); `round_once` rounds them to a half type.
 """
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 
@@ -304,3 +305,59 @@ def t5_relative_bucket(q_len, k_len=None, *, bidirectional=True, num_buckets=32,
         for j in range(k_len):
             result[i, j] = t5_bucket(j - (offset + i), bidirectional, num_buckets, max_distance)
     return result
+
+
+# ---------------------------------------------------------------------------
+# half precision
+
+def round_once(values, dtype):
+    """float64 `values` rounded once, to nearest (ties to even), to `dtype`.
+
+    For float16 and bfloat16 each value is compared with its neighbours in
+    the target type (a conversion through float32 could round twice).
+    """
+    dtype = np.dtype(dtype)
+    values = np.asarray(values, dtype=np.float64)
+    if dtype not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        return values.astype(dtype)
+    with np.errstate(over="ignore"):
+        return _round_half(values, dtype)
+
+
+def _round_half(values, dtype):
+    result = np.empty(values.shape, dtype)
+    flat, out = values.reshape(-1), result.reshape(-1)
+    info = ml_dtypes.finfo(dtype)
+    for k, value in enumerate(flat):
+        if math.isnan(value):
+            out[k] = np.nan
+            continue
+        guess = np.array(value).astype(np.float32).astype(dtype)
+        candidates = [guess, np.nextafter(guess, np.array(np.inf, dtype), dtype=dtype)
+                      if dtype == np.float16 else _bf16_step(guess, +1),
+                      np.nextafter(guess, np.array(-np.inf, dtype), dtype=dtype)
+                      if dtype == np.float16 else _bf16_step(guess, -1)]
+        best = None
+        for c in candidates:
+            c64 = float(c)
+            if math.isinf(c64) and abs(value) < float(info.max):
+                continue
+            key = (abs(c64 - value), int(np.array(c).view(np.uint16)) & 1)
+            if best is None or key < best[0]:
+                best = (key, c)
+        if abs(value) >= float(info.max) + float(info.eps) * 2.0 ** (info.maxexp - 2):
+            out[k] = math.copysign(math.inf, value)  # past max + half an ulp: overflow
+        else:
+            out[k] = best[1]
+    return result
+
+
+def _bf16_step(value, direction):
+    # The bfloat16 next to `value` (finite) away from or toward +inf.
+    bits = np.array(value).view(np.uint16).astype(np.int32)
+    negative = bits >= 0x8000
+    step = direction if not negative else -direction
+    if bits & 0x7FFF == 0 and direction < 0 and not negative:
+        return np.array(0x8001, np.uint16).view(ml_dtypes.bfloat16)
+    return np.array((bits + step) & 0xFFFF, np.uint16).view(ml_dtypes.bfloat16)
+

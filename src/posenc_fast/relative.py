@@ -131,7 +131,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, offset: 
     offset : int, optional
         Position of the first query, in ``[-2**52, 2**52]``.
     causal : bool, optional
-    dtype : {np.float32, np.float64}, optional
+    dtype : {np.float32, np.float64, np.float16, "bfloat16"}, optional
     out : ndarray of shape (num_heads, q_len, k_len), optional
         Written and returned; `dtype` must match it.
 
@@ -180,7 +180,7 @@ def add_alibi(scores: ArrayLike, *, offset: int = 0, causal: bool = True,
 
     Parameters
     ----------
-    scores : ndarray of shape (..., heads, q_len, k_len), float32 or float64
+    scores : ndarray of shape (..., heads, q_len, k_len), float16, bfloat16, float32 or float64
         Attention scores (``q @ k.T / sqrt(d)``).  The head count is
         ``scores.shape[-3]``, and head ``h`` gets slope ``alibi_slopes(heads)[h]``.
         Leading axes (batch) share the bias.  Any strides (a non-contiguous

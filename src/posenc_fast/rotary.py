@@ -213,8 +213,10 @@ class RotaryEmbedding:
 
         Parameters
         ----------
-        x : ndarray of shape (..., dim), float32 or float64
-            Queries or keys (never values).
+        x : ndarray of shape (..., dim), float16, bfloat16, float32 or float64
+            Queries or keys (never values).  Half types are computed in
+            float32 (cos/sin in float32 from the float64 angles) and rounded
+            once.
         positions : array_like of real numbers, optional
             Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
             seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
@@ -265,7 +267,7 @@ class RotaryEmbedding:
         inverse = v.flag(inverse, "inverse")
         values, index_shape = _call_positions(x.shape[:-1], positions, offset, seq_axis)
         out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
-        cos, sin = self._table(values, x.dtype, inverse)
+        cos, sin = self._table(values, v.compute_dtype(x.dtype), inverse)
         return _rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
                        self._layout == "half", inverse, out, in_place)
 
@@ -288,8 +290,9 @@ class RotaryEmbedding:
         out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
                                      must_not_overlap=(q, out_q))
         half = self._layout == "half"
-        q_cos, q_sin = self._table(values, q.dtype, inverse)
-        k_cos, k_sin = (q_cos, q_sin) if k.dtype == q.dtype else self._table(values, k.dtype,
+        q_table, k_table = v.compute_dtype(q.dtype), v.compute_dtype(k.dtype)
+        q_cos, q_sin = self._table(values, q_table, inverse)
+        k_cos, k_sin = (q_cos, q_sin) if k_table == q_table else self._table(values, k_table,
                                                                                inverse)
         q_rot = _rotate(q, q_cos, q_sin, row_table(q_index, q.shape[:-1]), half, inverse,
                         out_q, q_in_place)
@@ -305,7 +308,7 @@ class RotaryEmbedding:
         Parameters
         ----------
         positions : array_like of real numbers, any shape
-        dtype : {np.float32, np.float64}, optional
+        dtype : {np.float32, np.float64, np.float16, "bfloat16"}, optional
         out : tuple of two ndarrays, optional
             ``(cos, sin)`` to write, each of shape positions.shape +
             (rotary_dim//2,) and dtype `dtype` (as NumPy's ``out=`` of a
@@ -437,8 +440,10 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
 
     Parameters
     ----------
-    x : ndarray of shape (..., dim), float32 or float64
-    cos, sin : ndarrays of equal shape, float32 or float64
+    x : ndarray of shape (..., dim), float16, bfloat16, float32 or float64
+    cos, sin : ndarrays of equal shape
+        float32 or float64 (float16/bfloat16 widened to float32); for
+        float16/bfloat16 `x`, float32 or x's own dtype.
         One entry per pair along the last axis (``r/2`` entries rotate the
         first ``r`` features; the rest pass through).  Used as given: no
         attention factor, no recomputation.  Without `positions` they
@@ -458,7 +463,8 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     Returns
     -------
     ndarray of x's shape and dtype
-        Arithmetic in the wider of x's and the cache's dtypes, rounded once.
+        Arithmetic in the wider of x's and the cache's dtypes (float32 for a
+        half-precision x), rounded once.
 
     Examples
     --------
@@ -482,6 +488,7 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     index = _cache_index(cos, x.shape[:-1], positions, "x")
     out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
                              must_not_overlap=(cos, sin))
+    cos, sin = v.rotation_tables(cos, sin, x.dtype, "x")
     return _rotate(x, _as_table(cos), _as_table(sin), index, half, inverse, out, in_place)
 
 
@@ -516,6 +523,9 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
                                  must_not_overlap=(k, cos, sin))
     out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
                                  must_not_overlap=(q, out_q, cos, sin))
-    cos_table, sin_table = _as_table(cos), _as_table(sin)
-    return (_rotate(q, cos_table, sin_table, q_index, half, inverse, out_q, q_in_place),
-            _rotate(k, cos_table, sin_table, k_index, half, inverse, out_k, k_in_place))
+    q_cos, q_sin = v.rotation_tables(cos, sin, q.dtype, "q")
+    k_cos, k_sin = v.rotation_tables(cos, sin, k.dtype, "k")
+    return (_rotate(q, _as_table(q_cos), _as_table(q_sin), q_index, half, inverse, out_q,
+                    q_in_place),
+            _rotate(k, _as_table(k_cos), _as_table(k_sin), k_index, half, inverse, out_k,
+                    k_in_place))

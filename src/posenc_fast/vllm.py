@@ -30,7 +30,7 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     ----------
     positions : torch.Tensor or ndarray of int, shape (num_tokens,) or (batch, seq)
         The position of each token: a row of `cos_sin_cache`.
-    query : torch.Tensor or ndarray, float32 or float64, C-contiguous
+    query : torch.Tensor or ndarray, float16, bfloat16, float32 or float64, C-contiguous
         ``positions.shape + (heads * head_size,)`` or ``positions.shape +
         (heads, head_size)``; e.g. ``(num_tokens, heads * head_size)``,
         ``(batch, seq, heads * head_size)`` or ``(num_tokens, heads,
@@ -47,13 +47,14 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     is_neox : bool
         True: pair ``i`` is ``(x[i], x[i + rot_dim/2])`` (GPT-NeoX, Llama).
         False: pair ``i`` is ``(x[2i], x[2i+1])`` (GPT-J).  Each pair becomes
-        ``(a*cos - b*sin, b*cos + a*sin)``, computed in query's dtype.
+        ``(a*cos - b*sin, b*cos + a*sin)``, computed in query's dtype (float32
+        for float16/bfloat16, rounded once).
 
     Raises
     ------
     TypeError
         An argument of the wrong kind or dtype (torch tensors mixed with
-        NumPy arrays, float16/bfloat16 data, a cache not of query's dtype).
+        NumPy arrays, another dtype, a cache not of query's dtype).
     ValueError
         Shapes that do not fit, a position outside the cache, ``rot_dim``
         odd or above `head_size`, `query`/`key` that cannot be rotated where
@@ -136,15 +137,16 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
     if not t.is_cpu or t.layout != torch.strided:
         raise ValueError(f"{name} must be a strided CPU tensor, got device {t.device}, "
                          f"layout {t.layout}")
-    if name != "positions" and t.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
+    half = {torch.float16: np.float16, torch.bfloat16: v.BFLOAT16}.get(t.dtype)
+    if name != "positions" and half is None and t.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
     if t.requires_grad:
         if torch.is_grad_enabled():
             raise ValueError(f"{name} requires grad, which an in-place NumPy update would "
                              f"bypass; call under torch.no_grad() or torch.inference_mode()")
         t = t.detach()  # .numpy() refuses tensors that require grad
-    try:
-        return t.numpy()
+    try:  # half types through int16: NumPy has no bfloat16 of its own (no copy either way)
+        return t.view(torch.int16).numpy().view(half) if half is not None else t.numpy()
     except (TypeError, RuntimeError) as exc:  # e.g. a conjugate or negative view
         raise TypeError(f"{name} cannot be viewed as a NumPy array: {exc}") from None
 

@@ -1,7 +1,7 @@
 """Hashes of results over a fixed set of calls: the bitwise record of the kernels.
 
 ``python tests/golden/golden.py record`` writes ``golden.json`` beside this
-file; ``python tests/golden/golden.py check`` recomputes every hash and exits
+file (``record-new`` adds the calls not yet recorded and keeps the rest); ``python tests/golden/golden.py check`` recomputes every hash and exits
 non-zero on a difference.  ``test_golden.py`` runs ``check`` under every ISA
 variant the CPU supports and several thread counts: a refactor of the kernels
 must reproduce the record bit for bit.
@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 import posenc_fast as pf
@@ -119,12 +120,35 @@ def _int_calls():
     yield "t5_relative_bucket", lambda: pf.t5_relative_bucket(64, 90, bidirectional=False)
 
 
+def _half_calls():
+    # Added with the half types (recorded on their first build).
+    for dtype, name in ((np.float16, "f16"), (ml_dtypes.bfloat16, "bf16")):
+        for layout in ("half", "interleaved"):
+            rope = pf.RotaryEmbedding(64, layout=layout, rotary_dim=48)
+            x = _data((2, 3, 37, 64), dtype, 11)
+            yield f"rope.apply-{name}-{layout}", lambda r=rope, x=x: r.apply(x, offset=4093)
+            yield (f"rope.apply_qk-{name}-{layout}",
+                   lambda r=rope, x=x: r.apply_qk(x, x[:, :1].copy(), inverse=True))
+            big = _data((1, 8, 9000, 128), dtype, 12)  # past the streaming threshold
+            yield (f"rope.apply-big-{name}-{layout}",
+                   lambda b=big, lay=layout: pf.RotaryEmbedding(128, layout=lay).apply(b))
+        yield (f"cos_sin-{name}",
+               lambda d=dtype: pf.RotaryEmbedding(64).cos_sin(np.arange(0, 9000, 3), dtype=d))
+        yield f"sinusoidal_table-{name}", lambda d=dtype: pf.sinusoidal_table(900, 65, dtype=d)
+        yield (f"add_alibi-{name}",
+               lambda d=dtype: pf.add_alibi(_data((8, 64, 64), d, 13), causal=False))
+        yield (f"add_position_table-{name}",
+               lambda d=dtype: pf.add_position_table(_data((3, 50, 16), d, 14),
+                                                     _data((60, 16), np.float64, 15)))
+
+
 def calls():
     """(name, zero-argument function) for every recorded call."""
     for dtype, name in ((np.float32, "f32"), (np.float64, "f64")):
         yield from _rope_calls(dtype, name)
         yield from _table_calls(dtype, name)
     yield from _int_calls()
+    yield from _half_calls()
 
 
 def compute() -> dict:
@@ -138,7 +162,9 @@ def compute() -> dict:
 def main(argv) -> int:
     mode = argv[1] if len(argv) > 1 else "check"
     hashes = compute()
-    if mode == "record":
+    if mode in ("record", "record-new"):
+        if mode == "record-new":  # keep every recorded hash, add the new calls'
+            hashes = {**hashes, **json.loads(RECORD.read_text())}
         RECORD.write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(hashes)} hashes")
         return 0

@@ -1,0 +1,140 @@
+/* float16 and bfloat16: 16-bit storage, float arithmetic.
+
+   A value is widened to float exactly on load and rounded once, to nearest
+   even, on store; from double (the tables' canonical values) it is rounded
+   once too, through a float rounded to odd (float's 24 bits are enough for
+   a correct second rounding to 11 or 8 bits).  NaN stays NaN, overflow gives
+   inf.  Every ISA variant rounds alike: _Float16 where the compiler has it
+   (F16C instructions with -mf16c), integer code otherwise. */
+#ifndef POSENC_HALF_H
+#define POSENC_HALF_H
+
+#include "posenc_config.h"
+
+/* float rounded to odd: the float nearest d toward zero, its last bit set
+   if that is inexact. */
+static inline float posenc_float_round_to_odd(double d) {
+    float f = (float)d;
+    if ((double)f != d && d == d && f - f == 0.0f) {  /* inexact, not NaN, f finite */
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        if (fabs((double)f) > fabs(d)) u -= 1;  /* rounded away from zero: step back */
+        u |= 1;
+        memcpy(&f, &u, sizeof f);
+    }
+    return f;
+}
+
+/* ---- bfloat16 (ml_dtypes.bfloat16: NumPy type number known at run time) ---- */
+typedef uint16_t posenc_bf16;
+static int posenc_bf16_typenum = -1;
+
+static inline float posenc_load_bf16(posenc_bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline posenc_bf16 posenc_store_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (posenc_bf16)((u >> 16) | 0x0040u);  /* quiet NaN */
+    return (posenc_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline posenc_bf16 posenc_from_double_bf16(double d) {
+    return posenc_store_bf16(posenc_float_round_to_odd(d));
+}
+
+/* ---- float16 (NumPy's float16) ---- */
+#if defined(__FLT16_MANT_DIG__) && !defined(POSENC_SOFT_FLOAT16)
+typedef _Float16 posenc_f16;
+#define posenc_load_f16(h) ((float)(h))
+#define posenc_store_f16(f) ((posenc_f16)(float)(f))
+#else
+typedef uint16_t posenc_f16;
+static inline float posenc_load_f16(posenc_f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu;
+    uint32_t mantissa = h & 0x3ffu, u;
+    float f;
+    if (exponent == 0x1f) {
+        u = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {  /* zero or subnormal: mantissa * 2**-24, exact */
+        f = (float)mantissa * 5.9604644775390625e-08f;
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    }
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline posenc_f16 posenc_store_f16(float f) {
+    uint32_t u, a, sign, q, rest, half;
+    int shift;
+    memcpy(&u, &f, sizeof u);
+    sign = (u >> 16) & 0x8000u;
+    a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (posenc_f16)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  /* NaN */
+    if (a >= 0x477ff000u) return (posenc_f16)(sign | 0x7c00u);  /* >= 65520: inf */
+    if (a >= 0x38800000u) {  /* normal: rebias the exponent, round 13 bits away */
+        a -= 0x38000000u;
+        q = a >> 13;
+        rest = a & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (q & 1u))) q++;
+        return (posenc_f16)(sign | q);
+    }
+    if (a <= 0x33000000u) return (posenc_f16)sign;  /* <= 2**-25: zero (ties to even) */
+    shift = 126 - (int)(a >> 23);  /* subnormal: units of 2**-24 */
+    a = (a & 0x7fffffu) | 0x800000u;
+    q = a >> shift;
+    rest = a & ((1u << shift) - 1);
+    half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (q & 1u))) q++;
+    return (posenc_f16)(sign | q);
+}
+#endif
+#define posenc_from_double_f16(d) posenc_store_f16(posenc_float_round_to_odd(d))
+
+/* ---- rows of half values widened to float and narrowed back ----
+   The rotation of half rows runs the float32 row kernels on chunks widened
+   into local arrays (bitwise the arithmetic of loading each value as float),
+   then narrows once.  F16C converts 8 float16 values per instruction; GCC 12
+   does not vectorise _Float16 conversions by itself.  The bfloat16 loops
+   are integer operations, which it vectorises. */
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+static inline void posenc_widen_f16(const posenc_f16* src, float* dst, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = posenc_load_f16(src[i]);
+}
+static inline void posenc_narrow_f16(const float* src, posenc_f16* dst, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)  /* 0: round to nearest even */
+        _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+#endif
+    for (; i < n; i++) dst[i] = posenc_store_f16(src[i]);
+}
+static inline void posenc_widen_bf16(const posenc_bf16* POSENC_R src, float* POSENC_R dst,
+                                     Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) dst[i] = posenc_load_bf16(src[i]);
+}
+static inline void posenc_narrow_bf16(const float* POSENC_R src, posenc_bf16* POSENC_R dst,
+                                      Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) dst[i] = posenc_store_bf16(src[i]);
+}
+
+/* ---- float32, float64: their own arithmetic types ---- */
+#define posenc_load_f32(v) (v)
+#define posenc_load_f64(v) (v)
+#define posenc_store_f32(v) ((float)(v))
+#define posenc_store_f64(v) ((double)(v))
+#define posenc_from_double_f32(d) ((float)(d))
+#define posenc_from_double_f64(d) (d)
+
+#endif

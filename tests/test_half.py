@@ -1,0 +1,203 @@
+"""float16 and bfloat16: every kernel computes in float32 and rounds once.
+
+Each result is checked two ways: bit for bit against a NumPy model of the
+promised arithmetic (inputs widened to float32, cos/sin the float32 canonical
+values, float32 operations, one rounding to the half type), and against the
+float64 reference within one half-precision ulp plus float32's own error.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc_fast as pf
+from posenc_fast import reference as ref
+from posenc_fast._tolerance import half_tolerance
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+HALVES = [F16, BF16]
+F32 = np.float32
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint16)
+
+
+def half_data(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def model_rotate(x, cos, sin, layout, inverse=False):
+    """The promised arithmetic in NumPy: float32 pairs, one rounding to x's dtype."""
+    n = cos.shape[-1]
+    a32 = x.astype(F32)
+    out = a32.copy()
+    first, second = ((slice(0, n), slice(n, 2 * n)) if layout == "half"
+                     else (slice(0, 2 * n, 2), slice(1, 2 * n, 2)))
+    a, b = a32[..., first], a32[..., second]
+    s = -sin if inverse else sin
+    out[..., first] = a * cos - b * s
+    out[..., second] = b * cos + a * s
+    return out.astype(x.dtype)
+
+
+def assert_near_reference(got, want, scale):
+    got64 = got.astype(np.float64)
+    tol = half_tolerance(want, got.dtype, scale)
+    bad = np.abs(got64 - want) > tol
+    assert not bad.any(), (got64[bad][:5], want[bad][:5])
+
+
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from(HALVES), layout=st.sampled_from(["half", "interleaved"]),
+       rotary_dim=st.sampled_from([None, 6, 16]), offset=st.sampled_from([0, 77, 2**20 - 9]),
+       inverse=st.booleans(), in_place=st.booleans(), strided=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_rope_matches_the_float32_model_and_the_reference(dtype, layout, rotary_dim, offset,
+                                                          inverse, in_place, strided, seed):
+    rope = pf.RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim)
+    x = half_data((2, 3, 9, 32 if strided else 16), dtype, seed)
+    x = x[..., ::2] if strided else x
+    x0 = x.copy()
+    positions = np.arange(offset, offset + 9)
+    cos, sin = rope.cos_sin(positions, dtype=np.float32)
+    want_bits = bits(model_rotate(x0, cos, sin, layout, inverse))
+    out = x if in_place else None
+    got = rope.apply(x, offset=offset, inverse=inverse, out=out)
+    assert got.dtype == dtype and np.array_equal(bits(got), want_bits)
+    if in_place:
+        assert got is x
+    inv_freq = list(rope.inv_freq)
+    for index in [(0, 0, 0), (1, 2, 8), (0, 1, 4)]:
+        want = ref.rotate_vector(list(x0[index].astype(np.float64)), offset + index[2],
+                                 inv_freq, layout, inverse=inverse)
+        assert_near_reference(got[index], np.array(want), 2 * np.abs(x0[index]).astype(
+            np.float64).max())
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_apply_qk_positions_and_general_path_agree(dtype):
+    rope = pf.RotaryEmbedding(64, layout="half")
+    q, k = half_data((1, 4, 20, 64), dtype, 1), half_data((1, 2, 20, 64), dtype, 2)
+    positions = np.random.default_rng(3).integers(0, 2**20, 20)
+    q_rot, k_rot = rope.apply_qk(q, k, positions)
+    cos, sin = rope.cos_sin(positions, dtype=np.float32)
+    assert np.array_equal(bits(q_rot), bits(model_rotate(q, cos, sin, "half")))
+    assert np.array_equal(bits(k_rot), bits(model_rotate(k, cos, sin, "half")))
+    general = rope.apply(q.astype(np.float32), positions).astype(np.float64)
+    assert_near_reference(q_rot, general, 2 * np.abs(q.astype(np.float64)))
+    # Mixed with float32 keys: each in its own dtype.
+    q2, k2 = rope.apply_qk(q, k.astype(np.float32), positions)
+    assert q2.dtype == dtype and k2.dtype == np.float32 and np.array_equal(bits(q2), bits(q_rot))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("table", ["float32", "own"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_apply_rotary_cos_sin(dtype, table, layout):
+    cos32, sin32 = pf.RotaryEmbedding(32).cos_sin(np.arange(50), dtype=np.float32)
+    cos, sin = (cos32, sin32) if table == "float32" else (cos32.astype(dtype),
+                                                           sin32.astype(dtype))
+    x = half_data((2, 3, 50, 32), dtype, 4)
+    want = model_rotate(x, cos.astype(F32), sin.astype(F32), layout)
+    got = pf.apply_rotary_cos_sin(x, cos, sin, layout=layout)
+    assert np.array_equal(bits(got), bits(want))
+    positions = np.random.default_rng(5).integers(0, 50, (50, 1))
+    got = pf.apply_rotary_cos_sin(x[0].transpose(1, 0, 2).copy(), cos, sin, positions,
+                                  layout=layout)
+    rows = positions[:, 0]
+    want = model_rotate(x[0].transpose(1, 0, 2), cos.astype(F32)[rows][:, None],
+                        sin.astype(F32)[rows][:, None], layout)
+    assert np.array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_float64_cos_sin_with_half_data_is_refused(dtype):
+    cos, sin = pf.RotaryEmbedding(16).cos_sin(np.arange(4), dtype=np.float64)
+    x = half_data((4, 16), dtype)
+    x0 = x.copy()
+    with pytest.raises(TypeError, match=f"cos and sin must be float32 or {dtype}"):
+        pf.apply_rotary_cos_sin(x, cos, sin, out=x)
+    assert np.array_equal(bits(x), bits(x0))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_tables_are_the_float64_values_rounded_once(dtype):
+    rope = pf.RotaryEmbedding(16, scaling={"rope_type": "linear", "factor": 2.0})
+    positions = np.array([0, 1, 31, 32, 1023, 1024, 2**20 - 1, 2**20])
+    cos, sin = rope.cos_sin(positions, dtype=dtype)
+    c64, s64 = rope.cos_sin(positions, dtype=np.float64)
+    assert cos.dtype == dtype
+    assert np.array_equal(bits(cos), bits(ref.round_once(c64, dtype)))
+    assert np.array_equal(bits(sin), bits(ref.round_once(s64, dtype)))
+    name = "bfloat16" if dtype == BF16 else "float16"
+    table = pf.sinusoidal_table(40, 13, offset=2**20, dtype=name)
+    assert np.array_equal(bits(table), bits(ref.round_once(
+        pf.sinusoidal_table(40, 13, offset=2**20, dtype=np.float64), dtype)))
+    bias = pf.alibi_bias(4, 7, 9, dtype=dtype)
+    assert np.array_equal(bits(bias), bits(ref.round_once(
+        pf.alibi_bias(4, 7, 9, dtype=np.float64), dtype)))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_add_alibi_and_add_sinusoidal(dtype):
+    scores = half_data((4, 6, 9), dtype, 6) * 8
+    got = pf.add_alibi(scores, causal=False, offset=3)
+    bias = pf.alibi_bias(4, 6, 9, causal=False, offset=3, dtype=np.float64)
+    want = scores.astype(np.float64) + bias
+    assert np.array_equal(bits(got), bits(ref.round_once(want, dtype)))  # in double, once
+    x = half_data((2, 30, 10), dtype, 7)
+    got = pf.add_sinusoidal(x, offset=5)
+    table32 = pf.sinusoidal_table(30, 10, offset=5, dtype=np.float64).astype(F32)
+    assert np.array_equal(bits(got), bits((x.astype(F32) + table32).astype(dtype)))
+
+
+@pytest.mark.parametrize("x_dtype", HALVES + [np.dtype(np.float32), np.dtype(np.float64)])
+@pytest.mark.parametrize("table_dtype", HALVES + [np.dtype(np.float32), np.dtype(np.float64)])
+def test_add_position_table_any_two_dtypes(x_dtype, table_dtype):
+    x = half_data((3, 20, 8), x_dtype, 8)
+    table = half_data((40, 8), table_dtype, 9)
+    got = pf.add_position_table(x, table, offset=4)
+    assert got.dtype == x_dtype
+    rows = table[4:24]
+    if x_dtype in HALVES:  # float32 arithmetic, one rounding
+        want = (x.astype(F32) + rows.astype(np.float64).astype(F32)).astype(x_dtype)
+    else:  # the wider of the two
+        wide = np.result_type(x_dtype, np.float32 if table_dtype in HALVES else table_dtype)
+        want = (x.astype(wide) + rows.astype(wide)).astype(x_dtype)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_nan_stays_nan_and_overflow_gives_inf(dtype):
+    big = float(ml_dtypes.finfo(dtype).max)
+    x = np.array([[np.nan, 1.0, big, big]], dtype)
+    got = pf.RotaryEmbedding(4, layout="half").apply(x, 3)  # pairs (nan, big), (1, big)
+    assert np.isnan(got.astype(np.float64)[0, [0, 2]]).all()
+    table = np.full((4, 2), big, dtype)
+    assert np.isinf(pf.add_position_table(np.full((1, 2), big, dtype), table)
+                    .astype(np.float64)).all()
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_out_of_another_dtype_is_refused_and_untouched(dtype):
+    # ValueError, as for every other dtype mismatch of `out` (the contract since 0.1).
+    x = half_data((2, 8), dtype)
+    out = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match=f"out must have dtype {dtype}"):
+        pf.RotaryEmbedding(8).apply(x, 0, out=out)
+    assert not out.any()
+
+
+@pytest.mark.parametrize("bad", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.int16])
+def test_other_dtypes_are_refused_with_the_list(bad):
+    x = np.ones((2, 8), bad)
+    x0 = x.copy()
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
+        pf.RotaryEmbedding(8).apply(x, 0, out=x)
+    assert np.array_equal(x.view(np.uint8), x0.view(np.uint8))
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
+        pf.sinusoidal_table(4, 8, dtype=bad)
