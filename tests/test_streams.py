@@ -272,3 +272,27 @@ def test_vision_axial_rope_matches_qwen2_vl(dtype):
     _assert_hf_close(got_q, want_q.numpy(), q)
     _assert_hf_close(got_k, want_k.numpy(), k)
     assert_close(got_q, expected(q, hw[:, :, None], rope), q, hw, rope)
+
+
+def test_recipes_run_and_mean_what_they_say():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 3
+    scope: dict = {}
+    exec(blocks[0], scope)
+    vision: dict = dict(scope)
+    exec(blocks[1], vision)
+    gemma: dict = dict(scope)
+    exec(blocks[2], gemma)
+    rope = scope["rope"]
+    assert repr(rope) == repr(pf.RotaryEmbedding(128, base=1e6, layout="half",
+                                                 mrope_section=[16, 24, 24]))
+    q, positions = scope["q"], scope["positions"]
+    assert_close(scope["q_rot"], expected(q, positions[:, None, None, :], rope), q, positions, rope)
+    assert vision["rotated"].shape == (48, 16, 80)
+    ropes = gemma["ropes"]
+    assert ropes["sliding_attention"].base == 1e4 and ropes["sliding_attention"].scaling is None
+    assert ropes["full_attention"].base == 1e6 and ropes["full_attention"].scaling["factor"] == 8.0
