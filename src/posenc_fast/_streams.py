@@ -7,8 +7,6 @@ row per stream) and runs the compiled ``rotate_stream_rows`` on the
 canonical cos/sin table of the call's distinct positions.
 """
 
-import math
-
 import numpy as np
 
 from . import _validate as v
@@ -112,7 +110,3 @@ def gather(table: np.ndarray, token_rows: np.ndarray, pair_streams: np.ndarray) 
 
 def n_streams(pair_streams: np.ndarray) -> int:
     return int(pair_streams.max()) + 1 if pair_streams.size else 1
-
-
-def tokens(token_shape: tuple) -> int:
-    return math.prod(token_shape)
