@@ -32,7 +32,7 @@ class ModelRule(NamedTuple):
     (when the config has it) picks the layout."""
     streams: str | None = None
     """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
-    (``_hf_config.STREAM_RULES``): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
+    (``_hf_config._pair_streams``): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
     ``"hw_interleaved_t"`` (ERNIE-4.5-VL), ``"row_col"`` (NeoMME), ``"full_width"`` (HunYuan-VL, not
     read)."""
     default_section: tuple[int, ...] | None = None
