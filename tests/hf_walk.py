@@ -101,7 +101,10 @@ def check(model_type, partial_rotary_factor=None, seed=0):
         raise Skip(f"{rotary_class.__name__}(config) fails: {type(error).__name__}") from None
     rng = np.random.default_rng(seed)
     limit = min(MAX_POSITION, getattr(text, "max_position_embeddings", None) or MAX_POSITION)
-    positions = np.sort(rng.choice(limit, SEQ, replace=False))
+    streams = position_streams(rotary)
+    positions = np.stack([np.sort(rng.choice(limit, SEQ, replace=False)) for _ in range(streams)])
+    model_positions = torch.from_numpy(positions)[:, None] if streams > 1 else torch.from_numpy(positions)
+    positions = positions if streams > 1 else positions[0]
     dim = head_dim(text)
     q = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
     k = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
@@ -112,20 +115,43 @@ def check(model_type, partial_rotary_factor=None, seed=0):
     for layer_type in layer_types:
         extra = {} if layer_type is None else {"layer_type": layer_type}
         with torch.no_grad():
-            rotary_out = rotary(torch.from_numpy(q), torch.from_numpy(positions)[None], **extra)
+            try:
+                rotary_out = rotary(torch.from_numpy(q), model_positions, **extra)
+            except RuntimeError as error:
+                if partial_rotary_factor is None:
+                    raise
+                raise Skip(f"its rotary module fails with partial_rotary_factor={partial_rotary_factor}") from error
             q_hf, k_hf = _model_rotation(module, text, rotary_out, torch.from_numpy(q), torch.from_numpy(k))
         rope = pf.RotaryEmbedding.from_hf_config(config.to_dict(), **extra)
         assert rope.dim == dim, f"dim {rope.dim}, the model rotates {dim}"
+        assert rope.n_streams == streams, f"{rope.n_streams} position streams, the model has {streams}"
         q_ours, k_ours = rope.apply_qk(q.astype(np.float64), k.astype(np.float64), positions)
         results.append((layer_type, _score_error(q_hf, k_hf, q_ours, k_ours, q, k)))
     return results
 
 
+def position_streams(rotary):
+    """How many position rows the rotary module's forward expands position_ids to (1: plain RoPE)."""
+    source = inspect.getsource(type(rotary).forward)
+    found = re.search(r"position_ids\.expand\((\d+|len\(self\.mrope_section\))", source)
+    if found is None:
+        return 1
+    return len(rotary.mrope_section) if found.group(1).startswith("len") else int(found.group(1))
+
+
+_GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]}
 # Default configs that cannot be compared as they are, and the change that makes them comparable
 CONFIG_OVERRIDES = {
     # GLM-4.5's default head_dim is 4096 // 96 = 42, so int(42 * 0.5) = 21 features would rotate;
     # the released checkpoints set head_dim = 128
     "glm4_moe": {"head_dim": 128},
+    # GLM-4V's default mrope_section [8, 12, 12] covers 32 pairs: its released checkpoints rotate half the head
+    "glm4v": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
+    "glm4v_text": {"rope_parameters": _GLM4V_ROPE},
+    "glm4v_moe": {"text_config": {"head_dim": 128}},  # as glm4_moe
+    "glm4v_moe_text": {"head_dim": 128},
+    "glm_image": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
+    "glm_image_text": {"rope_parameters": _GLM4V_ROPE},
 }
 
 

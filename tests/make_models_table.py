@@ -28,6 +28,8 @@ def _rule_text(model_type):
     notes.append("qk_rope_head_dim (MLA)" if rule.mla else "whole head" if rule.whole_head else "partial_rotary_factor")
     if rule.local_theta_key:
         notes.append("RoPE per layer type")
+    if rule.streams:
+        notes.append(f"mRoPE ({rule.streams} position streams)")
     via = "" if text_type == model_type else f" (text: `{text_type}`)"
     return f"{', '.join(notes)}{via}", rule.source
 

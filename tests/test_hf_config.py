@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import float32_ulp_distance, hf_inv_freq_budget
 
+import posenc_fast as pf
 from posenc_fast._frequencies import resolve_rope_scaling
 from posenc_fast._hf_config import rotary_kwargs_from_hf_config
 
@@ -208,9 +209,15 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_theta": None}, "'rope_theta'"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_theta": "1e4"}, "'rope_theta'"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "several position streams"),
+          "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "no stream rule for this model type"),
         ({"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_parameters": {"rope_type": "default"}}, "several position streams.*qwen2_vl/modeling_qwen2_vl.py"),
+          "rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 20]}}, r"must sum to the 32 rotated"),
+        ({"model_type": "qwen3_vl_text", "hidden_size": 256, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default", "mrope_section": [32, 32]}}, "3 entries"),
+        ({"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default", "mrope_section": "16"}}, "list of ints"),
+        ({"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default", "mrope_section": [16, 16]}}, "pair_streams="),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_scaling": "linear"},
          "must be an object"),
         ({"model_type": "gemma3_text", "head_dim": 64, "rope_parameters": {
@@ -400,3 +407,25 @@ def test_rope_init_functions_of_transformers(params):
     assert_matches_hf(freqs.inv_freq[freqs.inv_freq > 0], hf_inv_freq.numpy()[hf_inv_freq.numpy() > 0], 128)
     assert np.array_equal(freqs.inv_freq == 0, hf_inv_freq.numpy() == 0)
     assert freqs.attention_factor == hf_factor
+
+
+def test_mrope_configs():
+    # transformers 4's Qwen2-VL form: "type": "mrope" is default RoPE with t/h/w sections
+    qwen2_vl = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28, "rope_theta": 1e6,
+                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+    kwargs = rotary_kwargs_from_hf_config(qwen2_vl)
+    assert kwargs["pair_streams"] == [0] * 16 + [1] * 24 + [2] * 24
+    assert (kwargs["layout"], kwargs["base"], kwargs["scaling"]) == ("half", 1e6, None)
+    # a composite Qwen3-VL config: the text model's interleaved sections, the class default without one
+    qwen3_vl = {"model_type": "qwen3_vl", "text_config": {"model_type": "qwen3_vl_text", "head_dim": 128,
+                                                         "hidden_size": 4096, "num_attention_heads": 32,
+                                                         "rope_parameters": {"rope_type": "default",
+                                                                             "rope_theta": 5e6}}}
+    rope = pf.RotaryEmbedding.from_hf_config(qwen3_vl)
+    want = pf.RotaryEmbedding(128, base=5e6, layout="half", mrope_section=[24, 20, 20], mrope_interleaved=True)
+    assert repr(rope) == repr(want) and rope.n_streams == 3
+    # ERNIE-4.5-VL: h and w alternate over the first 44 pairs, then t; interleaved pairs
+    ernie = {"model_type": "ernie4_5_vl_moe_text", "hidden_size": 2560, "num_attention_heads": 20}
+    kwargs = rotary_kwargs_from_hf_config(ernie)
+    assert kwargs["layout"] == "interleaved"
+    assert kwargs["pair_streams"] == [1, 2] * 22 + [0] * 20

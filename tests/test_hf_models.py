@@ -15,7 +15,9 @@ import hf_walk  # noqa: E402  (needs torch)
 
 import posenc_fast as pf  # noqa: E402
 
-_STREAMS = "several position streams per token (multimodal RoPE): refused by from_hf_config"
+_ODD_HEAD = "its default config's head_dim is odd (2048 // 28 = 73): its own rotation fails"
+_FULL_WIDTH = ("its default config has no mrope_section (its rotary module fails); sections over the full "
+               "width are not one rotation per pair in general: refused by from_hf_config")
 _PER_LAYER_HEAD = "head_dim differs per layer (per_layer_config): not read"
 _OTHER_ROTATION = "its attention rotates with a function other than apply_rotary_pos_emb(q, k, cos, sin)"
 _KEYS = "no rule: its config names the head sizes differently (encoder/decoder, n_embd, d_model)"
@@ -39,15 +41,11 @@ OUT_OF_SCOPE = {
     "qwen2_5_omni": "composite config without text_config (thinker_config): not read",
     "moonshine_streaming": "no rule: its rotation differs from both layouts (not read yet)",
     "glm4_moe_lite": "no rule: MLA with a partial rope head (not read yet)",
+    "qwen3_omni_moe": _ODD_HEAD, "qwen3_omni_moe_text": _ODD_HEAD, "qwen3_omni_moe_thinker": _ODD_HEAD,
+    "qwen3_omni_moe_talker_code_predictor": "its module defines several text rotary classes; the walk runs the "
+                                            "talker's (3 streams), not the code predictor's",
+    "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
-OUT_OF_SCOPE.update(dict.fromkeys([
-    "cosmos3_edge", "cosmos3_edge_text", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm4v", "glm4v_text",
-    "glm4v_moe", "glm4v_moe_text", "glm_image", "glm_image_text", "glm_ocr", "glm_ocr_text", "hunyuan_vl",
-    "hunyuan_vl_text", "hy_v4_vl", "hy_v4_vl_text", "neomme", "paddleocr_vl", "paddleocr_vl_text",
-    "qwen2_5_omni_text", "qwen2_5_omni_thinker", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_vl", "qwen2_vl_text",
-    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_omni_moe", "qwen3_omni_moe_text",
-    "qwen3_omni_moe_thinker", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen4_exp",
-    "qwen4_exp_text"], _STREAMS))
 
 MODEL_TYPES = hf_walk.model_types()
 

@@ -33,6 +33,9 @@ def sinusoidal_rows(positions: _F64, freqs: _F64, out: _Float, split: bool, work
 def rotate_rows(x: _Float, out: _Float, cos_table: _Float, sin_table: _Float,
                 row_table: _Index, half_layout: bool, inverse: bool,
                 num_threads: int) -> None: ...
+def rotate_stream_rows(x: _Float, out: _Float, cos_table: _Float, sin_table: _Float,
+                       row_token: _Index, token_rows: _Index, pair_streams: _Index,
+                       half_layout: bool, inverse: bool, num_threads: int) -> None: ...
 def add_table_rows(x: _Float, out: _Float, table: _Float, row_table: _Index,
                    num_threads: int) -> None: ...
 def alibi_fill_rows(out: _Float, slopes: _F64, q_len: int, offset: int, causal: bool,

@@ -255,7 +255,8 @@ def _text_part(cfg: dict, where: str) -> tuple[dict, str]:
 
 
 def _rule(model_type, layout, where: str) -> ModelRule:
-    rule = MODEL_RULES.get(model_type)
+    # transformers 4's flat composite configs (Qwen2-VL's config.json) hold the text model's keys at the top
+    rule = MODEL_RULES.get(model_type) or MODEL_RULES.get(f"{model_type}_text")
     if layout is not None and layout not in ("half", "interleaved"):
         raise ValueError(f"layout must be 'half', 'interleaved' or None, got {layout!r}")
     if rule is None:
@@ -300,7 +301,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         ``layout`` (``"half"`` or ``"interleaved"``) and ``scaling`` (None or
         a self-contained dict for ``resolve_rope_scaling``: the method's keys
         only, ``original_max_position_embeddings`` and ``factor`` filled in
-        as transformers derives them).
+        as transformers derives them); for multimodal RoPE also
+        ``pair_streams`` (a list: each pair's position stream, from the
+        config's ``mrope_section`` or the model's default).
 
     Raises
     ------
@@ -310,8 +313,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         If the file cannot be read or is not a JSON object, a needed key is
         missing (named in the message), a value is invalid, the RoPE type is
         unsupported, the model type has no rule and no ``layout`` was given,
-        the model rotates in a way ``RotaryEmbedding`` does not (several
-        position streams, the reversed direction), or the config holds
+        the model rotates in a way ``RotaryEmbedding`` does not (the
+        reversed direction, an unread assignment of pairs to position
+        streams), or the config holds
         differing RoPEs per layer type and no ``layer_type`` was given.
 
     Notes
@@ -356,10 +360,14 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         return dict(dim=head_dim, rotary_dim=rotary_dim, base=_DEFAULT_THETA, layout="interleaved", scaling=None)
 
     params = _rope_parameters(cfg, rule, layer_type, where)
-    streams = [key for key in _MROPE_KEYS if params.get(key) or cfg.get(key)]
-    if rule.position_streams or streams or params.get("rope_type", params.get("type")) == "mrope":
-        raise ValueError(f"{where}: this model's RoPE has several position streams per token (multimodal "
-                         f"RoPE, {rule.source or streams or 'mrope'}), which RotaryEmbedding does not rotate yet")
+    if rule.streams is None:
+        streams = [key for key in _MROPE_KEYS if params.get(key) or cfg.get(key)]
+        if streams or params.get("rope_type", params.get("type")) == "mrope":
+            raise ValueError(f"{where}: the config has multimodal RoPE keys ({streams or 'rope_type mrope'}) but "
+                             f"posenc_fast has no stream rule for this model type; build the RotaryEmbedding with "
+                             f"mrope_section= / pair_streams= as its rotary module assigns pairs to streams")
+    elif params.get("rope_type", params.get("type")) == "mrope":
+        params = {**params, "rope_type": "default"}  # transformers 5 reads transformers 4's "mrope" as default
     base = _theta(cfg, params, model_type, rule, where)
     rope_type = _rope_type(params, model_type, where)
     scaling = _scaling(cfg, params, rope_type, model_type, where)
@@ -386,4 +394,39 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
             f"{where}: the rotated width must be even and >= 2, got rotary_dim={rotary_dim} "
             f"(head_dim={dim}, partial_rotary_factor={partial!r})"
         )
-    return dict(dim=dim, rotary_dim=rotary_dim, base=base, layout=layout, scaling=scaling)
+    kwargs = dict(dim=dim, rotary_dim=rotary_dim, base=base, layout=layout, scaling=scaling)
+    if rule.streams is not None:
+        kwargs["pair_streams"] = _pair_streams(rule, params.get("mrope_section"), rotary_dim // 2, where)
+    return kwargs
+
+
+def _pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:
+    """The position stream of each pair, as the model's ``recomposition_frequencies`` assigns them."""
+    if section is None:
+        section = rule.default_section
+    if rule.streams == "row_col":
+        # NeoMME: freq[0][..., 0::2] (rows) and freq[1][..., 1::2] (columns), stacked pair by pair
+        return [j % 2 for j in range(npairs)]
+    if section is None:
+        raise ValueError(f"{where}: the config has no mrope_section, which this model's rotary module needs")
+    if (isinstance(section, (str, bytes)) or not isinstance(section, (list, tuple))
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in section)):
+        raise ValueError(f"{where}: mrope_section must be a list of ints >= 0, got {section!r}")
+    section = [int(n) for n in section]
+    if rule.streams == "thw_interleaved":
+        # Qwen3-VL: h takes pairs slice(1, 3*section[1], 3), w slice(2, 3*section[2], 3), t the rest
+        if len(section) != 3:
+            raise ValueError(f"{where}: mrope_section must have 3 entries (t, h, w), got {section}")
+        return [1 if j % 3 == 1 and j < 3 * section[1] else 2 if j % 3 == 2 and j < 3 * section[2] else 0
+                for j in range(npairs)]
+    if sum(section) != npairs:
+        raise ValueError(f"{where}: mrope_section {section} must sum to the {npairs} rotated pairs (its rotary "
+                         f"module splits the frequencies by it)")
+    if rule.streams == "chunked":
+        # Qwen2-VL: torch.cat([m[i % 3] for i, m in enumerate(freq.split(mrope_section, dim=-1))])
+        return [i % 3 for i, n in enumerate(section) for _ in range(n)]
+    if rule.streams == "hw_interleaved_t" and len(section) == 3:
+        # ERNIE-4.5-VL: pre-rotated frequencies, h and w pair by pair over section[0] + section[1] pairs, then t
+        return [(1 if j % 2 == 0 else 2) if j < section[0] + section[1] else 0 for j in range(npairs)]
+    raise ValueError(f"{where}: its rotary module assigns pairs to position streams in a way posenc_fast does not "
+                     f"read ({rule.streams!r}, {rule.source}); build the RotaryEmbedding with pair_streams=")

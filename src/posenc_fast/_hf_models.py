@@ -30,8 +30,13 @@ class ModelRule(NamedTuple):
     mla: bool = False
     """Multi-head latent attention: rotates the ``qk_rope_head_dim`` features; ``rope_interleave``
     (when the config has it) picks the layout."""
-    position_streams: bool = False
-    """Multimodal RoPE: several position streams (t/h/w) per token, whatever the config says."""
+    streams: str | None = None
+    """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
+    (``_hf_config._pair_streams``): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
+    ``"hw_interleaved_t"`` (ERNIE-4.5-VL), ``"row_col"`` (NeoMME), ``"full_width"`` (HunYuan-VL, not
+    read)."""
+    default_section: tuple[int, ...] | None = None
+    """``mrope_section`` when the config has none (the rotary module's default)."""
     reversed: bool = False
     """Rotates by ``-theta`` (its ``rotate_half`` is ``cat(x2, -x1)``)."""
     theta_key: str = "rope_theta"
@@ -63,6 +68,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
     "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
     "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
+    "cosmos3_edge_text": ModelRule("cosmos3_edge/modeling_cosmos3_edge.py", streams="thw_interleaved", default_section=(24, 20, 20)),
     "csm": ModelRule("csm/modeling_csm.py"),
     "csm_depth_decoder_model": ModelRule("csm/modeling_csm.py"),
     "cwm": ModelRule("cwm/modeling_cwm.py"),
@@ -81,7 +87,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
     "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
     "ernie4_5_moe": ModelRule("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved"),
-    "ernie4_5_vl_moe_text": ModelRule("ernie4_5_vl_moe/modeling_ernie4_5_vl_moe.py", "interleaved", position_streams=True),
+    "ernie4_5_vl_moe_text": ModelRule("ernie4_5_vl_moe/modeling_ernie4_5_vl_moe.py", "interleaved", streams="hw_interleaved_t", default_section=(22, 22, 20)),
     "esm": ModelRule("esm/modeling_esm.py"),
     "esmc": ModelRule("esmc/modeling_esmc.py"),
     "eurobert": ModelRule("eurobert/modeling_eurobert.py"),
@@ -98,6 +104,10 @@ MODEL_RULES: dict[str, ModelRule] = {
     "glm": ModelRule("glm/modeling_glm.py", "interleaved", whole_head=False),
     "glm4": ModelRule("glm4/modeling_glm4.py", "interleaved", whole_head=False),
     "glm4_moe": ModelRule("glm4_moe/modeling_glm4_moe.py", whole_head=False),
+    "glm4v_moe_text": ModelRule("glm4v_moe/modeling_glm4v_moe.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
+    "glm4v_text": ModelRule("glm4v/modeling_glm4v.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
+    "glm_image_text": ModelRule("glm_image/modeling_glm_image.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
+    "glm_ocr_text": ModelRule("glm_ocr/modeling_glm_ocr.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glmasr_encoder": ModelRule("glmasr/modeling_glmasr.py", whole_head=False),
     "gpt_neox": ModelRule("gpt_neox/modeling_gpt_neox.py", whole_head=False),
     "gpt_neox_japanese": ModelRule("gpt_neox_japanese/modeling_gpt_neox_japanese.py", whole_head=False),
@@ -116,8 +126,10 @@ MODEL_RULES: dict[str, ModelRule] = {
     "hrm_text": ModelRule("hrm_text/modeling_hrm_text.py"),
     "hunyuan_v1_dense": ModelRule("hunyuan_v1_dense/modeling_hunyuan_v1_dense.py"),
     "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py"),
+    "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width"),
     "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
     "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True),
+    "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", streams="thw_interleaved", default_section=(24, 20, 20)),
     "hyperclovax": ModelRule("hyperclovax/modeling_hyperclovax.py"),
     "idefics": ModelRule("idefics/modeling_idefics.py"),
     "jais2": ModelRule("jais2/modeling_jais2.py"),
@@ -159,7 +171,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "nemotron3_5_transcribe_asr_audio": ModelRule("nemotron3_5_transcribe/modeling_nemotron3_5_transcribe.py", whole_head=False),
     "nemotron3_5_transcribe_word_timestamp": ModelRule("nemotron3_5_transcribe/modeling_nemotron3_5_transcribe.py", whole_head=False),
     "nemotron3_diarization_audio": ModelRule("nemotron3_diarization/modeling_nemotron3_diarization.py", whole_head=False),
-    "neomme": ModelRule("neomme/modeling_neomme.py", whole_head=False, position_streams=True),
+    "neomme": ModelRule("neomme/modeling_neomme.py", whole_head=False, streams="row_col"),
     "neucodec": ModelRule("neucodec/modeling_neucodec.py"),
     "nomic_bert": ModelRule("nomic_bert/modeling_nomic_bert.py"),
     "olmo": ModelRule("olmo/modeling_olmo.py"),
@@ -168,7 +180,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "olmo_hybrid": ModelRule("olmo_hybrid/modeling_olmo_hybrid.py"),
     "olmoe": ModelRule("olmoe/modeling_olmoe.py"),
     "openai_privacy_filter": ModelRule("openai_privacy_filter/modeling_openai_privacy_filter.py", "interleaved"),
-    "paddleocr_vl_text": ModelRule("paddleocr_vl/modeling_paddleocr_vl.py", position_streams=True),
+    "paddleocr_vl_text": ModelRule("paddleocr_vl/modeling_paddleocr_vl.py", streams="chunked", default_section=(16, 24, 24)),
     "persimmon": ModelRule("persimmon/modeling_persimmon.py", whole_head=False),
     "phi": ModelRule("phi/modeling_phi.py", whole_head=False),
     "phi3": ModelRule("phi3/modeling_phi3.py", whole_head=False),
@@ -176,21 +188,22 @@ MODEL_RULES: dict[str, ModelRule] = {
     "phimoe": ModelRule("phimoe/modeling_phimoe.py"),
     "pocket_tts": ModelRule("pocket_tts/modeling_pocket_tts.py"),
     "qwen2": ModelRule("qwen2/modeling_qwen2.py"),
-    "qwen2_5_omni_talker": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py"),
-    "qwen2_5_omni_text": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py", position_streams=True),
-    "qwen2_5_vl_text": ModelRule("qwen2_5_vl/modeling_qwen2_5_vl.py", position_streams=True),
+    "qwen2_5_omni_talker": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py", streams="chunked", default_section=(16, 24, 24)),
+    "qwen2_5_omni_text": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py", streams="chunked", default_section=(16, 24, 24)),
+    "qwen2_5_vl_text": ModelRule("qwen2_5_vl/modeling_qwen2_5_vl.py", streams="chunked", default_section=(16, 24, 24)),
     "qwen2_moe": ModelRule("qwen2_moe/modeling_qwen2_moe.py"),
-    "qwen2_vl_text": ModelRule("qwen2_vl/modeling_qwen2_vl.py", position_streams=True),
+    "qwen2_vl_text": ModelRule("qwen2_vl/modeling_qwen2_vl.py", streams="chunked", default_section=(16, 24, 24)),
     "qwen3": ModelRule("qwen3/modeling_qwen3.py"),
-    "qwen3_5_moe_text": ModelRule("qwen3_5_moe/modeling_qwen3_5_moe.py", whole_head=False, position_streams=True),
-    "qwen3_5_text": ModelRule("qwen3_5/modeling_qwen3_5.py", whole_head=False, position_streams=True),
+    "qwen3_5_moe_text": ModelRule("qwen3_5_moe/modeling_qwen3_5_moe.py", whole_head=False, streams="thw_interleaved", default_section=(11, 11, 10)),
+    "qwen3_5_text": ModelRule("qwen3_5/modeling_qwen3_5.py", whole_head=False, streams="thw_interleaved", default_section=(11, 11, 10)),
     "qwen3_moe": ModelRule("qwen3_moe/modeling_qwen3_moe.py"),
     "qwen3_next": ModelRule("qwen3_next/modeling_qwen3_next.py", whole_head=False),
     "qwen3_omni_moe_talker_code_predictor": ModelRule("qwen3_omni_moe/modeling_qwen3_omni_moe.py"),
-    "qwen3_omni_moe_talker_text": ModelRule("qwen3_omni_moe/modeling_qwen3_omni_moe.py"),
-    "qwen3_vl_moe_text": ModelRule("qwen3_vl_moe/modeling_qwen3_vl_moe.py", position_streams=True),
-    "qwen3_vl_text": ModelRule("qwen3_vl/modeling_qwen3_vl.py", position_streams=True),
-    "qwen4_exp_text": ModelRule("qwen4_exp/modeling_qwen4_exp.py", whole_head=False, position_streams=True),
+    "qwen3_omni_moe_talker_text": ModelRule("qwen3_omni_moe/modeling_qwen3_omni_moe.py", streams="thw_interleaved", default_section=(24, 20, 20)),
+    "qwen3_omni_moe_text": ModelRule("qwen3_omni_moe/modeling_qwen3_omni_moe.py", streams="thw_interleaved", default_section=(24, 20, 20)),
+    "qwen3_vl_moe_text": ModelRule("qwen3_vl_moe/modeling_qwen3_vl_moe.py", streams="thw_interleaved", default_section=(24, 20, 20)),
+    "qwen3_vl_text": ModelRule("qwen3_vl/modeling_qwen3_vl.py", streams="thw_interleaved", default_section=(24, 20, 20)),
+    "qwen4_exp_text": ModelRule("qwen4_exp/modeling_qwen4_exp.py", whole_head=False, streams="thw_interleaved", default_section=(11, 11, 10)),
     "recurrent_gemma": ModelRule("recurrent_gemma/modeling_recurrent_gemma.py", whole_head=False),
     "seed_oss": ModelRule("seed_oss/modeling_seed_oss.py"),
     "smollm3": ModelRule("smollm3/modeling_smollm3.py"),

@@ -139,6 +139,32 @@ def apply_rotary(x, positions, inv_freq, *, layout="interleaved", attention_fact
     return result
 
 
+def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
+                         attention_factor=1.0, inverse=False):
+    """Rotate every vector of x, pair i by the position of stream pair_streams[i].
+
+    positions: (n_streams,) + a shape broadcasting to x.shape[:-1].
+    """
+    x = np.asarray(x, dtype=np.float64)
+    positions = np.asarray(positions, dtype=np.float64)
+    streams = [np.broadcast_to(p, x.shape[:-1]) for p in positions]
+    rotary_dim = 2 * len(inv_freq)
+    result = x.copy()
+    for index in np.ndindex(x.shape[:-1]):
+        for i, frequency in enumerate(inv_freq):
+            theta = float(streams[pair_streams[i]][index]) * frequency
+            cos, sin = math.cos(theta), math.sin(theta)
+            if inverse:
+                cos, sin = cos / attention_factor, -sin / attention_factor
+            else:
+                cos, sin = cos * attention_factor, sin * attention_factor
+            first, second = rope_pair_indices(i, rotary_dim, layout)
+            a, b = result[index + (first,)], result[index + (second,)]
+            result[index + (first,)] = a * cos - b * sin
+            result[index + (second,)] = a * sin + b * cos
+    return result
+
+
 def rope_cos_sin(positions, inv_freq, attention_factor=1.0):
     """cos and sin of position * inv_freq[i], times the attention factor."""
     positions = np.asarray(positions, dtype=np.float64)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
+from . import _streams
 from . import _validate as v
 from ._dispatch import kernels
 from ._frequencies import resolve_rope_scaling
@@ -99,6 +100,22 @@ class RotaryEmbedding:
     scaling : dict, optional
         Hugging Face ``rope_scaling`` vocabulary: ``{"rope_type": "linear",
         "factor": 4.0}`` etc.; see the README for every method.
+    pair_streams : array_like of int, optional
+        Several position streams per token (multimodal RoPE): pair ``i``
+        rotates by the position of stream ``pair_streams[i]``, one entry per
+        pair (``rotary_dim // 2``), streams ``0 .. n_streams-1`` all used.
+        Explicit positions then have a leading axis of size ``n_streams``
+        (``positions[s]`` broadcasts against ``x.shape[:-1]``); without
+        positions every stream is ``arange`` along `seq_axis`.
+    mrope_section : sequence of int, optional
+        Shorthand for `pair_streams`, summing to ``rotary_dim // 2``: the
+        first ``mrope_section[0]`` pairs take stream 0, the next
+        ``mrope_section[1]`` stream 1, ... (Qwen2/2.5-VL: ``[16, 24, 24]``,
+        t/h/w).
+    mrope_interleaved : bool, optional
+        With a 3-entry `mrope_section`: Qwen3-VL's interleaved assignment
+        (pairs 1, 4, 7, ... below ``3*mrope_section[1]`` take h, pairs 2, 5,
+        8, ... below ``3*mrope_section[2]`` take w, the rest t).
 
     Examples
     --------
@@ -107,11 +124,21 @@ class RotaryEmbedding:
     >>> q = np.ones((1, 4, 10, 64), np.float32)
     >>> rope.apply(q).shape
     (1, 4, 10, 64)
+    >>> mrope = pf.RotaryEmbedding(128, layout="half", mrope_section=[16, 24, 24])
+    >>> thw = np.stack([np.arange(10), np.arange(10) // 5, np.arange(10) % 5])
+    >>> mrope.apply(q.repeat(2, -1), thw).shape
+    (1, 4, 10, 128)
     """
 
     def __init__(self, dim: int, *, base: float = 10000.0, rotary_dim: int | None = None,
                  layout: Literal["interleaved", "half"] = "interleaved",
-                 scaling: Mapping[str, Any] | None = None) -> None:
+                 scaling: Mapping[str, Any] | None = None, pair_streams: ArrayLike | None = None,
+                 mrope_section: Any = None, mrope_interleaved: bool = False) -> None:
+        self._setup(dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
+                    mrope_interleaved, axes=1)
+
+    def _setup(self, dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
+               mrope_interleaved, axes):
         dim = v.integer(dim, "dim", minimum=1)
         if dim > sys.maxsize:  # no array has such an axis (and the fast path keeps a C size)
             raise ValueError(f"dim must be <= {sys.maxsize} (2**63 - 1), got {dim}")
@@ -127,12 +154,68 @@ class RotaryEmbedding:
         self._rotary_dim = rotary_dim
         self._base = base
         self._layout = layout
+        self._pair_streams = self._streams_of(rotary_dim // 2, pair_streams, mrope_section,
+                                              mrope_interleaved, axes)
+        # axial: each axis has its own rotary_dim // axes features' frequencies
+        self._axes = axes
         self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
-                                                 rotary_dim=rotary_dim, base=base)
+                                                 rotary_dim=rotary_dim // axes, base=base)
         self._fast = kernels.RotaryFastPath(dim, rotary_dim, layout == "half",
-                                            self._frequencies.inv_freq,
+                                            self.inv_freq,
                                             float(self._frequencies.attention_factor),
                                             _length_with_base_frequencies(self._frequencies))
+
+    @staticmethod
+    def _streams_of(npairs, pair_streams, mrope_section, mrope_interleaved, axes):
+        mrope_interleaved = v.flag(mrope_interleaved, "mrope_interleaved")
+        if pair_streams is not None and mrope_section is not None:
+            raise ValueError("pass pair_streams or mrope_section, not both")
+        if mrope_interleaved and mrope_section is None:
+            raise ValueError("mrope_interleaved=True needs mrope_section")
+        if axes > 1:
+            return _streams.axial_streams(axes, npairs)
+        if mrope_section is not None:
+            pair_streams = (_streams.interleaved_streams if mrope_interleaved
+                            else _streams.chunked_streams)(mrope_section, npairs)
+        return None if pair_streams is None else _streams.pair_streams_array(pair_streams, npairs)
+
+    @classmethod
+    def axial(cls, dim: int, *, base: float = 10000.0, n_axes: int = 2) -> "RotaryEmbedding":
+        """Axial RoPE of a vision tower: the head split into one block of pairs per axis.
+
+        Pairs ``a*q .. (a+1)*q - 1`` (``q = dim // (2*n_axes)``) rotate by the
+        position along axis ``a`` with frequencies ``base ** (-2i /
+        (dim/n_axes))``, half layout: Qwen2-VL's and Qwen2.5-VL's vision
+        rotary (h then w, ``head_dim // 4`` frequencies per axis).  Positions
+        have a leading axis of size `n_axes` (e.g. ``(2, patches)``: h, w).
+
+        Parameters
+        ----------
+        dim : int
+            Head dimension, a multiple of ``2 * n_axes``.
+        base : float, optional
+        n_axes : int, optional
+            2 for images.
+
+        Returns
+        -------
+        RotaryEmbedding
+
+        Examples
+        --------
+        >>> import numpy as np, posenc_fast as pf
+        >>> rope = pf.RotaryEmbedding.axial(80)
+        >>> hw = np.stack(np.divmod(np.arange(16), 4))  # a 4x4 grid of patches
+        >>> rope.apply(np.ones((16, 2, 80), np.float32), hw[:, :, None]).shape
+        (16, 2, 80)
+        """
+        dim = v.integer(dim, "dim", minimum=1)
+        n_axes = v.integer(n_axes, "n_axes", minimum=2)
+        if dim % (2 * n_axes):
+            raise ValueError(f"dim must be a multiple of 2 * n_axes = {2 * n_axes}, got {dim}")
+        rope = cls.__new__(cls)
+        rope._setup(dim, base, None, "half", None, None, None, False, axes=n_axes)
+        return rope
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], *,
@@ -176,8 +259,21 @@ class RotaryEmbedding:
     rotary_dim = property(lambda self: self._rotary_dim, doc="Leading features that rotate.")
     layout = property(lambda self: self._layout, doc='"interleaved" or "half".')
     base = property(lambda self: self._base, doc="Frequency base (rope_theta).")
-    inv_freq = property(lambda self: self._frequencies.inv_freq,
+    inv_freq = property(lambda self: self._pair_frequencies(self._frequencies.inv_freq),
                         doc="float64 (rotary_dim//2,) frequencies, read-only.")
+    pair_streams = property(
+        lambda self: self._pair_streams,
+        doc="The position stream of each pair (read-only intp array), or None (one stream).")
+    n_streams = property(
+        lambda self: 1 if self._pair_streams is None else _streams.n_streams(self._pair_streams),
+        doc="Position streams per token: the leading axis of explicit positions when > 1.")
+
+    def _pair_frequencies(self, freqs: NDArray[np.float64]) -> NDArray[np.float64]:
+        if self._axes == 1:
+            return freqs
+        tiled = np.tile(freqs, self._axes)
+        tiled.flags.writeable = False
+        return tiled
     attention_factor = property(lambda self: float(self._frequencies.attention_factor),
                                 doc="Factor multiplying the rotated features (1.0 unless scaled).")
 
@@ -188,20 +284,27 @@ class RotaryEmbedding:
         return None if params is None else dict(params)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling))
+        streams = None if self._pair_streams is None else self._pair_streams.tolist()
+        return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling,
+                           streams, self._axes))
 
     def __repr__(self) -> str:
+        if self._axes > 1:
+            return f"RotaryEmbedding.axial({self._dim}, base={self._base!r}, n_axes={self._axes})"
+        streams = ("" if self._pair_streams is None
+                   else f", pair_streams={self._pair_streams.tolist()}")
         return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
-                f"layout={self._layout!r}, scaling={self.scaling!r})")
+                f"layout={self._layout!r}, scaling={self.scaling!r}{streams})")
 
     def inv_freq_for(self, seq_len: int) -> NDArray[np.float64]:
         """Frequencies a call with ``max(positions) + 1 == seq_len`` uses (float64, read-only)."""
-        return self._frequencies.inv_freq_for(v.integer(seq_len, "seq_len", minimum=1))
+        return self._pair_frequencies(
+            self._frequencies.inv_freq_for(v.integer(seq_len, "seq_len", minimum=1)))
 
     def _table(self, values: NDArray[np.float64], dtype: np.dtype[Any], inverse: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
         seq_len = _seq_len(values)
-        freqs = self._frequencies.inv_freq_for(seq_len)
+        freqs = self._pair_frequencies(self._frequencies.inv_freq_for(seq_len))
         factor = float(self._frequencies.attention_factor_for(seq_len))
         return cos_sin_table(values.reshape(-1), freqs, 1.0 / factor if inverse else factor,
                              dtype)
@@ -220,7 +323,9 @@ class RotaryEmbedding:
         positions : array_like of real numbers, optional
             Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
             seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
-            Default ``arange(n)`` laid along `seq_axis`.
+            Default ``arange(n)`` laid along `seq_axis`.  With several
+            position streams (`n_streams` > 1), one such array per stream
+            stacked on a leading axis: ``(n_streams, seq)`` etc.
         offset : float, optional
             Added to every position (the KV-cache length when decoding).
         seq_axis : int, optional
@@ -235,6 +340,8 @@ class RotaryEmbedding:
         -------
         ndarray of x's shape and dtype
         """
+        if self._pair_streams is not None and positions is not None:
+            return self._apply_streams((x,), positions, offset, inverse, (out,))[0]
         result = self._fast.apply(x, positions, offset, seq_axis, inverse, out)
         if result is None:
             result = self._apply_general(x, positions, offset, seq_axis, inverse, out)
@@ -255,11 +362,41 @@ class RotaryEmbedding:
         -------
         (q_rot, k_rot)
         """
+        if self._pair_streams is not None and positions is not None:
+            return self._apply_streams((q, k), positions, offset, inverse, (out_q, out_k))
         result = self._fast.apply_qk(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
         if result is None:
             result = self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q,
                                             out_k)
         return result
+
+    def _apply_streams(self, xs, positions, offset, inverse, outs):
+        # Explicit positions of several streams: one cos/sin table of the call's
+        # distinct positions, gathered per (token, pair) by the compiled kernel.
+        names, out_names = (("x",), ("out",)) if len(xs) == 1 else (("q", "k"), ("out_q", "out_k"))
+        arrays = [_data(x, name, self._dim) for x, name in zip(xs, names)]
+        offset = v.real(offset, "offset")
+        inverse = v.flag(inverse, "inverse")
+        values, token_shape = _streams.stream_positions(positions, offset, self.n_streams,
+                                                        arrays[0].shape[:-1], names[0])
+        for x, name in zip(arrays[1:], names[1:]):
+            v.broadcast_target(token_shape, x.shape[:-1], "positions[i]", f"{name}.shape[:-1]")
+        checked: list = []
+        for i, (x, out, name) in enumerate(zip(arrays, outs, out_names)):
+            others = arrays[:i] + arrays[i + 1:] + [given for given, _ in checked]
+            checked.append(v.output(out, name, x.shape, x.dtype, may_be=(x,),
+                                    must_not_overlap=tuple(others)))
+        distinct, token_rows = _streams.distinct_rows(values)
+        tables: dict = {}
+        results = []
+        for x, (out, in_place) in zip(arrays, checked):
+            if x.dtype not in tables:
+                tables[x.dtype] = self._table(distinct, x.dtype, inverse)
+            cos, sin = tables[x.dtype]
+            results.append(_streams.rotate(x, cos, sin, token_rows, token_shape,
+                                           self._pair_streams, self._layout == "half", inverse,
+                                           out, in_place))
+        return tuple(results)
 
     def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
         x = _data(x, "x", self._dim)
@@ -308,19 +445,27 @@ class RotaryEmbedding:
         Parameters
         ----------
         positions : array_like of real numbers, any shape
+            With several position streams (`n_streams` > 1): shape
+            ``(n_streams,) + tokens_shape``; entry ``j`` of a token is then
+            the value of its pair ``j``, at the position of stream
+            ``pair_streams[j]``.
         dtype : {np.float32, np.float64, np.float16, "bfloat16"}, optional
         out : tuple of two ndarrays, optional
-            ``(cos, sin)`` to write, each of shape positions.shape +
-            (rotary_dim//2,) and dtype `dtype` (as NumPy's ``out=`` of a
-            function with two results, e.g. ``np.divmod``).
+            ``(cos, sin)`` to write, each of the shape returned and dtype
+            `dtype` (as NumPy's ``out=`` of a function with two results,
+            e.g. ``np.divmod``).
 
         Returns
         -------
-        cos, sin : ndarrays of shape positions.shape + (rotary_dim//2,)
+        cos, sin : ndarrays of shape tokens_shape + (rotary_dim//2,)
+            tokens_shape is positions.shape (one stream) or positions.shape[1:].
         """
         values = v.positions_array(positions)
         dtype = v.table_dtype(dtype)
-        shape = values.shape + (self._rotary_dim // 2,)
+        token_shape = values.shape
+        if self._pair_streams is not None:
+            values, token_shape = _streams.stream_positions(values, 0.0, self.n_streams, (), None)
+        shape = token_shape + (self._rotary_dim // 2,)
         if out is not None:
             if not isinstance(out, tuple) or len(out) != 2:
                 raise TypeError(f"out must be a tuple (cos, sin) of two arrays, got "
@@ -328,8 +473,17 @@ class RotaryEmbedding:
             cos_out, _ = v.output(out[0], "out[0]", shape, dtype)
             sin_out, _ = v.output(out[1], "out[1]", shape, dtype, must_not_overlap=(cos_out,))
             out = (cos_out, sin_out)
+        if self._pair_streams is not None:
+            distinct, token_rows = _streams.distinct_rows(values)
+            tables = self._table(distinct, dtype)
+            cos, sin = (_streams.gather(t, token_rows, self._pair_streams) for t in tables)
+            if out is None:
+                return cos.reshape(shape), sin.reshape(shape)
+            np.copyto(out[0], cos.reshape(shape))
+            np.copyto(out[1], sin.reshape(shape))
+            return out
         seq_len = _seq_len(values)
-        cos, sin = cos_sin_table(values.reshape(-1), self._frequencies.inv_freq_for(seq_len),
+        cos, sin = cos_sin_table(values.reshape(-1), self.inv_freq_for(seq_len),
                                  float(self._frequencies.attention_factor_for(seq_len)), dtype,
                                  None if out is None else (out[0].reshape(-1, shape[-1]),
                                                            out[1].reshape(-1, shape[-1])))
@@ -342,9 +496,13 @@ class RotaryEmbedding:
 
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
-             scaling: dict[str, Any] | None) -> RotaryEmbedding:
+             scaling: dict[str, Any] | None, pair_streams: list[int] | None = None,
+             axes: int = 1) -> RotaryEmbedding:
     # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use).
-    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling)
+    if axes > 1:
+        return RotaryEmbedding.axial(dim, base=base, n_axes=axes)
+    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
+                           pair_streams=pair_streams)
 
 
 def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0,

@@ -1,0 +1,112 @@
+"""Several position streams per token: multimodal RoPE (mRoPE) and axial RoPE.
+
+Pair ``j`` of a token rotates by the position of stream ``pair_streams[j]``
+(Qwen2-VL's t/h/w, a vision tower's h/w).  This module turns the common forms
+into that per-pair array, validates a call's positions (leading axis: one
+row per stream) and runs the compiled ``rotate_stream_rows`` on the
+canonical cos/sin table of the call's distinct positions.
+"""
+
+import numpy as np
+
+from . import _validate as v
+from ._dispatch import kernels
+from ._rows import RowOutput, row_table
+from ._threads import threads_for
+
+
+def _section(section, npairs: int, name: str) -> list[int]:
+    if isinstance(section, (str, bytes)) or not hasattr(section, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(section).__name__}")
+    values = [v.integer(s, f"{name}[{i}]", minimum=0) for i, s in enumerate(section)]
+    if len(values) < 2:
+        raise ValueError(f"{name} must have one entry per stream (at least 2), got {values}")
+    if sum(values) != npairs:
+        raise ValueError(f"{name} must sum to rotary_dim // 2 = {npairs} (one entry per pair), "
+                         f"got {values} (sum {sum(values)})")
+    return values
+
+
+def chunked_streams(section, npairs: int) -> np.ndarray:
+    """Qwen2/2.5-VL: the first section[0] pairs take stream 0, the next section[1] stream 1, ..."""
+    section = _section(section, npairs, "mrope_section")
+    return np.repeat(np.arange(len(section)), section)
+
+
+def interleaved_streams(section, npairs: int) -> np.ndarray:
+    """Qwen3-VL: pairs 1, 4, 7, ... below 3*section[1] take stream 1 (h), pairs 2, 5, 8, ...
+
+    below 3*section[2] stream 2 (w), every other pair stream 0 (t)
+    (``Qwen3VLTextRotaryEmbedding.recomposition_frequencies``).
+    """
+    section = _section(section, npairs, "mrope_section")
+    if len(section) != 3:
+        raise ValueError(f"mrope_interleaved=True needs a 3-entry mrope_section (t, h, w), "
+                         f"got {section}")
+    pairs = np.arange(npairs)
+    streams = np.zeros(npairs, dtype=np.intp)
+    for stream in (1, 2):
+        streams[(pairs % 3 == stream) & (pairs < 3 * section[stream])] = stream
+    return streams
+
+
+def axial_streams(n_axes: int, npairs: int) -> np.ndarray:
+    """Axial RoPE: npairs / n_axes consecutive pairs per axis (h, then w, ...)."""
+    return np.repeat(np.arange(n_axes), npairs // n_axes)
+
+
+def pair_streams_array(pair_streams, npairs: int) -> np.ndarray:
+    """Validate a per-pair stream array: ints >= 0, one per pair, every stream used."""
+    streams = v.integer_array(pair_streams, "pair_streams")
+    if streams.shape != (npairs,):
+        raise ValueError(f"pair_streams must have one entry per pair, shape ({npairs},), "
+                         f"got {streams.shape}")
+    if streams.size and streams.min() < 0:
+        raise ValueError(f"pair_streams must be >= 0, got {int(streams.min())}")
+    used = np.unique(streams)
+    if used.size < 2 or used[-1] != used.size - 1:
+        raise ValueError(f"pair_streams must use every stream 0 .. n_streams-1 and at least two "
+                         f"(one stream is a plain RotaryEmbedding), got streams {used.tolist()}")
+    streams = streams.astype(np.intp)
+    streams.flags.writeable = False
+    return streams
+
+
+def stream_positions(positions, offset: float, n_streams: int, lead: tuple, name: str
+                     ) -> tuple[np.ndarray, tuple]:
+    """(float64 positions (n_streams, tokens) with offset, the token index shape against `lead`)."""
+    values = v.with_offset(v.positions_array(positions), offset)
+    if values.ndim < 1 or values.shape[0] != n_streams:
+        raise ValueError(f"positions must have a leading axis of n_streams = {n_streams} (one row "
+                         f"per position stream), got shape {values.shape}")
+    token_shape = values.shape[1:]
+    if name is not None:
+        v.broadcast_target(token_shape, lead, "positions[i]", f"{name}.shape[:-1]")
+    return values.reshape(n_streams, -1), token_shape
+
+
+def distinct_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct positions, for each token and stream the row of its position among them)."""
+    distinct, inverse = np.unique(values, return_inverse=True)
+    token_rows = np.ascontiguousarray(inverse.reshape(values.shape).T, dtype=np.intp)
+    return distinct, token_rows
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, token_rows: np.ndarray,
+           token_shape: tuple, pair_streams: np.ndarray, half: bool, inverse: bool,
+           out: np.ndarray | None, in_place: bool) -> np.ndarray:
+    """Rotate x's rows: token t's pair j by table row token_rows[t, pair_streams[j]]."""
+    rows = RowOutput(x, out, in_place)
+    row_token = row_table(token_shape, x.shape[:-1])
+    kernels.rotate_stream_rows(rows.x_rows, rows.rows, cos, sin, row_token, token_rows,
+                               pair_streams, half, inverse, threads_for(x.size))
+    return rows.result()
+
+
+def gather(table: np.ndarray, token_rows: np.ndarray, pair_streams: np.ndarray) -> np.ndarray:
+    """(tokens, npairs): entry (t, j) = table[token_rows[t, pair_streams[j]], j]."""
+    return table[token_rows[:, pair_streams], np.arange(pair_streams.size)]
+
+
+def n_streams(pair_streams: np.ndarray) -> int:
+    return int(pair_streams.max()) + 1 if pair_streams.size else 1
