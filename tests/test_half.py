@@ -201,3 +201,14 @@ def test_other_dtypes_are_refused_with_the_list(bad):
     assert np.array_equal(x.view(np.uint8), x0.view(np.uint8))
     with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
         pf.sinusoidal_table(4, 8, dtype=bad)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_several_position_streams_compute_in_float32(dtype):
+    rope = pf.RotaryEmbedding(16, layout="half", mrope_section=[2, 3, 3])
+    x = half_data((5, 2, 16), dtype, 10)
+    positions = np.random.default_rng(11).integers(0, 1000, (3, 5, 1))
+    got = rope.apply(x, positions)
+    cos, sin = rope.cos_sin(positions, dtype=np.float32)  # (5, 1, 8): gathered per token
+    assert got.dtype == dtype
+    assert np.array_equal(bits(got), bits(model_rotate(x, cos, sin, "half")))

@@ -63,8 +63,11 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef char* op = _data(out)
     cdef const char* cbase = _data(cos_table)
     cdef const char* sbase = _data(sin_table)
-    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x), npairs,
-                                  dim, half_layout, inverse, xp == op, cnp.PyArray_NBYTES(x))
+    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x), itemsize,
+                                  npairs, dim, half_layout, inverse, xp == op,
+                                  cnp.PyArray_NBYTES(x))
+    if call.rotate == NULL:
+        raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:
         return
     num_threads = max(1, min(num_threads, <int>nchunks))

@@ -390,9 +390,10 @@ class RotaryEmbedding:
         tables: dict = {}
         results = []
         for x, (out, in_place) in zip(arrays, checked):
-            if x.dtype not in tables:
-                tables[x.dtype] = self._table(distinct, x.dtype, inverse)
-            cos, sin = tables[x.dtype]
+            table = v.compute_dtype(x.dtype)
+            if table not in tables:
+                tables[table] = self._table(distinct, table, inverse)
+            cos, sin = tables[table]
             results.append(_streams.rotate(x, cos, sin, token_rows, token_shape,
                                            self._pair_streams, self._layout == "half", inverse,
                                            out, in_place))
