@@ -127,6 +127,9 @@ cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* item
         return POSENC_FAST_ERR_RANGE
     if rows.seq == 0:
         return POSENC_FAST_OK
+    if rows.seq == 1:  # one position: every row is "inner" (one work item, not outer)
+        plan.inner *= plan.outer
+        plan.outer = 1
     if rows.positions == NULL:
         if not _fits(rows.offset, rows.seq):
             return POSENC_FAST_ERR_RANGE
