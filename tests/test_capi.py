@@ -128,8 +128,8 @@ def test_fill_cos_sin_equals_cos_sin(probe, n, pairs, dtype, fractional):
 
 
 @given(length=st.integers(0, 1100), dim=st.integers(1, 40), offset=st.integers(-50, 10**6),
-       base=st.sampled_from([10000.0, 500.0, 1.5]), layout=st.sampled_from(["interleaved", "split"]),
-       dtype=dtypes)
+       base=st.sampled_from([10000.0, 500.0, 1.5]),
+       layout=st.sampled_from(["interleaved", "split"]), dtype=dtypes)
 def test_fill_sinusoidal_equals_sinusoidal_table(probe, length, dim, offset, base, layout, dtype):
     want = pf.sinusoidal_table(length, dim, offset=offset, base=base, layout=layout, dtype=dtype)
     positions = offset + np.arange(length, dtype=np.float64)

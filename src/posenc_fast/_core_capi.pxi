@@ -264,7 +264,8 @@ cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64
         return POSENC_FAST_ERR_SIZE
     if (_overlap(cos, nbytes, sin, nbytes)
             or _overlap(cos, nbytes, positions, n * 8) or _overlap(sin, nbytes, positions, n * 8)
-            or _overlap(cos, nbytes, freqs, npairs * 8) or _overlap(sin, nbytes, freqs, npairs * 8)):
+            or _overlap(cos, nbytes, freqs, npairs * 8)
+            or _overlap(sin, nbytes, freqs, npairs * 8)):
         return POSENC_FAST_ERR_OVERLAP
     if not isfinite(scale) or not _finite_angles(positions, n, freqs, npairs):
         return POSENC_FAST_ERR_RANGE

@@ -55,9 +55,10 @@ typedef enum {
 typedef enum {
     POSENC_FAST_OK = 0,
     POSENC_FAST_ERR_NULL = 1,        /* a required pointer is NULL */
-    POSENC_FAST_ERR_DTYPE = 2,       /* a dtype outside the enum, not in this build, or not the table's */
-    POSENC_FAST_ERR_SIZE = 3,        /* a negative, inconsistent or overflowing size, stride or count */
-    POSENC_FAST_ERR_RANGE = 4,       /* a position outside the table, a non-finite angle, a bad base or offset */
+    POSENC_FAST_ERR_DTYPE = 2,       /* a dtype not in the enum or this build, or not the table's */
+    POSENC_FAST_ERR_SIZE = 3,        /* a negative, inconsistent or overflowing size or stride */
+    POSENC_FAST_ERR_RANGE = 4,       /* a position outside the table, a non-finite angle, scale
+                                        or slope, a base <= 0, an ALiBi |offset| > 2**52 */
     POSENC_FAST_ERR_ARGUMENT = 5,    /* a layout or flag outside its values */
     POSENC_FAST_ERR_OVERLAP = 6,     /* an output overlaps an input without being x itself */
     POSENC_FAST_ERR_MEMORY = 7,      /* scratch memory could not be allocated */
