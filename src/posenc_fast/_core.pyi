@@ -17,6 +17,8 @@ _FloatOut = NDArray[np.floating[Any]]
 _Index = NDArray[np.intp]
 _Int64 = NDArray[np.int64]
 
+# The C API's table (posenc_fast.h), a capsule named "posenc_fast._C_API".
+_C_API: Any
 # Cython's doctest table.
 __test__: dict[str, str]
 
@@ -46,6 +48,7 @@ def clipped_vector(dstart: int, max_distance: int, out: _Int64) -> None: ...
 def t5_bucket_vector(dstart: int, bidirectional: bool, num_buckets: int, log_ratio: float,
                      out: _Int64) -> None: ...
 def diagonal_rows(vector: _Int64, out: _Int64, num_threads: int) -> None: ...
+def rotary_table_capsule(fast: RotaryFastPath, dtype: Any, num_positions: int) -> Any: ...
 def rotate_cos_sin_fast(xs: tuple[Any, ...], cos_cache: Any, sin_cache: Any, layout: Any,
                         inverse: Any, outs: tuple[Any, ...]) -> tuple[_FloatOut, ...] | None: ...
 

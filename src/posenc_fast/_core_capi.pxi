@@ -1,0 +1,459 @@
+# The C API (include/posenc_fast.h): the table of functions the capsule
+# posenc_fast._C_API lends to compiled callers, and the capsules of
+# RotaryEmbedding tables.
+#
+# Unlike the loops above, these functions trust nothing: they check every
+# pointer, size, stride, value and overlap (returning a posenc_fast_status,
+# having written nothing), then run the loops of the Python API on the
+# kernel table K in use, so that results are bitwise the Python API's.
+
+include "include/posenc_fast/capi.pxd"
+
+from cpython.pycapsule cimport PyCapsule_New
+from cpython.pyport cimport PY_SSIZE_T_MAX
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.math cimport fabs, isfinite, pow
+from libc.stdlib cimport free, malloc
+
+cdef extern from "posenc_kernels.h":
+    enum:
+        POSENC_F32
+        POSENC_F64
+
+cdef extern from *:
+    """
+    struct posenc_fast_rotary {
+        int dtype;                /* posenc_fast_dtype */
+        Py_ssize_t dim, npairs, rows;
+        int half, unit_factor;
+        const char* table;        /* (rows, 2, npairs): the cos then the sin row of each position */
+        PyObject* owner;          /* the table's array (a reference) */
+    };
+    """
+    ctypedef struct RotaryTable "struct posenc_fast_rotary":
+        int dtype
+        Py_ssize_t dim, npairs, rows
+        int half, unit_factor
+        const char* table
+        PyObject* owner
+
+# |offset| of ALiBi (relative.MAX_OFFSET): distances stay exact in double.
+cdef long long _MAX_ALIBI_OFFSET = 1LL << 52
+
+
+cdef inline int _kernel_dtype(int dtype, Py_ssize_t* itemsize) noexcept nogil:
+    # A posenc_fast_dtype -> its row of the kernel table (and its size), or -1.
+    if dtype == POSENC_FAST_FLOAT32:
+        itemsize[0] = 4
+        return POSENC_F32
+    if dtype == POSENC_FAST_FLOAT64:
+        itemsize[0] = 8
+        return POSENC_F64
+    return -1
+
+
+# NumPy dtype name -> posenc_fast_dtype (the dtypes _kernel_dtype knows).
+_PUBLIC_DTYPES = {"float32": POSENC_FAST_FLOAT32, "float64": POSENC_FAST_FLOAT64}
+
+
+cdef inline bint _product(int64_t a, int64_t b, int64_t* result) noexcept nogil:
+    # result = a * b for a, b >= 0; False past PY_SSIZE_T_MAX.
+    if a != 0 and b > PY_SSIZE_T_MAX // a:
+        return False
+    result[0] = a * b
+    return True
+
+
+cdef inline bint _table_bytes(int64_t rows, int64_t stride, int64_t width, Py_ssize_t itemsize,
+                              int64_t* result) noexcept nogil:
+    # Bytes from the first element of a (rows, width) table with row stride
+    # `stride` (elements) to one past its last; False on overflow.
+    cdef int64_t span
+    if rows == 0 or width == 0:
+        result[0] = 0
+        return True
+    if not _product(rows - 1, stride, &span) or span > PY_SSIZE_T_MAX - width:
+        return False
+    return _product(span + width, itemsize, result)
+
+
+cdef inline bint _overlap(const void* a, int64_t a_bytes, const void* b,
+                          int64_t b_bytes) noexcept nogil:
+    cdef const char* pa = <const char*>a
+    cdef const char* pb = <const char*>b
+    return a_bytes > 0 and b_bytes > 0 and pa < pb + b_bytes and pb < pa + a_bytes
+
+
+cdef inline bint _finite_angles(const double* positions, int64_t n, const double* freqs,
+                                int64_t m) noexcept nogil:
+    # _validate.finite_angles: every position * frequency finite in double.
+    cdef double largest_position = 0.0, largest_freq = 0.0
+    cdef int64_t i
+    if n == 0 or m == 0:
+        return True
+    for i in range(n):
+        if not isfinite(positions[i]):
+            return False
+        largest_position = max(largest_position, fabs(positions[i]))
+    for i in range(m):
+        if not isfinite(freqs[i]):
+            return False
+        largest_freq = max(largest_freq, fabs(freqs[i]))
+    return isfinite(largest_position * largest_freq)
+
+
+cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* itemsize,
+                     int64_t* nbytes, RowPlan* plan) noexcept nogil:
+    # Sizes and overlap of the rows of a rotation, and the positions they use.
+    cdef int64_t count, s
+    kernel[0] = _kernel_dtype(rows.dtype, itemsize)
+    if kernel[0] < 0:
+        return POSENC_FAST_ERR_DTYPE
+    if rows.outer < 0 or rows.seq < 0 or rows.inner < 0 or rows.dim < 0:
+        return POSENC_FAST_ERR_SIZE
+    if not (_product(rows.outer, rows.seq, &count) and _product(count, rows.inner, &count)
+            and _product(count, rows.dim, &count) and _product(count, itemsize[0], nbytes)):
+        return POSENC_FAST_ERR_SIZE
+    if rows.out != rows.x and _overlap(rows.x, nbytes[0], rows.out, nbytes[0]):
+        return POSENC_FAST_ERR_OVERLAP
+    plan.outer = rows.outer
+    plan.seq = rows.seq
+    plan.inner = rows.inner
+    plan.positions = <const long long*>rows.positions
+    plan.base = rows.offset
+    plan.lowest = rows.offset
+    plan.highest = rows.offset
+    if not _fits(rows.offset, 0):
+        return POSENC_FAST_ERR_RANGE
+    if rows.seq == 0:
+        return POSENC_FAST_OK
+    if rows.seq == 1:  # one position: every row is "inner" (one work item, not outer)
+        plan.inner *= plan.outer
+        plan.outer = 1
+    if rows.positions == NULL:
+        if not _fits(rows.offset, rows.seq):
+            return POSENC_FAST_ERR_RANGE
+        plan.highest = rows.offset + rows.seq - 1
+        return POSENC_FAST_OK
+    plan.lowest = plan.highest = rows.positions[0]
+    for s in range(rows.seq):
+        plan.lowest = min(plan.lowest, rows.positions[s])
+        plan.highest = max(plan.highest, rows.positions[s])
+    if not (_fits(plan.lowest, rows.offset) and _fits(plan.highest, rows.offset)):
+        return POSENC_FAST_ERR_RANGE
+    plan.lowest += rows.offset
+    plan.highest += rows.offset
+    return POSENC_FAST_OK
+
+
+cdef void _rotate_table_chunk(Py_ssize_t chunk, Py_ssize_t nrows, const char* x, char* out,
+                              const char* cos, const char* sin, Py_ssize_t table_row_bytes,
+                              const RowPlan* plan, const RowCall* call) noexcept nogil:
+    # Rows chunk*POSENC_ROW_CHUNK ... of a caller's-table rotation.
+    cdef Py_ssize_t r, s
+    cdef long long t
+    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, nrows)):
+        s = (r // plan.inner) % plan.seq
+        t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
+        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, cos + t * table_row_bytes,
+                    sin + t * table_row_bytes, call)
+    if call.stream:
+        posenc_sfence()
+
+
+cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* table,
+                      posenc_fast_layout layout, int inverse) noexcept nogil:
+    cdef int d, t, status, threads
+    cdef Py_ssize_t itemsize, table_itemsize, nrows, nchunks, chunk
+    cdef int64_t nbytes, table_bytes
+    cdef RowPlan plan
+    cdef RowCall call
+    if (rows == NULL or rows.x == NULL or rows.out == NULL or table == NULL
+            or table.cos == NULL or table.sin == NULL):
+        return POSENC_FAST_ERR_NULL
+    status = _check_rows(rows, &d, &itemsize, &nbytes, &plan)
+    if status != POSENC_FAST_OK:
+        return status
+    t = _kernel_dtype(table.dtype, &table_itemsize)
+    if t < 0:
+        return POSENC_FAST_ERR_DTYPE
+    if (layout != POSENC_FAST_HALF and layout != POSENC_FAST_INTERLEAVED) or inverse not in (0, 1):
+        return POSENC_FAST_ERR_ARGUMENT
+    if (table.rows < 0 or table.npairs < 1 or table.npairs > rows.dim // 2 or table.stride < 0
+            or (table.rows > 1 and table.stride < table.npairs)
+            or not _table_bytes(table.rows, table.stride, table.npairs, table_itemsize,
+                                &table_bytes)):
+        return POSENC_FAST_ERR_SIZE
+    if (_overlap(rows.out, nbytes, table.cos, table_bytes)
+            or _overlap(rows.out, nbytes, table.sin, table_bytes)):
+        return POSENC_FAST_ERR_OVERLAP
+    if rows.seq > 0 and (plan.lowest < 0 or plan.highest >= table.rows):
+        return POSENC_FAST_ERR_RANGE
+    nrows = rows.outer * rows.seq * rows.inner
+    if nrows == 0 or rows.dim == 0:
+        return POSENC_FAST_OK
+    call = _row_call(d, t, itemsize, table.npairs, rows.dim, layout == POSENC_FAST_HALF, inverse,
+                     rows.x == rows.out, nbytes)
+    nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    threads = _threads_for(nrows * rows.dim)
+    if threads == 1:  # no parallel region: it costs a microsecond
+        for chunk in range(nchunks):
+            _rotate_table_chunk(chunk, nrows, <const char*>rows.x, <char*>rows.out,
+                                <const char*>table.cos, <const char*>table.sin,
+                                table.stride * table_itemsize, &plan, &call)
+    else:
+        for chunk in prange(nchunks, num_threads=threads, schedule="static"):
+            _rotate_table_chunk(chunk, nrows, <const char*>rows.x, <char*>rows.out,
+                                <const char*>table.cos, <const char*>table.sin,
+                                table.stride * table_itemsize, &plan, &call)
+    return POSENC_FAST_OK
+
+
+cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rotary* rotary,
+                             int inverse) noexcept nogil:
+    # RotaryFastPath._run on the table of a rotary_table_capsule.
+    cdef const RotaryTable* table = <const RotaryTable*>rotary
+    cdef int d, status
+    cdef Py_ssize_t itemsize
+    cdef int64_t nbytes
+    cdef RowPlan plan
+    cdef RowCall call
+    if rows == NULL or rows.x == NULL or rows.out == NULL or rotary == NULL:
+        return POSENC_FAST_ERR_NULL
+    status = _check_rows(rows, &d, &itemsize, &nbytes, &plan)
+    if status != POSENC_FAST_OK:
+        return status
+    if <int>rows.dtype != table.dtype:
+        return POSENC_FAST_ERR_DTYPE
+    if rows.dim != table.dim:
+        return POSENC_FAST_ERR_SIZE
+    if inverse not in (0, 1):
+        return POSENC_FAST_ERR_ARGUMENT
+    if inverse and not table.unit_factor:
+        return POSENC_FAST_ERR_UNSUPPORTED
+    if rows.seq > 0 and (plan.lowest < 0 or plan.highest >= table.rows):
+        return POSENC_FAST_ERR_RANGE
+    if nbytes == 0:
+        return POSENC_FAST_OK
+    call = _row_call(d, d, itemsize, table.npairs, table.dim, table.half, inverse,
+                     rows.x == rows.out, nbytes)
+    _rotate_planned(<const char*>rows.x, <char*>rows.out, table.table, plan, &call,
+                    _threads_for(nbytes // itemsize))
+    return POSENC_FAST_OK
+
+
+cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64_t stride,
+                            const double* positions, int64_t n, const double* freqs,
+                            int64_t npairs, double scale) noexcept nogil:
+    # cos_sin_rows on pointers.
+    cdef int d
+    cdef Py_ssize_t itemsize, b, nchunks
+    cdef int64_t nbytes
+    cdef int threads
+    cdef double* work
+    cdef posenc_trig_steps steps
+    cdef posenc_cos_sin_fn fill
+    if cos == NULL or sin == NULL or positions == NULL or freqs == NULL:
+        return POSENC_FAST_ERR_NULL
+    d = _kernel_dtype(dtype, &itemsize)
+    if d < 0:
+        return POSENC_FAST_ERR_DTYPE
+    if (n < 0 or npairs < 0 or stride < 0 or (n > 1 and stride < npairs)
+            or not _table_bytes(n, stride, npairs, itemsize, &nbytes)
+            or n > PY_SSIZE_T_MAX // 8 or npairs > PY_SSIZE_T_MAX // 8):
+        return POSENC_FAST_ERR_SIZE
+    if (_overlap(cos, nbytes, sin, nbytes)
+            or _overlap(cos, nbytes, positions, n * 8) or _overlap(sin, nbytes, positions, n * 8)
+            or _overlap(cos, nbytes, freqs, npairs * 8)
+            or _overlap(sin, nbytes, freqs, npairs * 8)):
+        return POSENC_FAST_ERR_OVERLAP
+    if not isfinite(scale) or not _finite_angles(positions, n, freqs, npairs):
+        return POSENC_FAST_ERR_RANGE
+    if n == 0 or npairs == 0:
+        return POSENC_FAST_OK
+    threads = _threads_for(n * npairs)
+    work = <double*>malloc((POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threads)
+                           * npairs * sizeof(double))
+    if work == NULL:
+        return POSENC_FAST_ERR_MEMORY
+    fill = K.cos_sin[d]
+    nchunks = (n + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS
+    posenc_trig_steps_init(&steps, freqs, work, npairs)
+    for b in prange(nchunks, num_threads=threads, schedule="static"):
+        fill(positions, b * POSENC_TRIG_CHUNK_ROWS, min((b + 1) * POSENC_TRIG_CHUNK_ROWS, n),
+             &steps, work + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threadid())
+             * npairs, scale, cos, stride, sin, stride)
+    free(work)
+    return POSENC_FAST_OK
+
+
+cdef int _capi_fill_sinusoidal(posenc_fast_dtype dtype, void* out, const double* positions,
+                               int64_t n, int64_t dim, double base,
+                               posenc_fast_layout layout) noexcept nogil:
+    # sinusoidal_rows on pointers, the frequencies of absolute._sinusoidal_freqs.
+    cdef int d, threads
+    cdef Py_ssize_t itemsize, b, i, nchunks, nfreqs
+    cdef int64_t count, nbytes
+    cdef double* freqs
+    cdef double* work
+    cdef posenc_trig_steps steps
+    cdef posenc_sinusoidal_fn fill
+    if out == NULL or positions == NULL:
+        return POSENC_FAST_ERR_NULL
+    d = _kernel_dtype(dtype, &itemsize)
+    if d < 0:
+        return POSENC_FAST_ERR_DTYPE
+    if layout != POSENC_FAST_INTERLEAVED and layout != POSENC_FAST_SPLIT:
+        return POSENC_FAST_ERR_ARGUMENT
+    if (n < 0 or dim < 1 or n > PY_SSIZE_T_MAX // 8 or not _product(n, dim, &count)
+            or not _product(count, itemsize, &nbytes)):
+        return POSENC_FAST_ERR_SIZE
+    if _overlap(out, nbytes, positions, n * 8):
+        return POSENC_FAST_ERR_OVERLAP
+    if not (isfinite(base) and base > 0):
+        return POSENC_FAST_ERR_RANGE
+    if n == 0:
+        return POSENC_FAST_OK
+    nfreqs = (dim + 1) // 2
+    threads = _threads_for(n * dim)
+    freqs = <double*>malloc(nfreqs * sizeof(double))
+    work = <double*>malloc((POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threads)
+                           * nfreqs * sizeof(double))
+    if freqs == NULL or work == NULL:
+        free(freqs)
+        free(work)
+        return POSENC_FAST_ERR_MEMORY
+    for i in range(nfreqs):
+        # Python's base ** (-2 * i / dim): a correctly rounded quotient, libm's pow.
+        freqs[i] = pow(base, <double>(-2 * i) / <double>dim)
+    if not _finite_angles(positions, n, freqs, nfreqs):
+        free(freqs)
+        free(work)
+        return POSENC_FAST_ERR_RANGE
+    fill = K.sinusoidal[d]
+    nchunks = (n + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS
+    posenc_trig_steps_init(&steps, freqs, work, nfreqs)
+    for b in prange(nchunks, num_threads=threads, schedule="static"):
+        fill(positions, b * POSENC_TRIG_CHUNK_ROWS, min((b + 1) * POSENC_TRIG_CHUNK_ROWS, n),
+             &steps, work + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threadid())
+             * nfreqs, out, dim, layout == POSENC_FAST_SPLIT)
+    free(freqs)
+    free(work)
+    return POSENC_FAST_OK
+
+
+cdef int _capi_add_alibi(posenc_fast_dtype dtype, const void* scores, void* out, int64_t batch,
+                         int64_t heads, int64_t q_len, int64_t k_len, const double* slopes,
+                         int64_t offset, int causal) noexcept nogil:
+    # alibi_add_rows on pointers.
+    cdef AlibiCall call
+    cdef int d
+    cdef int64_t nrows, nbytes
+    cdef Py_ssize_t h
+    if scores == NULL or out == NULL or slopes == NULL:
+        return POSENC_FAST_ERR_NULL
+    d = _kernel_dtype(dtype, &call.itemsize)
+    if d < 0:
+        return POSENC_FAST_ERR_DTYPE
+    if causal not in (0, 1):
+        return POSENC_FAST_ERR_ARGUMENT
+    if (batch < 0 or heads < 0 or q_len < 0 or k_len < 0 or heads > PY_SSIZE_T_MAX // 8
+            or not (_product(batch, heads, &nrows) and _product(nrows, q_len, &nrows)
+                    and _product(nrows, k_len, &nbytes)
+                    and _product(nbytes, call.itemsize, &nbytes))):
+        return POSENC_FAST_ERR_SIZE
+    if ((scores != out and _overlap(scores, nbytes, out, nbytes))
+            or _overlap(out, nbytes, slopes, heads * 8)):
+        return POSENC_FAST_ERR_OVERLAP
+    if offset < -_MAX_ALIBI_OFFSET or offset > _MAX_ALIBI_OFFSET:
+        return POSENC_FAST_ERR_RANGE
+    for h in range(heads):
+        if not isfinite(slopes[h]):
+            return POSENC_FAST_ERR_RANGE
+    if nbytes == 0:
+        return POSENC_FAST_OK
+    call.span = K.alibi_add_in_place[d] if scores == out else K.alibi_add[d]
+    _alibi_rows(&call, <const char*>scores, <char*>out, nrows, k_len, slopes, heads, q_len,
+                offset, causal, _threads_for(nrows * k_len))
+    return POSENC_FAST_OK
+
+
+cdef const char* _capi_status_message(int status) noexcept nogil:
+    if status == POSENC_FAST_OK:
+        return "success"
+    if status == POSENC_FAST_ERR_NULL:
+        return "a required pointer is NULL"
+    if status == POSENC_FAST_ERR_DTYPE:
+        return "a dtype outside posenc_fast_dtype, not in this build, or not the table's"
+    if status == POSENC_FAST_ERR_SIZE:
+        return "a negative, inconsistent or overflowing size, stride or count"
+    if status == POSENC_FAST_ERR_RANGE:
+        return ("a position outside the table, a non-finite angle, scale or slope, a base "
+                "<= 0 or an ALiBi offset beyond 2**52")
+    if status == POSENC_FAST_ERR_ARGUMENT:
+        return "a layout or flag outside its values"
+    if status == POSENC_FAST_ERR_OVERLAP:
+        return "an output overlaps an input without being x itself"
+    if status == POSENC_FAST_ERR_MEMORY:
+        return "scratch memory could not be allocated"
+    if status == POSENC_FAST_ERR_UNSUPPORTED:
+        return ("inverse through a RotaryEmbedding table with an attention factor != 1 "
+                "(use RotaryEmbedding.apply)")
+    return "unknown posenc_fast status"
+
+
+cdef posenc_fast_api _API
+_API.abi_version = POSENC_FAST_ABI_VERSION
+_API.status_message = _capi_status_message
+_API.rotate = _capi_rotate
+_API.rotate_rotary = _capi_rotate_rotary
+_API.fill_cos_sin = _capi_fill_cos_sin
+_API.fill_sinusoidal = _capi_fill_sinusoidal
+_API.add_alibi = _capi_add_alibi
+_C_API = PyCapsule_New(<void*>&_API, POSENC_FAST_CAPSULE, NULL)
+
+
+cdef void _free_rotary_table(object capsule) noexcept:
+    cdef RotaryTable* table = <RotaryTable*>PyCapsule_GetPointer(capsule,
+                                                                 POSENC_FAST_ROTARY_CAPSULE)
+    Py_XDECREF(table.owner)
+    free(table)
+
+
+def rotary_table_capsule(RotaryFastPath fast not None, dtype, num_positions):
+    """The canonical cos/sin table of `fast` for positions [0, num_positions), as a capsule.
+
+    `dtype` (a NumPy float dtype) and `num_positions` (>= 1) are validated by
+    posenc_fast._capi; raises ValueError where `fast` cannot cover them.
+    """
+    import numpy
+    cdef cnp.ndarray like = numpy.empty(0, dtype)
+    cdef RotaryTable* table
+    if like.dtype.name not in _PUBLIC_DTYPES:
+        raise TypeError(f"dtype must be one of {list(_PUBLIC_DTYPES)} (the C API's), got "
+                        f"{like.dtype}")
+    if num_positions > fast.valid_below:
+        raise ValueError(f"num_positions must be <= {fast.valid_below}: further positions use "
+                         f"other frequencies (a dynamic scaling), got {num_positions}")
+    cache = fast._cache_for(like, num_positions - 1)
+    if cache is None:
+        raise ValueError(f"num_positions={num_positions} exceeds the {POSENC_CACHE_BYTES >> 20}"
+                         f" MiB a RotaryEmbedding caches for dtype {like.dtype}")
+    table = <RotaryTable*>malloc(sizeof(RotaryTable))
+    if table == NULL:
+        raise MemoryError()
+    table.dtype = _PUBLIC_DTYPES[like.dtype.name]
+    table.dim = fast.dim
+    table.npairs = fast.npairs
+    table.rows = num_positions
+    table.half = fast.half
+    table.unit_factor = fast.factor == 1.0
+    table.table = _data(<cnp.ndarray>cache)
+    table.owner = <PyObject*>cache
+    Py_INCREF(cache)
+    try:
+        return PyCapsule_New(table, POSENC_FAST_ROTARY_CAPSULE, _free_rotary_table)
+    except BaseException:
+        Py_XDECREF(table.owner)
+        free(table)
+        raise

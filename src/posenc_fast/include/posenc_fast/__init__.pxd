@@ -1,0 +1,1 @@
+# Makes this folder the package posenc_fast for cimport (see capi.pxd).
