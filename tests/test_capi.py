@@ -12,9 +12,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import posenc_fast as pf
@@ -24,7 +25,8 @@ import build as probe_build  # noqa: E402
 
 HEADER = Path(pf.get_include()) / "posenc_fast.h"
 ABI_VERSION = int(re.search(r"#define POSENC_FAST_ABI_VERSION (\d+)", HEADER.read_text())[1])
-DTYPE = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPE = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.float16): 3, BF16: 4}
 HALF, INTERLEAVED, SPLIT = 1, 2, 3
 (OK, ERR_NULL, ERR_DTYPE, ERR_SIZE, ERR_RANGE, ERR_ARGUMENT, ERR_OVERLAP, ERR_MEMORY,
  ERR_UNSUPPORTED) = range(9)
@@ -57,7 +59,7 @@ def sentinel(shape, dtype):
 
 shapes = st.tuples(st.integers(1, 3), st.integers(0, 9), st.integers(1, 3))
 layouts = st.sampled_from(["half", "interleaved"])
-dtypes = st.sampled_from([np.float32, np.float64])
+dtypes = st.sampled_from([np.float32, np.float64, np.float16, BF16])
 
 
 @given(shape=shapes, pairs=st.integers(1, 12), extra=st.integers(0, 3), layout=layouts,
@@ -90,6 +92,9 @@ def test_rotate_rotary_equals_rotary_embedding_apply(probe, shape, pairs, extra,
 def test_rotate_equals_apply_rotary_cos_sin(probe, shape, pairs, extra, layout, dtype,
                                             table_dtype, stride_extra, explicit, in_place,
                                             inverse):
+    half_data = np.dtype(dtype) in (np.float16, BF16)
+    # The kernels' pairs: float32/float64 data with either; half data with float32 or own.
+    assume(np.dtype(table_dtype) in ((np.float32, dtype) if half_data else (np.float32, np.float64)))
     dim = 2 * pairs + extra
     rng = np.random.default_rng(shape[1] * 17 + dim)
     x = rng.standard_normal(shape + (dim,)).astype(dtype)  # (outer, seq, inner, dim)
@@ -200,7 +205,7 @@ def rotate_call(target, **changes):
 
 ROTATE_ERRORS = [
     (dict(x=0), ERR_NULL), (dict(out=0), ERR_NULL), (dict(cos=0), ERR_NULL),
-    (dict(sin=0), ERR_NULL), (dict(dtype=0), ERR_DTYPE), (dict(dtype=3), ERR_DTYPE),
+    (dict(sin=0), ERR_NULL), (dict(dtype=0), ERR_DTYPE), (dict(dtype=5), ERR_DTYPE),
     (dict(table_dtype=4), ERR_DTYPE), (dict(seq=-1), ERR_SIZE), (dict(dim=-8), ERR_SIZE),
     (dict(outer=BIG), ERR_SIZE), (dict(npairs=5), ERR_SIZE), (dict(npairs=0), ERR_SIZE),
     (dict(stride=3), ERR_SIZE), (dict(rows=-1), ERR_SIZE), (dict(rows=BIG, stride=BIG), ERR_SIZE),
@@ -331,7 +336,7 @@ def test_rotary_table_capsule_validates_its_arguments():
         pf.rotary_table_capsule("rope", 10)
     with pytest.raises(ValueError, match="num_positions must be >= 1"):
         pf.rotary_table_capsule(rope, 0)
-    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+    with pytest.raises(TypeError, match="dtype must be float16, bfloat16, float32 or float64"):
         pf.rotary_table_capsule(rope, 10, dtype=np.int32)
     with pytest.raises(ValueError, match="exceeds the 64 MiB"):
         pf.rotary_table_capsule(rope, 2**40)

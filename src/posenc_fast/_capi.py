@@ -37,8 +37,9 @@ def rotary_table_capsule(rope: RotaryEmbedding, num_positions: int, *,
     num_positions : int
         The table covers positions ``[0, num_positions)``; a C call with
         another position returns ``POSENC_FAST_ERR_RANGE``.
-    dtype : {"float32", "float64"}, optional
-        The dtype of the rows it will rotate.
+    dtype : {"float32", "float64", "float16", "bfloat16"}, optional
+        The dtype of the rows it will rotate (the table is float32 for the
+        half types).
 
     Returns
     -------

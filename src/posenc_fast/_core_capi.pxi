@@ -15,11 +15,6 @@ from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.math cimport fabs, isfinite, pow
 from libc.stdlib cimport free, malloc
 
-cdef extern from "posenc_kernels.h":
-    enum:
-        POSENC_F32
-        POSENC_F64
-
 cdef extern from *:
     """
     struct posenc_fast_rotary {
@@ -49,11 +44,15 @@ cdef inline int _kernel_dtype(int dtype, Py_ssize_t* itemsize) noexcept nogil:
     if dtype == POSENC_FAST_FLOAT64:
         itemsize[0] = 8
         return POSENC_F64
+    if dtype == POSENC_FAST_FLOAT16 or dtype == POSENC_FAST_BFLOAT16:
+        itemsize[0] = 2
+        return POSENC_F16 if dtype == POSENC_FAST_FLOAT16 else POSENC_BF16
     return -1
 
 
 # NumPy dtype name -> posenc_fast_dtype (the dtypes _kernel_dtype knows).
-_PUBLIC_DTYPES = {"float32": POSENC_FAST_FLOAT32, "float64": POSENC_FAST_FLOAT64}
+_PUBLIC_DTYPES = {"float32": POSENC_FAST_FLOAT32, "float64": POSENC_FAST_FLOAT64,
+                  "float16": POSENC_FAST_FLOAT16, "bfloat16": POSENC_FAST_BFLOAT16}
 
 
 cdef inline bint _product(int64_t a, int64_t b, int64_t* result) noexcept nogil:
@@ -192,8 +191,10 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
     nrows = rows.outer * rows.seq * rows.inner
     if nrows == 0 or rows.dim == 0:
         return POSENC_FAST_OK
-    call = _row_call(d, t, itemsize, table.npairs, rows.dim, layout == POSENC_FAST_HALF, inverse,
-                     rows.x == rows.out, nbytes)
+    call = _row_call(d, t, itemsize, table_itemsize, table.npairs, rows.dim,
+                     layout == POSENC_FAST_HALF, inverse, rows.x == rows.out, nbytes)
+    if call.rotate == NULL:  # no kernel for this (data, table) pair
+        return POSENC_FAST_ERR_DTYPE
     nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
     threads = _threads_for(nrows * rows.dim)
     if threads == 1:  # no parallel region: it costs a microsecond
@@ -235,8 +236,10 @@ cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rot
         return POSENC_FAST_ERR_RANGE
     if nbytes == 0:
         return POSENC_FAST_OK
-    call = _row_call(d, d, itemsize, table.npairs, table.dim, table.half, inverse,
-                     rows.x == rows.out, nbytes)
+    # The cache is float32 for half data (posenc_table_dtype).
+    call = _row_call(d, posenc_table_dtype(d), itemsize,
+                     8 if posenc_table_dtype(d) == POSENC_F64 else 4, table.npairs, table.dim,
+                     table.half, inverse, rows.x == rows.out, nbytes)
     _rotate_planned(<const char*>rows.x, <char*>rows.out, table.table, plan, &call,
                     _threads_for(nbytes // itemsize))
     return POSENC_FAST_OK
@@ -435,7 +438,7 @@ def rotary_table_capsule(RotaryFastPath fast not None, dtype, num_positions):
     if num_positions > fast.valid_below:
         raise ValueError(f"num_positions must be <= {fast.valid_below}: further positions use "
                          f"other frequencies (a dynamic scaling), got {num_positions}")
-    cache = fast._cache_for(like, num_positions - 1)
+    cache = fast._cache_for(_table_of(like), num_positions - 1)
     if cache is None:
         raise ValueError(f"num_positions={num_positions} exceeds the {POSENC_CACHE_BYTES >> 20}"
                          f" MiB a RotaryEmbedding caches for dtype {like.dtype}")

@@ -7,6 +7,8 @@ cdef extern from "posenc_kernels.h" nogil:
     enum:
         POSENC_F32
         POSENC_F64
+        POSENC_F16
+        POSENC_BF16
         POSENC_NUM_DTYPES
         POSENC_ROW_HALF
         POSENC_ROW_HALF_IN_PLACE

@@ -36,11 +36,13 @@ extern "C" {
 /* Name of the capsules posenc_fast.rotary_table_capsule() returns. */
 #define POSENC_FAST_ROTARY_CAPSULE "posenc_fast.rotary_table"
 
-/* Element types; 0 is no type.  3 and 4 are kept for float16 and bfloat16:
-   a build without a type answers POSENC_FAST_ERR_DTYPE. */
+/* Element types; 0 is no type.  A (data, table) pair without a kernel
+   answers POSENC_FAST_ERR_DTYPE (half data take float32 or their own type). */
 typedef enum {
     POSENC_FAST_FLOAT32 = 1,
-    POSENC_FAST_FLOAT64 = 2
+    POSENC_FAST_FLOAT64 = 2,
+    POSENC_FAST_FLOAT16 = 3,   /* IEEE binary16, computed in float32 and rounded once */
+    POSENC_FAST_BFLOAT16 = 4   /* bfloat16 (ml_dtypes.bfloat16), likewise */
 } posenc_fast_dtype;
 
 /* Pair layouts (0 is none): rotations take HALF (pairs (i, i + r/2)) or

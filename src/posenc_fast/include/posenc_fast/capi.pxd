@@ -23,6 +23,8 @@ cdef extern from "posenc_fast.h" nogil:
     ctypedef enum posenc_fast_dtype:
         POSENC_FAST_FLOAT32
         POSENC_FAST_FLOAT64
+        POSENC_FAST_FLOAT16
+        POSENC_FAST_BFLOAT16
 
     ctypedef enum posenc_fast_layout:
         POSENC_FAST_HALF
