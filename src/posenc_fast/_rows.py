@@ -95,3 +95,12 @@ def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float, dtype:
     kernels.cos_sin_rows(positions, freqs, scale, targets[0], targets[1],
                          trig_work(nfreqs, threads), threads)
     return targets[0], targets[1]
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, half: bool,
+            inverse: bool, out: np.ndarray | None, in_place: bool) -> np.ndarray:
+    """Rotate every row of `x` by cos/sin row `index[r]` (rows in C order) into `out`."""
+    rows = RowOutput(x, out, in_place)
+    kernels.rotate_rows(rows.x_rows, rows.rows, cos, sin, index, half, inverse,
+                        threads_for(x.size))
+    return rows.result()

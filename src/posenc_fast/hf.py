@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _validate as v
 from ._dispatch import kernels
-from .rotary import apply_rotary_cos_sin
+from ._cos_sin_cache import apply_rotary_cos_sin
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                       "gemma", "gemma2", "granite")

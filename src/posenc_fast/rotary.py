@@ -1,12 +1,13 @@
-"""Rotary position embedding (RoPE): RotaryEmbedding, apply_rotary and the cos/sin entry points.
+"""Rotary position embedding (RoPE): RotaryEmbedding and apply_rotary.
 
 Every call reduces to the same two kernels: a cos/sin table with one row per
 distinct position (float64 angles, rounded once to the data's dtype, the
 attention factor folded in), and a rotation of every row of x by the table
 row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` first try
 their compiled fast path (``_core.RotaryFastPath``, with a per-instance
-table cache); everything else takes the general versions below.  Scaling methods only change the frequencies and the
-factor (see ``_frequencies``), never the kernels.
+table cache); everything else takes the general versions below.  Scaling
+methods only change the frequencies and the factor (see ``_frequencies``),
+never the kernels.  (``apply_rotary_cos_sin`` is in ``_cos_sin_cache``.)
 """
 
 import functools
@@ -23,8 +24,7 @@ from . import _streams
 from . import _validate as v
 from ._dispatch import kernels
 from ._frequencies import resolve_rope_scaling
-from ._rows import RowOutput, cos_sin_table, row_index, row_table
-from ._threads import threads_for
+from ._rows import cos_sin_table, rotate, row_table
 
 
 def _data(x: ArrayLike, name: str, dim: int) -> np.ndarray:
@@ -64,15 +64,6 @@ def _length_with_base_frequencies(frequencies) -> int:
 def _seq_len(values: np.ndarray) -> int:
     # "max(positions) + 1" of the call, at least 1.
     return max(1, math.floor(values.max()) + 1) if values.size else 1
-
-
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, half: bool,
-            inverse: bool, out: np.ndarray | None, in_place: bool) -> np.ndarray:
-    # index: for each row of x (C order), the cos/sin row it uses.
-    rows = RowOutput(x, out, in_place)
-    kernels.rotate_rows(rows.x_rows, rows.rows, cos, sin, index, half, inverse,
-                        threads_for(x.size))
-    return rows.result()
 
 
 class RotaryEmbedding:
@@ -406,7 +397,7 @@ class RotaryEmbedding:
         values, index_shape = _call_positions(x.shape[:-1], positions, offset, seq_axis)
         out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
         cos, sin = self._table(values, v.compute_dtype(x.dtype), inverse)
-        return _rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
+        return rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
                        self._layout == "half", inverse, out, in_place)
 
     def _apply_qk_general(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
@@ -432,9 +423,9 @@ class RotaryEmbedding:
         q_cos, q_sin = self._table(values, q_table, inverse)
         k_cos, k_sin = (q_cos, q_sin) if k_table == q_table else self._table(values, k_table,
                                                                                inverse)
-        q_rot = _rotate(q, q_cos, q_sin, row_table(q_index, q.shape[:-1]), half, inverse,
+        q_rot = rotate(q, q_cos, q_sin, row_table(q_index, q.shape[:-1]), half, inverse,
                         out_q, q_in_place)
-        k_rot = _rotate(k, k_cos, k_sin, row_table(k_index, k.shape[:-1]), half, inverse,
+        k_rot = rotate(k, k_cos, k_sin, row_table(k_index, k.shape[:-1]), half, inverse,
                         out_k, k_in_place)
         return q_rot, k_rot
 
@@ -542,149 +533,3 @@ def _shortcut_embedding(dim, base, rotary_dim, layout, factor) -> RotaryEmbeddin
     # apply_rotary reuses embeddings (and their cos/sin caches) across calls.
     scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
     return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling)
-
-
-def _cache_tables(cos, sin):
-    """Validate a user's cos/sin cache; return both as float arrays of one dtype."""
-    cos = v.float_array(cos, "cos")
-    sin = v.float_array(sin, "sin")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
-    if cos.ndim < 1 or cos.shape[-1] < 1:
-        raise ValueError(f"cos and sin need a last axis of rotary_dim/2 >= 1 entries, "
-                         f"got shape {cos.shape}")
-    if cos.dtype != sin.dtype:  # rare: compute in float64
-        cos, sin = cos.astype(np.float64), sin.astype(np.float64)
-    return cos, sin
-
-
-def _as_table(a: np.ndarray) -> np.ndarray:
-    # (..., h) -> (rows, h) with unit stride along h: a view whenever the strides allow.
-    table = a.reshape(-1, a.shape[-1])
-    return table if table.strides[1] == table.itemsize else np.ascontiguousarray(table)
-
-
-def _cache_index(cos: np.ndarray, lead: tuple, positions, name: str) -> np.ndarray:
-    """For each row of an array with leading shape `lead`, the cache row it uses."""
-    if positions is None:
-        v.broadcast_target(cos.shape[:-1], lead, "cos/sin without positions: their leading shape",
-                           f"{name}.shape[:-1]")
-        return row_table(cos.shape[:-1], lead)
-    index = v.integer_array(positions)
-    v.broadcast_target(index.shape, lead, "positions", f"{name}.shape[:-1]")
-    n = cos.shape[0]
-    if index.size and (int(index.min()) < 0 or int(index.max()) >= n):
-        raise ValueError(f"positions must lie in [0, {n}) (rows of the cos/sin table), got "
-                         f"values from {int(index.min())} to {int(index.max())}")
-    return row_index(index, lead)
-
-
-def _check_cache_width(cos: np.ndarray, x: np.ndarray, name: str, positions) -> None:
-    if positions is not None and cos.ndim != 2:
-        raise ValueError(f"with positions, cos and sin must be 2-D tables (n, rotary_dim/2), "
-                         f"got shape {cos.shape}")
-    if 2 * cos.shape[-1] > x.shape[-1]:
-        raise ValueError(f"cos/sin have {cos.shape[-1]} entries per row, so rotary_dim = "
-                         f"{2 * cos.shape[-1]}, which exceeds {name}.shape[-1] = {x.shape[-1]}; "
-                         f"pass one entry per pair (e.g. cos[..., :dim//2] of a full-width "
-                         f"Hugging Face cache)")
-
-
-def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
-                         positions: ArrayLike | None = None, *,
-                         layout: Literal["interleaved", "half"] = "half", inverse: bool = False,
-                         out: NDArray[np.floating[Any]] | None = None
-                         ) -> NDArray[np.floating[Any]]:
-    """Rotate `x` with a cos/sin cache the caller already holds.
-
-    Parameters
-    ----------
-    x : ndarray of shape (..., dim), float16, bfloat16, float32 or float64
-    cos, sin : ndarrays of equal shape
-        float32 or float64 (float16/bfloat16 widened to float32); for
-        float16/bfloat16 `x`, float32 or x's own dtype.
-        One entry per pair along the last axis (``r/2`` entries rotate the
-        first ``r`` features; the rest pass through).  Used as given: no
-        attention factor, no recomputation.  Without `positions` they
-        broadcast against ``x.shape[:-1] + (r/2,)`` (e.g. ``(seq, r/2)`` for
-        ``(batch, heads, seq, dim)``); with `positions` they are 2-D tables
-        ``(n, r/2)``.
-    positions : array_like of int, optional
-        Rows of the tables, broadcasting against ``x.shape[:-1]``, each in
-        ``[0, n)`` (vLLM's ``cos_sin_cache``, ONNX ``position_ids``).
-    layout : {"half", "interleaved"}, optional
-    inverse : bool, optional
-        Use ``(cos, -sin)``: the inverse rotation when the cache holds true
-        cos/sin.
-    out : ndarray of x's shape and dtype, optional
-        May be `x` itself (in place).
-
-    Returns
-    -------
-    ndarray of x's shape and dtype
-        Arithmetic in the wider of x's and the cache's dtypes (float32 for a
-        half-precision x), rounded once.
-
-    Examples
-    --------
-    >>> import numpy as np, posenc_fast as pf
-    >>> cos, sin = pf.RotaryEmbedding(64).cos_sin(np.arange(10))
-    >>> q = np.ones((1, 4, 10, 64), np.float32)
-    >>> pf.apply_rotary_cos_sin(q, cos, sin).shape
-    (1, 4, 10, 64)
-    """
-    if positions is None:
-        fast = kernels.rotate_cos_sin_fast((x,), cos, sin, layout, inverse, (out,))
-        if fast is not None:
-            return fast[0]
-    x = v.float_array(x, "x")
-    if x.ndim < 1:
-        raise ValueError(f"x must have shape (..., dim), got {x.shape}")
-    cos, sin = _cache_tables(cos, sin)
-    half = v.choice(layout, "layout", v.LAYOUTS_ROTARY) == "half"
-    inverse = v.flag(inverse, "inverse")
-    _check_cache_width(cos, x, "x", positions)
-    index = _cache_index(cos, x.shape[:-1], positions, "x")
-    out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
-                             must_not_overlap=(cos, sin))
-    cos, sin = v.rotation_tables(cos, sin, x.dtype, "x")
-    return _rotate(x, _as_table(cos), _as_table(sin), index, half, inverse, out, in_place)
-
-
-def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: ArrayLike,
-                            positions: ArrayLike | None = None, *,
-                            layout: Literal["interleaved", "half"] = "half", inverse: bool = False,
-                            out_q: NDArray[np.floating[Any]] | None = None,
-                            out_k: NDArray[np.floating[Any]] | None = None
-                            ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
-    """Rotate queries and keys with one cos/sin cache (see `apply_rotary_cos_sin`).
-
-    Returns
-    -------
-    (q_rot, k_rot)
-    """
-    if positions is None:
-        fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, layout, inverse, (out_q, out_k))
-        if fast is not None:
-            return fast
-    q = v.float_array(q, "q")
-    k = v.float_array(k, "k")
-    if q.ndim < 1 or k.ndim < 1 or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have shapes (..., dim) with the same dim, "
-                         f"got {q.shape} and {k.shape}")
-    cos, sin = _cache_tables(cos, sin)
-    half = v.choice(layout, "layout", v.LAYOUTS_ROTARY) == "half"
-    inverse = v.flag(inverse, "inverse")
-    _check_cache_width(cos, q, "q", positions)
-    q_index = _cache_index(cos, q.shape[:-1], positions, "q")
-    k_index = _cache_index(cos, k.shape[:-1], positions, "k")
-    out_q, q_in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
-                                 must_not_overlap=(k, cos, sin))
-    out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
-                                 must_not_overlap=(q, out_q, cos, sin))
-    q_cos, q_sin = v.rotation_tables(cos, sin, q.dtype, "q")
-    k_cos, k_sin = v.rotation_tables(cos, sin, k.dtype, "k")
-    return (_rotate(q, _as_table(q_cos), _as_table(q_sin), q_index, half, inverse, out_q,
-                    q_in_place),
-            _rotate(k, _as_table(k_cos), _as_table(k_sin), k_index, half, inverse, out_k,
-                    k_in_place))

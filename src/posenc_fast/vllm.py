@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as v
-from .rotary import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+from ._cos_sin_cache import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
 
 ArrayOrTensor = Any
 """An ndarray or a CPU torch.Tensor (torch is optional, so not named in the types)."""
