@@ -17,10 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import NDArray
 
 from ._tolerance import tolerance
+
+# The data types drawn: every one the kernels take.
+DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 
 MAX_FAILURES_SHOWN = 20
 # Original context length of the scaled cases: small, so that "dynamic" and
@@ -177,7 +181,7 @@ def _sinusoidal_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     offset = d.offset()
     base = d.pick((10000.0, 10000.0, 500.0, 1e6), "base")
     layout = d.pick(("interleaved", "split"), "layout")
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     out, _ = d.out_for(np.empty((length, dim), dtype))
     got = pf.sinusoidal_table(length, dim, offset=offset, base=base, layout=layout, dtype=dtype,
                               out=out)
@@ -191,7 +195,7 @@ def _sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     positions = d.positions(shape)
     dim = d.integer(1, 24, "dim")
     layout = d.pick(("interleaved", "split"), "layout")
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     as_list = d.pick((False, True))
     got = pf.sinusoidal(positions.tolist() if as_list else positions, dim, layout=layout,
                         dtype=dtype)
@@ -202,7 +206,7 @@ def _sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 def _add_sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     batch, seq, dim = d.pick(((), (2,), (2, 3))), d.integer(1, 12), d.integer(1, 20)
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     x = d.data(batch + (seq, dim), dtype)
     d.note("shape", x.shape)
     form = d.pick(("none", "seq", "full"), "positions_form")
@@ -222,8 +226,8 @@ def _add_sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 def _add_position_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     batch, seq, dim = d.pick(((), (2,), (2, 2))), d.integer(1, 10), d.integer(1, 24)
-    dtype = d.pick((np.float32, np.float64), "dtype")
-    table_dtype = d.pick((np.float32, np.float64), "table_dtype")
+    dtype = d.pick(DTYPES, "dtype")
+    table_dtype = d.pick(DTYPES, "table_dtype")
     max_len = d.integer(seq + 8, 60, "max_len")
     x = d.data(batch + (seq, dim), dtype)
     d.note("shape", x.shape)
@@ -326,7 +330,7 @@ def _rotated(ref: Any, rope: Any, x: Array, where: Array, inverse: bool,
 
 def _rotary_apply(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     rope = _rope(pf, d)
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     x, positions, seq_axis, _ = _rope_input(d, rope.dim, dtype)
     offset = d.offset()
     inverse = d.pick((False, True), "inverse")
@@ -339,7 +343,7 @@ def _rotary_apply(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 def _rotary_apply_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     rope = _rope(pf, d)
-    q_dtype = d.pick((np.float32, np.float64), "q_dtype")
+    q_dtype = d.pick(DTYPES, "q_dtype")
     k_dtype = d.pick((q_dtype, np.float32, np.float64), "k_dtype")
     q, positions, seq_axis, form = _rope_input(d, rope.dim, q_dtype, "q", heads=4)
     # Grouped-query attention: k has fewer heads than q.
@@ -365,7 +369,7 @@ def _rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     rope = _rope(pf, d)
     shape = d.pick(((), (7,), (2, 5)), "shape")
     positions = d.positions(shape)
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     cos, sin = rope.cos_sin(positions, dtype=dtype)
     where = np.asarray(positions, dtype=np.float64)
     seq_len = max(1, math.floor(where.max()) + 1) if where.size else 1
@@ -396,7 +400,7 @@ def _apply_rotary(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     base = d.pick((10000.0, 1e6), "base")
     factor = d.pick((1.0, 1.0, 4.0), "interpolation_factor")
     layout = d.pick(("interleaved", "half"), "layout")
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     x, positions, seq_axis, _ = _rope_input(d, dim, dtype)
     offset = d.offset()
     inverse = d.pick((False, True), "inverse")
@@ -417,8 +421,11 @@ def _cos_sin_args(ref: Any, d: Draw, x_lead: tuple[int, ...], seq_axis: int, dim
     """Draw a cache form; return ``(cos, sin, positions, row positions, inv_freq)``."""
     r = d.pick((dim, dim, 2 * d.integer(1, dim // 2)), "r")
     inv_freq = np.array(ref.rope_inv_freq(r, 10000.0))
-    # float32 caches only for float32 data: a float64 result must not see float32 rounding.
-    cache_dtype = d.pick((np.float32, np.float64)) if dtype == np.float32 else np.float64
+    # float32 caches only for float32 and half data (a float64 result must not see
+    # float32 rounding); half data take float32 or their own type.
+    cache_dtype = {np.dtype(np.float32): (np.float32, np.float64),
+                   np.dtype(np.float64): (np.float64,)}.get(np.dtype(dtype), (np.float32, dtype))
+    cache_dtype = d.pick(cache_dtype)
     d.note("cache_dtype", cache_dtype)
     cos_t, sin_t = ref.rope_cos_sin(np.arange(64, dtype=np.float64), inv_freq.tolist())
     cos_t, sin_t = cos_t.astype(cache_dtype), sin_t.astype(cache_dtype)
@@ -434,7 +441,7 @@ def _cos_sin_args(ref: Any, d: Draw, x_lead: tuple[int, ...], seq_axis: int, dim
 
 def _apply_rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     dim = 2 * d.integer(1, 16)
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     x, _, seq_axis, _ = _rope_input(d, dim, dtype)
     cos, sin, positions, where, inv_freq = _cos_sin_args(ref, d, x.shape[:-1], seq_axis, dim,
                                                          dtype)
@@ -450,7 +457,7 @@ def _apply_rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 def _apply_rotary_cos_sin_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     dim = 2 * d.integer(1, 16)
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     q, _, seq_axis, _ = _rope_input(d, dim, dtype, "q")
     k = d.data(q.shape, dtype, "k")
     cos, sin, positions, where, inv_freq = _cos_sin_args(ref, d, q.shape[:-1], seq_axis, dim,
@@ -480,7 +487,7 @@ def _alibi_bias(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     k_len = d.pick((None, q_len + d.integer(0, 9)), "k_len")
     offset = d.integer(0, 20, "offset")
     causal = d.pick((True, False), "causal")
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     got = pf.alibi_bias(heads, q_len, k_len, offset=offset, causal=causal, dtype=dtype)
     want = np.asarray(ref.alibi_bias(heads, q_len, k_len, offset=offset, causal=causal),
                       dtype=np.float64)
@@ -489,7 +496,7 @@ def _alibi_bias(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 def _add_alibi(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     heads, q_len, k_len = d.integer(1, 8, "num_heads"), d.integer(1, 7, "q_len"), d.integer(1, 9, "k_len")
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     scores = d.data(d.pick(((), (2,))) + (heads, q_len, k_len), dtype, "scores")
     offset = d.integer(0, 20, "offset")
     causal = d.pick((True, False), "causal")
@@ -526,7 +533,7 @@ def _t5_relative_bucket(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
 
 def _threads_agree(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     # Too large for the reference: threads=N must equal threads=1 bitwise.
-    dtype = d.pick((np.float32, np.float64), "dtype")
+    dtype = d.pick(DTYPES, "dtype")
     layout = d.pick(("interleaved", "half"), "layout")
     x = d.rng.standard_normal((2, 4, 256, 64)).astype(dtype)
     rope = pf.RotaryEmbedding(64, layout=layout)

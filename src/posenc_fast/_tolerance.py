@@ -5,7 +5,9 @@ apply to every element: float32 within ``2e-6 * (|want| + scale)``, where
 ``scale`` is the magnitude of the inputs behind the element (about 17 float32
 ulps); float64 within ``1e-12 * (|want| + scale)`` plus ``4 * 2**-52 * |angle|
 * scale``: the kernels advance angles by a recurrence, so they may differ from
-the reference's ``sin(fl(p * w))`` by about one ulp of the angle.
+the reference's ``sin(fl(p * w))`` by about one ulp of the angle.  float16
+and bfloat16 within one of their ulps of ``|want| + scale`` (float32
+arithmetic, rounded once).
 
 The tests use the finer measures: `float32_ulps`, `float32_ulp_distance` and
 `angle_atol`.
@@ -13,12 +15,15 @@ The tests use the finer measures: `float32_ulps`, `float32_ulp_distance` and
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 EPS64 = 2.0**-52
 # Our float64 cos/sin are within ~30 steps of recurrence of the exact value.
 RECURRENCE_ATOL = 64 * EPS64
-RTOL = {np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-12}
+# Half types: one ulp of |want| + scale (float32 arithmetic, one rounding).
+RTOL = {np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2.0**-10,
+        np.dtype(ml_dtypes.bfloat16): 2.0**-7}
 ANGLE_ULPS = 4
 
 
@@ -30,7 +35,7 @@ def tolerance(want, dtype, *, scale=1.0, angle=0.0) -> np.ndarray:
     want : array_like
         The float64 reference values.
     dtype : numpy dtype
-        The dtype of the result (float32 or float64).
+        The dtype of the result (float16, bfloat16, float32 or float64).
     scale : float or array_like
         Magnitude of the inputs behind each element (broadcasts to `want`).
     angle : float or array_like
@@ -38,7 +43,7 @@ def tolerance(want, dtype, *, scale=1.0, angle=0.0) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     if dtype not in RTOL:
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        raise ValueError(f"dtype must be one of {sorted(map(str, RTOL))}, got {dtype}")
     want = np.asarray(want, dtype=np.float64)
     tol = RTOL[dtype] * (np.abs(want) + scale)
     if dtype == np.float64:
