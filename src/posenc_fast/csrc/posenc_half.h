@@ -101,7 +101,7 @@ static inline posenc_f16 posenc_store_f16(float f) {
    then narrows once.  F16C converts 8 float16 values per instruction; GCC 12
    does not vectorise _Float16 conversions by itself.  The bfloat16 loops
    are integer operations, which it vectorises. */
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 static inline void posenc_widen_f16(const posenc_f16* src, float* dst, Py_ssize_t n) {
@@ -129,6 +129,41 @@ static inline void posenc_narrow_bf16(const float* POSENC_R src, posenc_bf16* PO
     for (Py_ssize_t i = 0; i < n; i++) dst[i] = posenc_store_bf16(src[i]);
 }
 
+/* 8 values at a time in AVX2 registers, for the fused half-layout rotation
+   (posenc_kernels.h): the same conversions as above, lane by lane; two
+   vectors packed into 32 bytes to store. */
+#if defined(__AVX2__)
+#define POSENC_V_BF16 1
+static inline __m256 posenc_v_load_bf16(const posenc_bf16* p) {
+    __m128i h = _mm_loadu_si128((const __m128i*)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* The 8 bfloat16 bit patterns of v, rounded to nearest even, in 32-bit lanes. */
+static inline __m256i posenc_v_round_bf16(__m256 v) {
+    __m256i u = _mm256_castps_si256(v), high = _mm256_srli_epi32(u, 16);
+    __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(nan));
+}
+/* 16 values (v0 then v1) packed into 16-bit lanes: packus works within
+   128-bit lanes, the permute puts them in order. */
+static inline __m256i posenc_v_pack2_bf16(__m256 v0, __m256 v1) {
+    return _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(posenc_v_round_bf16(v0), posenc_v_round_bf16(v1)), 0xD8);
+}
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+#define POSENC_V_F16 1
+static inline __m256 posenc_v_load_f16(const posenc_f16* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+static inline __m256i posenc_v_pack2_f16(__m256 v0, __m256 v1) {
+    return _mm256_set_m128i(_mm256_cvtps_ph(v1, 0), _mm256_cvtps_ph(v0, 0));  /* 0: to nearest even */
+}
+#endif
 /* ---- float32, float64: their own arithmetic types ---- */
 #define posenc_load_f32(v) (v)
 #define posenc_load_f64(v) (v)
