@@ -109,12 +109,13 @@ def rotate_vector(vector, position, inv_freq, layout="interleaved", attention_fa
     """Rotate one vector: pair i by position * inv_freq[i], then scale.
 
     Features past 2*len(inv_freq) are copied unchanged.  `inverse` rotates
-    by the negative angle and divides by the attention factor.
+    by the negative angle and divides by the attention factor.  `position`
+    may also be a sequence: one position per pair (several position streams).
     """
     result = [float(value) for value in vector]
     rotary_dim = 2 * len(inv_freq)
     for i, frequency in enumerate(inv_freq):
-        theta = position * frequency
+        theta = (position[i] if isinstance(position, (list, tuple)) else position) * frequency
         cos, sin = math.cos(theta), math.sin(theta)
         if inverse:
             cos, sin = cos / attention_factor, -sin / attention_factor
@@ -148,20 +149,11 @@ def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
     x = np.asarray(x, dtype=np.float64)
     positions = np.asarray(positions, dtype=np.float64)
     streams = [np.broadcast_to(p, x.shape[:-1]) for p in positions]
-    rotary_dim = 2 * len(inv_freq)
-    result = x.copy()
+    result = np.zeros(x.shape)
     for index in np.ndindex(x.shape[:-1]):
-        for i, frequency in enumerate(inv_freq):
-            theta = float(streams[pair_streams[i]][index]) * frequency
-            cos, sin = math.cos(theta), math.sin(theta)
-            if inverse:
-                cos, sin = cos / attention_factor, -sin / attention_factor
-            else:
-                cos, sin = cos * attention_factor, sin * attention_factor
-            first, second = rope_pair_indices(i, rotary_dim, layout)
-            a, b = result[index + (first,)], result[index + (second,)]
-            result[index + (first,)] = a * cos - b * sin
-            result[index + (second,)] = a * sin + b * cos
+        per_pair = [float(streams[pair_streams[i]][index]) for i in range(len(inv_freq))]
+        result[index] = rotate_vector(x[index], per_pair, inv_freq, layout, attention_factor,
+                                      inverse)
     return result
 
 
