@@ -52,7 +52,7 @@ def test_eager_op_is_the_function(torch, is_neox):
     assert not torch.equal(query, case(torch)[1])
 
 
-def test_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch):
+def test_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch, tmp_path):
     from posenc_fast import vllm
 
     def attention_inputs(positions, hidden, w_q, w_k, cache):
@@ -70,8 +70,8 @@ def test_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch):
     monkeypatch.setattr(vllm, "rotary_embedding",
                         lambda *args, real=vllm.rotary_embedding: calls.append(1) or real(*args))
     # A graph found in inductor's on-disk cache (from an earlier run) was seen
-    # not to reach the patched function: compile afresh.
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+    # not to reach the patched function: compile afresh, into an empty cache.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     positions, query, _, cache = case(torch)
     generator = torch.Generator().manual_seed(1)
     hidden = torch.randn(7, 32, generator=generator)
