@@ -84,9 +84,10 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v_.dtype}")
     k_cache = _kv_cache(k_cache, "k_cache", kv_heads, dim)
     v_cache = _kv_cache(v_cache, "v_cache", kv_heads, dim)
-    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache must have k_cache's shape {k_cache.shape} and dtype "
-                         f"{k_cache.dtype}, got {v_cache.shape} and {v_cache.dtype}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {k_cache.shape}, got {v_cache.shape}")
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}")
     if k_cache.dtype != q.dtype and not (q.dtype == np.float32
                                          and k_cache.dtype in v.HALF_DTYPES):
         raise TypeError(f"the caches must have q's dtype {q.dtype} (or float16/bfloat16 for "
@@ -94,9 +95,12 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
     positions = token_indices(positions, "positions", ntokens)
     slots = _slots(slot_mapping, ntokens, k_cache.shape[0] * k_cache.shape[1])
     inputs = (q, k, v_, positions, slots) + extra_inputs
+    if v.overlaps(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache share memory; pass two separate caches")
     for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if any(v.overlaps(cache, x) for x in inputs + ((k_cache,) if cache is v_cache else ())):
-            raise ValueError(f"{name} shares memory with another argument")
+        if any(v.overlaps(cache, x) for x in inputs):
+            raise ValueError(f"{name} shares memory with an input (q, k, v, positions, "
+                             f"slot_mapping)")
     out_q, in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
                                must_not_overlap=(k, v_, k_cache, v_cache))
     return CacheCall(q, np.ascontiguousarray(k), np.ascontiguousarray(v_), k_cache, v_cache,
