@@ -1,17 +1,37 @@
 """RotaryEmbedding.apply_qk_to_cache: against apply + a NumPy scatter, and its refusals."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc_fast as pf
-from posenc_fast import reference
+from posenc_fast import _kv_cache, reference
 from posenc_fast._validate import BFLOAT16
 
 from helpers import untouched
 
 CACHE_DTYPES = [np.float32, np.float16, BFLOAT16]
+ROUTES = ["fast", "general"]
+
+
+@contextlib.contextmanager
+def taking(route):
+    """Calls take `route`: the compiled fast path, or the general path it declines to."""
+    with pytest.MonkeyPatch.context() as patch:
+        if route == "general":
+            patch.setattr(_kv_cache.kernels, "apply_qk_to_cache_fast", lambda *args: None)
+        else:  # the general path's checks must not run
+            patch.setattr(_kv_cache, "check_call", None)
+        yield
+
+
+@pytest.fixture(params=ROUTES)
+def route(request):
+    with taking(request.param):
+        yield request.param
 
 
 def bits(a):
@@ -46,7 +66,7 @@ def expected(rope, q, k, v, positions, slots, k_cache, v_cache):
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_float32_data_any_cache_is_apply_then_scatter(cache_dtype, layout):
+def test_float32_data_any_cache_is_apply_then_scatter(cache_dtype, layout, route):
     rope = pf.RotaryEmbedding(32, rotary_dim=24, layout=layout)
     q, k, v, positions, slots, k_cache, v_cache = case(cache_dtype=cache_dtype)
     want = expected(rope, q, k, v, positions, slots, k_cache, v_cache)
@@ -58,11 +78,12 @@ def test_float32_data_any_cache_is_apply_then_scatter(cache_dtype, layout):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, BFLOAT16])
-def test_all_of_one_dtype_is_direct(dtype):
+def test_all_of_one_dtype_is_direct(dtype, route):
     rope = pf.RotaryEmbedding(32, layout="half")
     q, k, v, positions, slots, k_cache, v_cache = case(dtype=dtype, cache_dtype=dtype)
     want = expected(rope, q, k, v, positions, slots, k_cache, v_cache)
-    got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots)
+    with taking(route):
+        got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots)
     for got, w in zip((got_q, k_cache, v_cache), want):
         assert bits(got).tobytes() == bits(w).tobytes()
 
@@ -81,7 +102,7 @@ def test_against_the_float64_reference():
                                atol=1e-12)
 
 
-def test_out_q_in_place_and_given():
+def test_out_q_in_place_and_given(route):
     rope = pf.RotaryEmbedding(32)
     q, k, v, positions, slots, k_cache, v_cache = case()
     want_q = rope.apply(q, positions[:, None])
@@ -130,7 +151,7 @@ def test_dynamic_scaling_past_its_base_range_uses_the_call_frequencies():
             assert untouched(got, w)
 
 
-def test_attention_factor_is_applied_to_k_in_the_cache():
+def test_attention_factor_is_applied_to_k_in_the_cache(route):
     rope = pf.RotaryEmbedding(32, layout="half", scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
     assert rope.attention_factor != 1.0
@@ -140,7 +161,7 @@ def test_attention_factor_is_applied_to_k_in_the_cache():
     assert untouched(k_cache, want[1]) and untouched(v_cache, want[2])
 
 
-def test_bitwise_the_same_for_1_2_3_threads():
+def test_bitwise_the_same_for_1_2_3_threads(route):
     # Large enough that the kernel may use several threads (65536 elements each).
     rope = pf.RotaryEmbedding(64, layout="half")
     results = []
@@ -215,6 +236,7 @@ def bad_calls():
 @pytest.mark.parametrize("what, changes, error, message", list(bad_calls()),
                          ids=[c[0] for c in bad_calls()])
 def test_bad_calls_are_refused_with_nothing_written(what, changes, error, message):
+    # The fast path declines each (it would not raise), the general path refuses it.
     rope = pf.RotaryEmbedding(32)
     q, k, v, positions, slots, k_cache, v_cache = case()
     args = dict(q=q, k=k, v=v, positions=positions, k_cache=k_cache, v_cache=v_cache,
@@ -237,13 +259,14 @@ def test_several_position_streams_are_refused():
     assert np.isnan(k_cache).all()
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @given(tokens=st.integers(1, 12), heads=st.integers(1, 4), kv_heads=st.integers(1, 3),
        pairs=st.integers(1, 9), extra=st.integers(0, 3), layout=st.sampled_from(["half",
                                                                                "interleaved"]),
        cache_dtype=st.sampled_from(CACHE_DTYPES), block_size=st.integers(1, 5),
        seed=st.integers(0, 2**16), data=st.data())
-def test_hypothesis_shapes_and_slots(tokens, heads, kv_heads, pairs, extra, layout, cache_dtype,
-                                     block_size, seed, data):
+def test_hypothesis_shapes_and_slots(route, tokens, heads, kv_heads, pairs, extra, layout,
+                                     cache_dtype, block_size, seed, data):
     dim = 2 * pairs + extra
     rope = pf.RotaryEmbedding(dim, rotary_dim=2 * pairs, layout=layout)
     fewest = -(-tokens // block_size)
@@ -255,6 +278,17 @@ def test_hypothesis_shapes_and_slots(tokens, heads, kv_heads, pairs, extra, layo
                                         min_size=tokens, max_size=tokens,
                                         unique_by=lambda s: s if s >= 0 else object())))
     want = expected(rope, q, k, v, positions, slots, k_cache, v_cache)
-    got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots)
+    with taking(route):
+        got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots)
     for got, w in zip((got_q, k_cache, v_cache), want):
         assert bits(got).tobytes() == bits(w).tobytes()
+
+
+def test_a_slot_twice_among_many_tokens_is_refused():
+    # Past 64 tokens the fast path checks duplicates with a bitmap of the slots.
+    rope = pf.RotaryEmbedding(32)
+    q, k, v, positions, slots, k_cache, v_cache = case(tokens=100, blocks=30)
+    slots[99] = slots[0]
+    with pytest.raises(ValueError, match=f"slot {slots[0]} more than once"):
+        rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots)
+    assert np.isnan(k_cache).all() and np.isnan(v_cache).all()

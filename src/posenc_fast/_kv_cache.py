@@ -1,8 +1,9 @@
-"""Rotate-and-write into a paged KV cache: the checks, the cos/sin route, the kernel call.
+"""Rotate-and-write into a paged KV cache: the checks and the kernel call.
 
-`RotaryEmbedding.apply_qk_to_cache` (and ``posenc_fast.vllm``'s fused op)
-validate every argument here before the kernel
-(``_core.rotate_into_kv_cache``) writes anything.
+`RotaryEmbedding.apply_qk_to_cache` first tries its compiled fast path
+(``_core.apply_qk_to_cache_fast``: every check in C, positions covered by the
+embedding's cos/sin cache).  Anything else comes here: every argument is
+validated before the kernel (``_core.rotate_into_kv_cache``) writes anything.
 """
 
 from typing import NamedTuple
@@ -121,17 +122,14 @@ def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
     if rope.n_streams != 1:
         raise ValueError(f"apply_qk_to_cache takes one position per token; this embedding has "
                          f"{rope.n_streams} position streams (use apply_qk, then write the cache)")
+    fast = kernels.apply_qk_to_cache_fast(rope._fast, q, k, v_, positions, k_cache, v_cache,
+                                          slot_mapping, out_q)
+    if fast is not None:
+        return fast
     call = check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, rope.dim)
-    # Values past int64 wrap below 0 here, so they take the general route.
-    rows = np.ascontiguousarray(call.positions, dtype=np.int64)
-    lowest, highest = (int(rows.min()), int(rows.max())) if rows.size else (0, 0)
-    tables = kernels.rotary_cache_tables(rope._fast, call.q, lowest, highest)
-    if tables is None:
-        # Positions the embedding's cache does not cover (negative, past a
-        # dynamic scaling's base range or the cache limit): a table of the
-        # call's distinct positions, exactly as `apply` builds one.
-        distinct, index = np.unique(v.positions_array(call.positions),
-                                  return_inverse=True)
-        tables = rope._table(distinct, v.compute_dtype(call.q.dtype))
-        rows = np.ascontiguousarray(index.reshape(-1), dtype=np.int64)
-    return write(call, rows, *tables, rope.layout == "half")
+    # A table of the call's distinct positions, exactly as `apply` builds one
+    # (the frequencies of a dynamic scaling depend on the largest).
+    distinct, rows = np.unique(v.positions_array(call.positions), return_inverse=True)
+    cos, sin = rope._table(distinct, v.compute_dtype(call.q.dtype))
+    return write(call, np.ascontiguousarray(rows.reshape(-1), dtype=np.int64), cos, sin,
+                 rope.layout == "half")
