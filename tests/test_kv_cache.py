@@ -292,3 +292,44 @@ def test_a_slot_twice_among_many_tokens_is_refused():
     with pytest.raises(ValueError, match=f"slot {slots[0]} more than once"):
         rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots)
     assert np.isnan(k_cache).all() and np.isnan(v_cache).all()
+
+
+def test_example_server_loop_matches_the_models_forward():
+    # Runs examples/server_loop.py: its logits are checked against transformers' own forward.
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    path = Path(__file__).resolve().parents[1] / "examples" / "server_loop.py"
+    spec = importlib.util.spec_from_file_location("server_loop", path)
+    server_loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server_loop)
+    requests = [server_loop.Request(list(range(n)), new, arrives)
+                for n, new, arrives in ((5, 3, 0), (9, 4, 1), (2, 5, 1))]
+    assert server_loop.serve(requests, server_loop.small_llama()) >= 5
+    assert all(len(r.tokens) == len(r.prompt) + r.max_new_tokens for r in requests)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_vllm_entry_with_the_embeddings_cos_sin_is_bitwise_the_method(is_neox):
+    from posenc_fast import vllm
+
+    rope = pf.RotaryEmbedding(32, rotary_dim=24, layout="half" if is_neox else "interleaved")
+    cos_sin_cache = np.concatenate(rope.cos_sin(np.arange(300)), axis=1)
+    q, k, v, positions, slots, k_cache, v_cache = case(cache_dtype=BFLOAT16)
+    want_kc, want_vc = k_cache.copy(), v_cache.copy()
+    want_q = rope.apply_qk_to_cache(q, k, v, positions, want_kc, want_vc, slots)
+    qkv = np.concatenate([a.reshape(6, -1) for a in (q, k, v)], axis=1)
+    query = qkv[:, :128].copy()
+    key, value = qkv[:, 128:192], qkv[:, 192:]  # strided slices, read only
+    vllm.apply_qk_to_cache(positions, query, key, value, k_cache, v_cache, slots, 32,
+                           cos_sin_cache, is_neox)
+    assert untouched(query.reshape(q.shape), want_q)
+    assert untouched(k_cache, want_kc) and untouched(v_cache, want_vc)
+    bad = positions.copy()
+    bad[0] = 300
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, 300\)"):
+        vllm.apply_qk_to_cache(bad, query, key, value, k_cache, v_cache, slots, 32,
+                               cos_sin_cache, is_neox)
+    assert untouched(query.reshape(q.shape), want_q) and untouched(k_cache, want_kc)
