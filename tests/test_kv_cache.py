@@ -333,3 +333,6 @@ def test_vllm_entry_with_the_embeddings_cos_sin_is_bitwise_the_method(is_neox):
         vllm.apply_qk_to_cache(bad, query, key, value, k_cache, v_cache, slots, 32,
                                cos_sin_cache, is_neox)
     assert untouched(query.reshape(q.shape), want_q) and untouched(k_cache, want_kc)
+    with pytest.raises(ValueError, match="native byte order"):
+        vllm.apply_qk_to_cache(positions, query.astype(">f4"), key, value, k_cache, v_cache,
+                               slots, 32, cos_sin_cache, is_neox)

@@ -235,6 +235,8 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     if positions.ndim not in (1, 2):
         raise ValueError(f"positions must have shape (num_tokens,) or (batch, seq), "
                          f"got {positions.shape}")
+    if isinstance(query, np.ndarray) and not query.dtype.isnative:  # a converted copy is lost
+        raise ValueError("query must be in native byte order to be rotated in place")
     query = _token_heads(query, "query", positions.shape, head_size)
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
