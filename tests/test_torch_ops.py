@@ -101,3 +101,72 @@ def test_compiled_op_mutates_graph_inputs_like_eager(torch):
     rotate(positions, eager_q, eager_k, cache)
     assert torch.equal(query, eager_q) and torch.equal(key, eager_k)
     assert not np.array_equal(query.numpy(), case(torch)[1].numpy())
+
+
+def cache_case(torch, tokens=5, heads=4, kv_heads=2, head_size=16, cache_dtype=None):
+    """A RotaryEmbedding, its [cos | sin] cache, a fused qkv's slices and empty paged caches."""
+    import posenc_fast as pf
+
+    rope = pf.RotaryEmbedding(head_size, rotary_dim=12, layout="half")
+    cos, sin = rope.cos_sin(np.arange(64))
+    generator = torch.Generator().manual_seed(2)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_size, generator=generator)
+    query, key, value = qkv.split([heads * head_size, kv_heads * head_size,
+                                   kv_heads * head_size], dim=-1)
+    k_cache = torch.zeros(3, 4, kv_heads, head_size, dtype=cache_dtype or torch.float32)
+    return (rope, torch.from_numpy(np.concatenate((cos, sin), axis=1)), query.contiguous(),
+            key, value, torch.tensor([3, 9, 0, 40, 7]), torch.tensor([1, -1, 5, 11, 0]),
+            k_cache, k_cache.clone())
+
+
+def test_cache_op_schema_declares_the_mutations(torch):
+    schema = str(torch.ops.posenc_fast.apply_qk_to_cache.default._schema)
+    for name in ("query", "key_cache", "value_cache"):
+        assert f"!) {name}" in schema
+    assert "!) key," not in schema and schema.endswith("-> ()")
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16", "float16"])
+def test_cache_op_is_the_embeddings_apply_qk_to_cache(torch, cache_dtype):
+    from posenc_fast import hf
+
+    rope, cache, query, key, value, positions, slots, k_cache, v_cache = cache_case(
+        torch, cache_dtype=getattr(torch, cache_dtype))
+    shape = (5, -1, 16)
+    want_kc, want_vc = k_cache.clone(), v_cache.clone()
+    want_q = rope.apply_qk_to_cache(
+        query.numpy().reshape(shape), key.numpy().reshape(shape), value.numpy().reshape(shape),
+        positions.numpy(), hf._numpy_view(torch, want_kc), hf._numpy_view(torch, want_vc),
+        slots.numpy())
+    key_before, value_before = key.clone(), value.clone()
+    torch.ops.posenc_fast.apply_qk_to_cache(positions, query, key, value, k_cache, v_cache,
+                                            slots, 16, cache, True)
+    assert np.array_equal(query.numpy().reshape(shape), want_q)
+    assert torch.equal(k_cache, want_kc) and torch.equal(v_cache, want_vc)
+    assert torch.equal(key, key_before) and torch.equal(value, value_before)
+    assert k_cache.any() and not k_cache[0, 2].any()  # slot 2 unused
+
+
+def test_cache_op_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch):
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+
+    def layer(positions, hidden, w_qkv, k_cache, v_cache, slots, cos_sin_cache):
+        qkv = hidden @ w_qkv
+        query, key, value = qkv.split([64, 32, 32], dim=-1)
+        query = query.contiguous()
+        torch.ops.posenc_fast.apply_qk_to_cache(positions, query, key, value, k_cache, v_cache,
+                                                slots, 16, cos_sin_cache, True)
+        return query * 0.25
+
+    rope, cache, _, _, _, positions, slots, k_cache, v_cache = cache_case(torch)
+    generator = torch.Generator().manual_seed(3)
+    hidden, w_qkv = torch.randn(5, 32, generator=generator), torch.randn(32, 128,
+                                                                         generator=generator)
+    eager_kc, eager_vc = k_cache.clone(), v_cache.clone()
+    torch._dynamo.reset()
+    expected = layer(positions, hidden, w_qkv, eager_kc, eager_vc, slots, cache)
+    got = torch.compile(layer, fullgraph=True)(positions, hidden, w_qkv, k_cache, v_cache,
+                                               slots, cache)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert torch.equal(k_cache, eager_kc) and torch.equal(v_cache, eager_vc)
+    assert eager_kc.any()

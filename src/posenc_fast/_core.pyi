@@ -52,6 +52,13 @@ def rotary_table_capsule(fast: RotaryFastPath, dtype: Any, num_positions: int) -
 def rotate_cos_sin_fast(xs: tuple[Any, ...], cos_cache: Any, sin_cache: Any, layout: Any,
                         inverse: Any, outs: tuple[Any, ...]) -> tuple[_FloatOut, ...] | None: ...
 
+def rotate_into_kv_cache(q: _FloatOut, out_q: _FloatOut, k: _FloatOut, v: _FloatOut,
+                         k_cache: _FloatOut, v_cache: _FloatOut, slots: _Int64, rows: _Int64,
+                         cos_table: _Float, sin_table: _Float, half_layout: bool) -> None: ...
+def apply_qk_to_cache_fast(fast: RotaryFastPath, q: Any, k: Any, v: Any, positions: Any,
+                           k_cache: Any, v_cache: Any, slot_mapping: Any,
+                           out_q: Any) -> _FloatOut | None: ...
+
 @final
 class RotaryFastPath:
     def __init__(self, dim: int, rotary_dim: int, half: bool, freqs: _F64,

@@ -361,6 +361,49 @@ class RotaryEmbedding:
                                             out_k)
         return result
 
+    def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
+                          k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
+                          slot_mapping: ArrayLike, *,
+                          out_q: NDArray[np.floating[Any]] | None = None
+                          ) -> NDArray[np.floating[Any]]:
+        """Rotate q; rotate k into its paged-cache slots and copy v into theirs, in one pass.
+
+        Parameters
+        ----------
+        q : ndarray of shape (tokens, heads, dim)
+        k, v : ndarrays of shape (tokens, kv_heads, dim), q's dtype
+            Read only: k's rotated rows go straight into `k_cache`.
+        positions : array_like of int, shape (tokens,)
+            One position per token.
+        k_cache, v_cache : ndarrays of shape (num_blocks, block_size, kv_heads, dim)
+            vLLM's flash layout, C-contiguous, written in place.  q's dtype,
+            or float16/bfloat16 for float32 q, k, v (rounded once on store).
+        slot_mapping : array_like of int, shape (tokens,)
+            Token t goes to slot ``block * block_size + offset``: row
+            ``[block, offset]`` of the caches; -1 skips the token (padding),
+            whose q is still rotated.  Other slots stay untouched.
+        out_q : ndarray of q's shape and dtype, optional
+            May be `q` itself (in place).
+
+        Returns
+        -------
+        ndarray of q's shape and dtype
+            The rotated q.  The cache rows equal ``apply(k, positions[:,
+            None])`` and v (cast to the cache dtype), bitwise, for any
+            thread count.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Shapes or dtypes that do not fit; a slot below -1, past the
+            cache or used twice; caches not C-contiguous or sharing memory
+            with another argument; an embedding with several position
+            streams.  Nothing is written then.
+        """
+        from ._kv_cache import apply_qk_to_cache
+
+        return apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q)
+
     def _apply_streams(self, xs, positions, offset, inverse, outs):
         # Explicit positions of several streams: one cos/sin table of the call's
         # distinct positions, gathered per (token, pair) by the compiled kernel.

@@ -7,6 +7,12 @@ Importing this module registers, through `torch.library`:
     `posenc_fast.vllm.rotary_embedding`, rotating `query` and `key` (or
     None) in place.
 
+``torch.ops.posenc_fast.apply_qk_to_cache``
+    ``(positions, query, key, value, key_cache, value_cache, slot_mapping,
+    head_size, cos_sin_cache, is_neox) -> ()``:
+    `posenc_fast.vllm.apply_qk_to_cache`, rotating `query` in place and
+    writing the rotated key and the value into their cache slots.
+
 A torch function that calls a NumPy-backed function directly breaks its
 compiled graph at that call (or fails under ``fullgraph=True``); calling the
 op instead compiles, and runs posenc_fast's kernel on CPU tensors.  Each op
@@ -32,7 +38,7 @@ except ImportError:
 
 from . import vllm
 
-__all__ = ["rotary_embedding"]
+__all__ = ["apply_qk_to_cache", "rotary_embedding"]
 
 
 @torch.library.custom_op("posenc_fast::rotary_embedding", mutates_args=("query", "key"),
@@ -46,3 +52,21 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 @rotary_embedding.register_fake
 def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
     return None  # only mutates its inputs: no result to describe
+
+
+@torch.library.custom_op("posenc_fast::apply_qk_to_cache",
+                         mutates_args=("query", "key_cache", "value_cache"), device_types="cpu")
+def apply_qk_to_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor,
+                      is_neox: bool) -> None:
+    """Rotate `query` in place, write the rotated key and the value into their cache slots
+    (see `posenc_fast.vllm.apply_qk_to_cache`)."""
+    vllm.apply_qk_to_cache(positions, query, key, value, key_cache, value_cache, slot_mapping,
+                           head_size, cos_sin_cache, is_neox)
+
+
+@apply_qk_to_cache.register_fake
+def _(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
+      cos_sin_cache, is_neox) -> None:
+    return None  # only mutates its inputs

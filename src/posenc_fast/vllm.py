@@ -138,7 +138,8 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a strided CPU tensor, got device {t.device}, "
                          f"layout {t.layout}")
     half = {torch.float16: np.float16, torch.bfloat16: v.BFLOAT16}.get(t.dtype)
-    if name != "positions" and half is None and t.dtype not in (torch.float32, torch.float64):
+    if (name not in ("positions", "slot_mapping") and half is None
+            and t.dtype not in (torch.float32, torch.float64)):
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
     if t.requires_grad:
         if torch.is_grad_enabled():
@@ -187,3 +188,97 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, head_size: int) -> tuple:
         raise TypeError(f"cos_sin_cache must have query's dtype {dtype}, got {cache.dtype}; "
                         f"convert it once, as vLLM's RotaryEmbedding does")
     return cache[:, :rot_dim // 2], cache[:, rot_dim // 2:]
+
+
+def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor,
+                      value: ArrayOrTensor, key_cache: ArrayOrTensor, value_cache: ArrayOrTensor,
+                      slot_mapping: ArrayOrTensor, head_size: int, cos_sin_cache: ArrayOrTensor,
+                      is_neox: bool) -> None:
+    """`rotary_embedding` and vLLM's ``reshape_and_cache_flash`` in one pass.
+
+    `query` is rotated in place; `key` is rotated straight into its slots of
+    `key_cache` and `value` copied into `value_cache` (both left unchanged),
+    as `RotaryEmbedding.apply_qk_to_cache` does with the server's own cos/sin
+    cache.
+
+    Parameters
+    ----------
+    positions, query, head_size, cos_sin_cache, is_neox
+        As in `rotary_embedding` (query C-contiguous or not: rotated where it lies).
+    key, value : torch.Tensor or ndarray
+        ``positions.shape + (kv_heads * head_size,)`` or ``positions.shape +
+        (kv_heads, head_size)``, query's dtype; any strides (e.g. slices of
+        a fused qkv projection).
+    key_cache, value_cache : torch.Tensor or ndarray
+        ``(num_blocks, block_size, kv_heads, head_size)``, C-contiguous,
+        query's dtype or float16/bfloat16 for float32 query (rounded once).
+    slot_mapping : torch.Tensor or ndarray of int, positions.shape
+        Each token's slot ``block * block_size + offset``; -1 skips it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `rotary_embedding` and `RotaryEmbedding.apply_qk_to_cache`;
+        nothing is written then.
+    """
+    from . import _kv_cache
+
+    names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
+             "cos_sin_cache")
+    arrays = _as_arrays_named(names, (positions, query, key, value, key_cache, value_cache,
+                                      slot_mapping, cos_sin_cache))
+    positions, query, key, value, key_cache, value_cache, slot_mapping, cache = arrays
+    head_size = v.integer(head_size, "head_size", minimum=1)
+    if not isinstance(is_neox, (bool, np.bool_)):
+        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
+    positions = v.integer_array(positions)
+    if positions.ndim not in (1, 2):
+        raise ValueError(f"positions must have shape (num_tokens,) or (batch, seq), "
+                         f"got {positions.shape}")
+    if isinstance(query, np.ndarray) and not query.dtype.isnative:  # a converted copy is lost
+        raise ValueError("query must be in native byte order to be rotated in place")
+    query = _token_heads(query, "query", positions.shape, head_size)
+    key = _token_heads(key, "key", positions.shape, head_size)
+    value = _token_heads(value, "value", positions.shape, head_size)
+    cos, sin = _cos_sin(cache, query.dtype, head_size)
+    tokens = positions.reshape(-1)
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cache.shape[0]):
+        raise ValueError(f"positions must lie in [0, {cache.shape[0]}) (rows of cos_sin_cache), "
+                         f"got values from {int(tokens.min())} to {int(tokens.max())}")
+    slot_mapping = v.integer_array(slot_mapping, "slot_mapping")
+    if slot_mapping.shape != positions.shape:
+        raise ValueError(f"slot_mapping must have positions' shape {positions.shape}, "
+                         f"got {slot_mapping.shape}")
+    call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
+                                slot_mapping.reshape(-1), query, head_size, (cache,))
+    _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, bool(is_neox))
+
+
+def _as_arrays_named(names: tuple, args: tuple) -> tuple:
+    """NumPy views of the arguments: all torch tensors or all NumPy arrays."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(args[1], torch.Tensor):
+        return tuple(_tensor_view(torch, t, name) for name, t in zip(names, args))
+    if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
+        raise TypeError(f"{', '.join(names)} must be all torch tensors or all NumPy arrays")
+    if not isinstance(args[1], np.ndarray):
+        raise TypeError(f"query must be a numpy.ndarray or torch.Tensor (it is rotated in "
+                        f"place), got {type(args[1]).__name__}")
+    return args
+
+
+def _token_heads(x, name: str, lead: tuple, head_size: int) -> np.ndarray:
+    """`x` as a (num_tokens, heads, head_size) view of its own memory, any strides."""
+    x = v.float_array(x, name)
+    rest = x.shape[len(lead):]
+    if (x.shape[:len(lead)] != lead or len(rest) not in (1, 2) or rest[-1] % head_size
+            or (len(rest) == 2 and rest[-1] != head_size)):
+        raise ValueError(f"{name} must have shape positions.shape + (heads * head_size,) or "
+                         f"positions.shape + (heads, head_size), with positions.shape = "
+                         f"{lead} and head_size = {head_size}, got {x.shape}")
+    view = x.reshape(math.prod(lead), math.prod(rest) // head_size, head_size)
+    if view.size and not np.may_share_memory(view, x):  # reshape had to copy
+        raise ValueError(f"{name} of strides {x.strides} cannot be viewed as (num_tokens, "
+                         f"heads, head_size); pass a contiguous array")
+    return view
+

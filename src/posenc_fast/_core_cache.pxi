@@ -1,0 +1,264 @@
+# Rotate-and-write into a paged KV cache: queries rotated, keys rotated
+# straight into their cache slots, values copied into theirs, in one pass.
+# apply_qk_to_cache_fast checks a call in C (None: the general path of
+# _kv_cache.py validates it and calls rotate_into_kv_cache).
+
+from libc.stdlib cimport calloc, free
+
+
+cdef struct CacheWrite:
+    # Where token t's rows are and go (bytes); see rotate_into_kv_cache.
+    Py_ssize_t heads
+    Py_ssize_t kv_heads
+    Py_ssize_t row_bytes        # a q/k/v row (dim items of the data dtype)
+    Py_ssize_t cache_row_bytes  # a cache row (dim items of the cache dtype)
+    Py_ssize_t dim
+    posenc_convert_fn narrow    # float32 -> cache dtype; NULL: same dtype, direct
+    bint stream
+
+
+cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char* out_q,
+                              const char* k, const char* v, char* k_cache, char* v_cache,
+                              const void* c, const void* s, float* scratch,
+                              const CacheWrite* w, const RowCall* q_call,
+                              const RowCall* k_call) noexcept nogil:
+    cdef Py_ssize_t h, r
+    cdef const char* k_row
+    cdef char* k_slot
+    for h in range(w.heads):
+        r = t * w.heads + h
+        _rotate_row(q + r * w.row_bytes, out_q + r * w.row_bytes, c, s, q_call)
+    if slot < 0:
+        return
+    for h in range(w.kv_heads):
+        k_row = k + (t * w.kv_heads + h) * w.row_bytes
+        k_slot = k_cache + (slot * w.kv_heads + h) * w.cache_row_bytes
+        if w.narrow == NULL:
+            _rotate_row(k_row, k_slot, c, s, k_call)
+        else:  # rotated in float32, rounded once on store
+            _rotate_row(k_row, <char*>scratch, c, s, k_call)
+            w.narrow(scratch, k_slot, w.dim)
+    if w.narrow == NULL:
+        memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, v + t * w.kv_heads * w.row_bytes,
+               w.kv_heads * w.row_bytes)
+    else:
+        w.narrow(v + t * w.kv_heads * w.row_bytes, v_cache + slot * w.kv_heads * w.cache_row_bytes,
+                 w.kv_heads * w.dim)
+
+
+cdef struct CacheTable:
+    # The cos/sin rows of a call: row r at cos + r * cos_stride, sin + r * sin_stride.
+    const char* cos
+    const char* sin
+    Py_ssize_t cos_stride
+    Py_ssize_t sin_stride
+    Py_ssize_t npairs
+    Py_ssize_t itemsize
+    int dtype
+
+
+cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
+                    cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
+                    const long long* row_of, const CacheTable* table, bint half) except -1:
+    import numpy
+    cdef Py_ssize_t ntokens = q.shape[0], dim = q.shape[2]
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(q) + 2 * cnp.PyArray_SIZE(k)
+    cdef Py_ssize_t nchunks = (ntokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    cdef int data = _dtype(q), cache = _dtype(k_cache)
+    cdef int threads = _threads_for(size)
+    cdef Py_ssize_t chunk, t, tid
+    cdef CacheWrite w
+    cdef RowCall q_call, k_call
+    cdef const char* qp = _data(q)
+    cdef char* op = _data(out_q)
+    cdef const char* kp = _data(k)
+    cdef const char* vp = _data(v)
+    cdef char* kc = _data(k_cache)
+    cdef char* vc = _data(v_cache)
+    cdef float* scratch = NULL
+    cdef cnp.ndarray scratch_rows
+    w.heads = q.shape[1]
+    w.kv_heads = k.shape[1]
+    w.dim = dim
+    w.row_bytes = dim * cnp.PyArray_ITEMSIZE(q)
+    w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
+    w.narrow = NULL if cache == data else K.from_f32[cache]
+    if cache != data and (data != POSENC_F32 or w.narrow == NULL):
+        raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
+    q_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(q), table.itemsize,
+                       table.npairs, dim, half, False, qp == op, cnp.PyArray_NBYTES(q))
+    # A key row goes to its slot (streamed when large: the cache is not read
+    # back soon) or, for a half cache, to a float32 scratch row in L1.
+    k_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(k), table.itemsize,
+                       table.npairs, dim, half, False, False,
+                       cnp.PyArray_NBYTES(k) if w.narrow == NULL else 0)
+    if q_call.rotate == NULL or k_call.rotate == NULL:
+        raise TypeError(f"no rotation kernel for {q.dtype} data with this cos/sin table")
+    if ntokens == 0:
+        return 0
+    if w.narrow != NULL:
+        scratch_rows = numpy.empty((threads, dim), numpy.float32)
+        scratch = <float*>_data(scratch_rows)
+    with nogil:
+        if threads == 1:  # no parallel region: it costs a microsecond
+            for t in range(ntokens):
+                _write_token(t, slot_of[t], qp, op, kp, vp, kc, vc,
+                             table.cos + row_of[t] * table.cos_stride,
+                             table.sin + row_of[t] * table.sin_stride,
+                             scratch, &w, &q_call, &k_call)
+            if q_call.stream or k_call.stream:
+                posenc_sfence()
+        else:
+            for chunk in prange(nchunks, num_threads=threads, schedule="static"):
+                tid = threadid()
+                for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK,
+                                                             ntokens)):
+                    _write_token(t, slot_of[t], qp, op, kp, vp, kc, vc,
+                                 table.cos + row_of[t] * table.cos_stride,
+                                 table.sin + row_of[t] * table.sin_stride,
+                                 NULL if scratch == NULL else scratch + tid * dim,
+                                 &w, &q_call, &k_call)
+                if q_call.stream or k_call.stream:
+                    posenc_sfence()
+    return 0
+
+
+def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
+                         cnp.ndarray k not None, cnp.ndarray v not None,
+                         cnp.ndarray k_cache not None, cnp.ndarray v_cache not None,
+                         cnp.ndarray slots not None, cnp.ndarray rows not None,
+                         cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
+                         bint half_layout):
+    """Rotate q into out_q, and k into its cache slots; copy v into its slots.
+
+    q, out_q: C-contiguous (tokens, heads, dim), `out_q` may be `q`; k, v:
+    C-contiguous (tokens, kv_heads, dim), of q's dtype; caches: C-contiguous
+    (slots..., kv_heads, dim), of q's dtype or a half type for float32 q.
+    slots, rows: int64 (tokens,): token t's cache slot (-1: none, others
+    distinct and in range) and its cos/sin table row.  cos/sin tables: 2-D,
+    unit stride along their last axis (npairs entries), any row stride.
+    Each token is written by one thread: bitwise the same for any count.
+    """
+    cdef CacheTable table
+    table.cos = _data(cos_table)
+    table.sin = _data(sin_table)
+    table.cos_stride = cnp.PyArray_STRIDE(cos_table, 0)
+    table.sin_stride = cnp.PyArray_STRIDE(sin_table, 0)
+    table.npairs = cos_table.shape[1]
+    table.itemsize = cnp.PyArray_ITEMSIZE(cos_table)
+    table.dtype = _dtype(cos_table)
+    _write_all(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
+               <const long long*>_data(rows), &table, half_layout)
+
+
+cdef inline bint _index_array(object a, Py_ssize_t n):
+    # An exact, C-contiguous, native int64 ndarray of shape (n,).
+    return (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_INT64
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIMS(<cnp.ndarray>a)[0] == n)
+
+
+cdef inline bint _cache_array(object a, cnp.ndarray k):
+    # An exact, writeable, C-contiguous, native ndarray (slots..., kv_heads, dim) for k.
+    cdef cnp.ndarray arr
+    if not cnp.PyArray_CheckExact(a):
+        return False
+    arr = <cnp.ndarray>a
+    return (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0 and cnp.PyArray_ISCARRAY(arr)
+            and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_NDIM(arr) == 4
+            and arr.shape[2] == k.shape[1] and arr.shape[3] == k.shape[2])
+
+
+cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots):
+    # Every slot -1 or in [0, num_slots), no slot twice (pairwise for a few
+    # tokens, a bitmap of the cache's slots for many).
+    cdef Py_ssize_t i, j
+    cdef long long s
+    cdef unsigned char* seen
+    for i in range(n):
+        if slots[i] < -1 or slots[i] >= num_slots:
+            return False
+    if n <= 64:
+        for i in range(n):
+            if slots[i] >= 0:
+                for j in range(i):
+                    if slots[j] == slots[i]:
+                        return False
+        return True
+    seen = <unsigned char*>calloc(num_slots // 8 + 1, 1)
+    if seen == NULL:
+        return False
+    for i in range(n):
+        s = slots[i]
+        if s >= 0:
+            if seen[s >> 3] & (1 << (s & 7)):
+                free(seen)
+                return False
+            seen[s >> 3] |= 1 << (s & 7)
+    free(seen)
+    return True
+
+
+def apply_qk_to_cache_fast(RotaryFastPath fast not None, q, k, v, positions, k_cache, v_cache,
+                           slot_mapping, out_q):
+    """RotaryEmbedding.apply_qk_to_cache on the fast path; None (nothing written) to fall back.
+
+    Takes only calls that pass every rule of the general path (_kv_cache.py)
+    with positions covered by `fast`'s cache; a decode step is a few
+    microseconds of checks here.
+    """
+    cdef cnp.ndarray qa, ka, va, kc, vc, pa, sa
+    cdef Py_ssize_t n, i
+    cdef long long lowest = 0, highest = 0
+    cdef const long long* pos
+    cdef CacheTable table
+    if not (_fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
+        return None
+    qa, ka, va = <cnp.ndarray>q, <cnp.ndarray>k, <cnp.ndarray>v
+    n = qa.shape[0]
+    if (qa.ndim != 3 or ka.ndim != 3 or va.ndim != 3 or ka.shape[0] != n
+            or va.shape[0] != n or va.shape[1] != ka.shape[1]
+            or cnp.PyArray_TYPE(ka) != cnp.PyArray_TYPE(qa)
+            or cnp.PyArray_TYPE(va) != cnp.PyArray_TYPE(qa)
+            or not _index_array(positions, n) or not _index_array(slot_mapping, n)
+            or not _cache_array(k_cache, ka) or not _cache_array(v_cache, ka)):
+        return None
+    pa, sa, kc, vc = (<cnp.ndarray>positions, <cnp.ndarray>slot_mapping, <cnp.ndarray>k_cache,
+                      <cnp.ndarray>v_cache)
+    if (cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc) or vc.shape[0] != kc.shape[0]
+            or vc.shape[1] != kc.shape[1]):
+        return None
+    if cnp.PyArray_TYPE(kc) != cnp.PyArray_TYPE(qa) and not (
+            cnp.PyArray_TYPE(qa) == cnp.NPY_FLOAT32 and K.from_f32[_dtype(kc)] != NULL):
+        return None
+    for cache in (kc, vc):
+        for other in (qa, ka, va, pa, sa):
+            if not _disjoint(<cnp.ndarray>cache, <cnp.ndarray>other):
+                return None
+    if not _disjoint(kc, vc) or not _slots_valid(<const long long*>_data(sa), n,
+                                                 <long long>kc.shape[0] * kc.shape[1]):
+        return None
+    pos = <const long long*>_data(pa)
+    if n:
+        lowest = highest = pos[0]
+        for i in range(n):
+            lowest = min(lowest, pos[i])
+            highest = max(highest, pos[i])
+    if lowest < 0 or highest >= fast.valid_below:
+        return None
+    result = _fast_out(qa, out_q, (ka, va, kc, vc))
+    if result is None:
+        return None
+    cache = fast._cache_for(_table_of(qa), highest)
+    if cache is None:
+        return None
+    table.cos = _data(<cnp.ndarray>cache)
+    table.npairs = fast.npairs
+    table.itemsize = cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache)
+    table.sin = table.cos + table.npairs * table.itemsize
+    table.cos_stride = table.sin_stride = 2 * table.npairs * table.itemsize
+    table.dtype = _table_of(qa)
+    _write_all(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
+               fast.half)
+    return result

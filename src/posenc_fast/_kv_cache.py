@@ -1,0 +1,135 @@
+"""Rotate-and-write into a paged KV cache: the checks and the kernel call.
+
+`RotaryEmbedding.apply_qk_to_cache` first tries its compiled fast path
+(``_core.apply_qk_to_cache_fast``: every check in C, positions covered by the
+embedding's cos/sin cache).  Anything else comes here: every argument is
+validated before the kernel (``_core.rotate_into_kv_cache``) writes anything.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _validate as v
+from ._dispatch import kernels
+from ._rows import RowOutput
+
+
+class CacheCall(NamedTuple):
+    """A validated call: C-contiguous inputs and where the results go."""
+
+    q: np.ndarray         # (tokens, heads, dim)
+    k: np.ndarray         # (tokens, kv_heads, dim)
+    v: np.ndarray
+    k_cache: np.ndarray   # (num_blocks, block_size, kv_heads, dim)
+    v_cache: np.ndarray
+    positions: np.ndarray  # integers (tokens,), as given
+    slots: np.ndarray     # int64 (tokens,)
+    out: RowOutput        # q's result
+
+
+def _token_array(x, name: str, dim: int) -> np.ndarray:
+    x = v.float_array(x, name)
+    if x.ndim != 3 or x.shape[2] != dim:
+        raise ValueError(f"{name} must have shape (tokens, heads, {dim}), got {x.shape}")
+    return x
+
+
+def _kv_cache(cache, name: str, kv_heads: int, dim: int) -> np.ndarray:
+    if not isinstance(cache, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray (written in place), "
+                        f"got {type(cache).__name__}")
+    if cache.dtype not in v.FLOAT_DTYPES:  # a non-native one too: converting would lose writes
+        raise TypeError(f"{name} must be a native {v.FLOAT_NAMES} array, got dtype {cache.dtype}")
+    if cache.ndim != 4 or cache.shape[2:] != (kv_heads, dim):
+        raise ValueError(f"{name} must have shape (num_blocks, block_size, {kv_heads}, {dim}) "
+                         f"(kv_heads, head_dim of k), got {cache.shape}")
+    if not cache.flags.c_contiguous or not cache.flags.writeable:
+        raise ValueError(f"{name} must be C-contiguous and writeable")
+    return cache
+
+
+def token_indices(values, name: str, ntokens: int) -> np.ndarray:
+    """`values` checked as integers of shape (ntokens,); returned as given."""
+    values = v.integer_array(values, name)
+    if values.shape != (ntokens,):
+        raise ValueError(f"{name} must have shape (tokens,) = ({ntokens},), got {values.shape}")
+    return values
+
+
+def _slots(slot_mapping, ntokens: int, num_slots: int) -> np.ndarray:
+    slots = token_indices(slot_mapping, "slot_mapping", ntokens)
+    if ntokens and (int(slots.min()) < -1 or int(slots.max()) >= num_slots):
+        raise ValueError(f"slot_mapping must hold -1 (skip the token) or slots in [0, "
+                         f"{num_slots}) (num_blocks * block_size), got values from "
+                         f"{int(slots.min())} to {int(slots.max())}")
+    used = np.sort(slots[slots >= 0])
+    repeated = used[1:][used[1:] == used[:-1]]
+    if repeated.size:
+        raise ValueError(f"slot_mapping uses slot {int(repeated[0])} more than once: every "
+                         f"token needs its own slot (-1 skips a token)")
+    return np.ascontiguousarray(slots, dtype=np.int64)
+
+
+def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: int,
+               extra_inputs: tuple = ()) -> CacheCall:
+    """Validate a rotate-and-write call (`extra_inputs`: other arrays it reads)."""
+    q = _token_array(q, "q", dim)
+    k = _token_array(k, "k", dim)
+    v_ = _token_array(v_, "v", dim)
+    ntokens, kv_heads = q.shape[0], k.shape[1]
+    if k.shape[0] != ntokens or v_.shape != k.shape:
+        raise ValueError(f"k and v must have shape (tokens, kv_heads, dim) with q's "
+                         f"{ntokens} tokens, got {k.shape} and {v_.shape}")
+    if not q.dtype == k.dtype == v_.dtype:
+        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v_.dtype}")
+    k_cache = _kv_cache(k_cache, "k_cache", kv_heads, dim)
+    v_cache = _kv_cache(v_cache, "v_cache", kv_heads, dim)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {k_cache.shape}, got {v_cache.shape}")
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}")
+    if k_cache.dtype != q.dtype and not (q.dtype == np.float32
+                                         and k_cache.dtype in v.HALF_DTYPES):
+        raise TypeError(f"the caches must have q's dtype {q.dtype} (or float16/bfloat16 for "
+                        f"float32 q, k, v), got {k_cache.dtype}")
+    positions = token_indices(positions, "positions", ntokens)
+    slots = _slots(slot_mapping, ntokens, k_cache.shape[0] * k_cache.shape[1])
+    inputs = (q, k, v_, positions, slots) + extra_inputs
+    if v.overlaps(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache share memory; pass two separate caches")
+    for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if any(v.overlaps(cache, x) for x in inputs):
+            raise ValueError(f"{name} shares memory with an input (q, k, v, positions, "
+                             f"slot_mapping)")
+    out_q, in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
+                               must_not_overlap=(k, v_, k_cache, v_cache))
+    return CacheCall(q, np.ascontiguousarray(k), np.ascontiguousarray(v_), k_cache, v_cache,
+                     positions, slots, RowOutput(q, out_q, in_place))
+
+
+def write(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+          half: bool) -> np.ndarray:
+    """Run the kernel: token t uses cos/sin row rows[t]; return q's result."""
+    q_rows = call.out.x_rows.reshape(call.q.shape)
+    kernels.rotate_into_kv_cache(q_rows, call.out.rows.reshape(call.q.shape), call.k, call.v,
+                                 call.k_cache, call.v_cache, call.slots, rows, cos, sin, half)
+    return call.out.result()
+
+
+def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q):
+    """RotaryEmbedding.apply_qk_to_cache (see its docstring)."""
+    if rope.n_streams != 1:
+        raise ValueError(f"apply_qk_to_cache takes one position per token; this embedding has "
+                         f"{rope.n_streams} position streams (use apply_qk, then write the cache)")
+    fast = kernels.apply_qk_to_cache_fast(rope._fast, q, k, v_, positions, k_cache, v_cache,
+                                          slot_mapping, out_q)
+    if fast is not None:
+        return fast
+    call = check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, rope.dim)
+    # A table of the call's distinct positions, exactly as `apply` builds one
+    # (the frequencies of a dynamic scaling depend on the largest).
+    distinct, rows = np.unique(v.positions_array(call.positions), return_inverse=True)
+    cos, sin = rope._table(distinct, v.compute_dtype(call.q.dtype))
+    return write(call, np.ascontiguousarray(rows.reshape(-1), dtype=np.int64), cos, sin,
+                 rope.layout == "half")
