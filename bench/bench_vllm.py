@@ -29,14 +29,15 @@ try:
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import posenc_fast as pf
-from posenc_fast import _workloads as wl
-from posenc_fast import vllm
+from posenc_fast import reference, vllm
+from posenc_fast._bench.timing import measure, paired_ratio, set_threads
+from posenc_fast._bench.torch_rows import Unavailable, torch_or_unavailable
 
 HEADS, KV_HEADS, HEAD_SIZE, MAX_POSITION = 32, 8, 128, 8192
 
 
 def cos_sin_cache() -> np.ndarray:
-    angles = np.arange(MAX_POSITION)[:, None] * wl.rope_inv_freq(HEAD_SIZE)
+    angles = np.arange(MAX_POSITION)[:, None] * np.array(reference.rope_inv_freq(HEAD_SIZE))
     return np.concatenate((np.cos(angles), np.sin(angles)), axis=1).astype(np.float32)
 
 
@@ -66,8 +67,8 @@ def contenders(positions: np.ndarray) -> dict:
         "copy": lambda: (np.copyto(q_copy, query), np.copyto(k_copy, key)),
     }
     try:
-        torch = wl.torch_or_unavailable()
-    except wl.Unavailable as exc:
+        torch = torch_or_unavailable()
+    except Unavailable as exc:
         print(f"  (torch rows skipped: {exc})")
         return calls
     import posenc_fast.torch_ops  # noqa: F401  (registers torch.ops.posenc_fast)
@@ -101,10 +102,10 @@ def main() -> None:
     for title, positions in workloads.items():
         print(title)
         calls = contenders(positions)
-        wl.set_threads(1)  # posenc_fast's and torch's (imported by now)
-        timings = wl.measure(calls, rounds=args.rounds, target_ns=20_000_000)
+        set_threads(1)  # posenc_fast's and torch's (imported by now)
+        timings = measure(calls, rounds=args.rounds, target_ns=20_000_000)
         for name, timing in timings.items():
-            ratio = wl.paired_ratio(timing, timings["copy"])
+            ratio = paired_ratio(timing, timings["copy"])
             print(f"  {name:<18} {timing.median_ns / 1e3:10.1f} us  {ratio:6.2f}x copy")
 
 
