@@ -73,7 +73,10 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     >>> q, k = np.ones((3, 8 * 64), np.float32), np.ones((3, 2 * 64), np.float32)
     >>> vllm.rotary_embedding(np.array([5, 0, 17]), q, k, 64, cache, True)
     """
-    positions, query, key, cos_sin_cache = _as_arrays(positions, query, key, cos_sin_cache)
+    positions, query, key, cos_sin_cache = _as_arrays(
+        ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
+        written=("query", "key"))
+    positions, cos_sin_cache = np.asarray(positions), np.asarray(cos_sin_cache)
     head_size = v.integer(head_size, "head_size", minimum=1)
     if not isinstance(is_neox, (bool, np.bool_)):
         raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
@@ -104,25 +107,23 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
                                 out_k=key)
 
 
-_NAMES = ("positions", "query", "key", "cos_sin_cache")
+def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
+    """NumPy views of the arguments: all torch tensors or all NumPy arrays (key may be None).
 
-
-def _as_arrays(*args: ArrayOrTensor | None) -> tuple:
-    """NumPy views of the arguments: all torch tensors (key may be None) or all NumPy."""
+    The arguments named in `written` must be ndarrays already: a converted
+    copy would take the result and be lost.
+    """
     torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
     if torch is not None and isinstance(args[1], torch.Tensor):
         return tuple(None if t is None and name == "key" else _tensor_view(torch, t, name)
-                     for name, t in zip(_NAMES, args))
+                     for name, t in zip(names, args))
     if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
-        raise TypeError("positions, query, key and cos_sin_cache must be all torch tensors or "
-                        "all NumPy arrays")
-    positions, query, key, cos_sin_cache = args
-    for x, name in ((query, "query"), (key, "key")):
-        # Rotated in place: the rotation of a temporary would be lost.
-        if not isinstance(x, np.ndarray) and not (x is None and name == "key"):
-            raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is rotated "
-                            f"in place), got {type(x).__name__}")
-    return np.asarray(positions), query, key, np.asarray(cos_sin_cache)
+        raise TypeError(f"{', '.join(names)} must be all torch tensors or all NumPy arrays")
+    for x, name in zip(args, names):
+        if name in written and not isinstance(x, np.ndarray) and not (x is None and name == "key"):
+            raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is written in "
+                            f"place), got {type(x).__name__}")
+    return args
 
 
 def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
@@ -225,8 +226,9 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
 
     names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
              "cos_sin_cache")
-    arrays = _as_arrays_named(names, (positions, query, key, value, key_cache, value_cache,
-                                      slot_mapping, cos_sin_cache))
+    arrays = _as_arrays(names, (positions, query, key, value, key_cache, value_cache,
+                                slot_mapping, cos_sin_cache),
+                        written=("query", "key_cache", "value_cache"))
     positions, query, key, value, key_cache, value_cache, slot_mapping, cache = arrays
     head_size = v.integer(head_size, "head_size", minimum=1)
     if not isinstance(is_neox, (bool, np.bool_)):
@@ -252,19 +254,6 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
                                 slot_mapping.reshape(-1), query, head_size, (cache,))
     _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, bool(is_neox))
-
-
-def _as_arrays_named(names: tuple, args: tuple) -> tuple:
-    """NumPy views of the arguments: all torch tensors or all NumPy arrays."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(args[1], torch.Tensor):
-        return tuple(_tensor_view(torch, t, name) for name, t in zip(names, args))
-    if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
-        raise TypeError(f"{', '.join(names)} must be all torch tensors or all NumPy arrays")
-    if not isinstance(args[1], np.ndarray):
-        raise TypeError(f"query must be a numpy.ndarray or torch.Tensor (it is rotated in "
-                        f"place), got {type(args[1]).__name__}")
-    return args
 
 
 def _token_heads(x, name: str, lead: tuple, head_size: int) -> np.ndarray:
