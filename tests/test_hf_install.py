@@ -1,0 +1,105 @@
+"""hf.install for every modeling module of the installed transformers whose function it can take.
+
+Skipped unless torch and transformers are installed.  Nothing is downloaded:
+random tensors, and tiny models built from shrunk default configs.
+"""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from posenc_fast import hf
+from posenc_fast._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+MODELS = Path(transformers.__file__).parent / "models"
+
+
+@pytest.fixture(autouse=True)
+def restore_transformers():
+    yield
+    hf.uninstall()
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
+    calls = []
+    rotate = hf._rotate_tensors
+
+    def counting(*args):
+        result = rotate(*args)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(hf, "_rotate_tensors", counting)
+    return calls
+
+
+# ---------------------------------------------------------------------------
+# the table against the source and behaviour of the installed transformers
+
+
+def modules_with_the_function():
+    """Folders of transformers/models whose modeling module defines apply_rotary_pos_emb."""
+    return sorted(path.parent.name for path in MODELS.glob("*/modeling_*.py")
+                  if path.stem == f"modeling_{path.parent.name}"
+                  and re.search(r"^def apply_rotary_pos_emb\(", path.read_text(), re.M))
+
+
+def test_every_module_with_the_function_is_classified():
+    found = set(modules_with_the_function())
+    assert set(ROTARY_FUNCTIONS) & set(NOT_PATCHED) == set()
+    assert found - set(ROTARY_FUNCTIONS) - set(NOT_PATCHED) == set(), "read them into ROTARY_FUNCTIONS"
+    assert set(ROTARY_FUNCTIONS) | set(NOT_PATCHED) == found, "rows for modules gone"
+    for name, function in ROTARY_FUNCTIONS.items():
+        assert function.source == f"{name}/modeling_{name}.py"
+
+
+def cache(function, batch, seq, rotated, dtype, seed):
+    """A cos/sin cache `rotated` features wide in the form `function` reads."""
+    generator = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 4096, (batch, seq, 1), generator=generator).double()
+    angles = positions * 10000.0 ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    if function.cache == "pairs":
+        angles = angles.repeat_interleave(2, dim=-1)
+    elif function.cache == "halves":
+        angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def dtypes(function):
+    """(dtype, True when the kernel takes it) to compare in."""
+    if function.compute == "float32":  # float32 arithmetic rounded once: bitwise for half types too
+        return [(torch.float32, True), (torch.bfloat16, True), (torch.float16, True),
+                (torch.float64, False)]  # q.float() rounds float64 data first
+    return [(torch.float32, True), (torch.float64, True)]
+
+
+@pytest.mark.parametrize("name", sorted(ROTARY_FUNCTIONS))
+def test_function_equals_the_modules_own(name, kernel_calls):
+    module = importlib.import_module(hf._module_name(name))
+    function = ROTARY_FUNCTIONS[name]
+    own = module.apply_rotary_pos_emb
+    patched = hf._replacement(own, function)
+    widths = (16, 8) if function.partial else (16,)
+    for dtype, kernel in dtypes(function):
+        for width in widths:
+            # (batch, heads, seq, dim) or (batch, seq, heads, dim); one key head
+            for unsqueeze_dim, q_shape, k_shape in ((1, (2, 3, 5, 16), (2, 1, 5, 16)),
+                                                    (2, (2, 5, 3, 16), (2, 5, 1, 16))):
+                generator = torch.Generator().manual_seed(width)
+                q = torch.randn(q_shape, generator=generator).to(dtype)
+                k = torch.randn(k_shape, generator=generator).to(dtype)
+                cos, sin = cache(function, 2, 5, width, dtype, seed=unsqueeze_dim)
+                with torch.no_grad():
+                    expected = own(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+                    got = patched(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+                assert kernel_calls.pop() is kernel
+                for g, e in zip(got, expected, strict=True):
+                    assert g.dtype == e.dtype and g.shape == e.shape
+                    assert torch.equal(g, e), f"{dtype}, width {width}, unsqueeze_dim {unsqueeze_dim}"
