@@ -2,10 +2,11 @@
 
 `apply_rotary_pos_emb` has the signature and results of transformers' Llama
 function and takes CPU torch tensors (viewed through NumPy, no copies) or
-NumPy arrays; `install` puts posenc_fast in place of the ``apply_rotary_pos_emb`` of
-every modeling module whose function it can compute exactly (Llama's and its
-partial, interleaved, float32 and mRoPE variants: ``_hf_models.ROTARY_FUNCTIONS``).  torch and transformers
-stay optional: this module imports neither until a call needs it.
+NumPy arrays; `install` puts posenc_fast in place of the ``apply_rotary_pos_emb``
+of every modeling module whose function it computes exactly (Llama's and its
+partial, interleaved, float32 and mRoPE variants:
+``_hf_models.ROTARY_FUNCTIONS``).  torch and transformers stay optional: this
+module imports neither until a call needs it.
 """
 
 import importlib
@@ -367,18 +368,18 @@ def _module_name(family: str) -> str:
     return f"transformers.models.{family}.modeling_{family}"
 
 
-def _patchable(module):
-    """The module's `RotaryFunction`, or a ValueError saying why it has none."""
+def _why_not_patched(module):
+    """None when `install` can patch the module's ``apply_rotary_pos_emb``, else why not."""
     family = module.__name__.split(".")[2]
-    function = ROTARY_FUNCTIONS.get(family) if module.__name__ == _module_name(family) else None
-    if function is None:
-        return ValueError(f"{family}: {NOT_PATCHED.get(family, 'its apply_rotary_pos_emb is not classified')}")
-    params = inspect.signature(module.apply_rotary_pos_emb).parameters
+    if module.__name__ != _module_name(family) or family not in ROTARY_FUNCTIONS:
+        return f"{family}: {NOT_PATCHED.get(family, 'its apply_rotary_pos_emb is not classified')}"
+    signature = inspect.signature(module.apply_rotary_pos_emb)
+    params = signature.parameters
     if (list(params)[:4] != ["q", "k", "cos", "sin"] or "unsqueeze_dim" not in params
             or params["unsqueeze_dim"].default != 1):
-        return ValueError(f"{family}: its apply_rotary_pos_emb{inspect.signature(module.apply_rotary_pos_emb)} "
-                          f"is not the (q, k, cos, sin, unsqueeze_dim=1) read from {function.source}")
-    return function
+        return (f"{family}: its apply_rotary_pos_emb{signature} is not the (q, k, cos, sin, "
+                f"unsqueeze_dim=1) read from {ROTARY_FUNCTIONS[family].source}")
+    return None
 
 
 def _modules_to_patch(model) -> list:
@@ -406,13 +407,13 @@ def _modules_to_patch(model) -> list:
         names = sorted({type(m).__module__ for m in model.modules()})
         modules = [sys.modules[name] for name in names if name.startswith("transformers.models.")
                    and hasattr(sys.modules[name], "apply_rotary_pos_emb")]
-    found = [(module, _patchable(module)) for module in modules]
-    patchable = [(module, f) for module, f in found if isinstance(f, RotaryFunction)]
-    if model is None:
-        refused = [str(f) for _, f in found if isinstance(f, ValueError)]
-        if refused:  # the table no longer matches this transformers
-            raise ValueError("; ".join(refused))
-    elif not patchable:
-        reasons = "; ".join(str(f) for _, f in found) or "no part defines apply_rotary_pos_emb"
-        raise ValueError(f"{type(model).__name__} has no part from a supported module ({reasons})")
+    reasons = [_why_not_patched(module) for module in modules]
+    patchable = [(module, ROTARY_FUNCTIONS[module.__name__.split(".")[2]])
+                 for module, reason in zip(modules, reasons) if reason is None]
+    reasons = [reason for reason in reasons if reason is not None]
+    if model is None and reasons:  # the table no longer matches this transformers
+        raise ValueError("; ".join(reasons))
+    if not patchable and model is not None:
+        why = "; ".join(reasons) or "no part defines apply_rotary_pos_emb"
+        raise ValueError(f"{type(model).__name__} has no part from a supported module ({why})")
     return patchable
