@@ -2,12 +2,15 @@
 
 `apply_rotary_pos_emb` has the signature and results of transformers' Llama
 function and takes CPU torch tensors (viewed through NumPy, no copies) or
-NumPy arrays; `install` puts it in place of transformers' own in the modeling
-modules of the families that share that function.  torch and transformers
-stay optional: this module imports neither until a call needs it.
+NumPy arrays; `install` puts posenc_fast in place of the ``apply_rotary_pos_emb``
+of every modeling module whose function it computes exactly (Llama's and its
+partial, interleaved, float32 and mRoPE variants:
+``_hf_models.ROTARY_FUNCTIONS``).  torch and transformers stay optional: this
+module imports neither until a call needs it.
 """
 
 import importlib
+import inspect
 import sys
 
 import numpy as np
@@ -15,10 +18,12 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin
+from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS, RotaryFunction
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                      "gemma", "gemma2", "granite")
-"""Model types whose modeling module defines the Llama ``apply_rotary_pos_emb``."""
+SUPPORTED_FAMILIES = tuple(sorted(ROTARY_FUNCTIONS))
+"""Modeling modules (``transformers/models/<name>``) whose ``apply_rotary_pos_emb`` `install` replaces."""
+
+_LLAMA = RotaryFunction("llama/modeling_llama.py")
 
 # module name -> the function `install` replaced there
 _originals: dict = {}
@@ -42,9 +47,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     cos, sin : torch.Tensor or ndarray of shape (batch, seq, head_dim)
         The full-width cache transformers' rotary embedding module returns,
         whose halves repeat (``cat((freqs, freqs), -1)``).  Only the first
-        half is read, as one entry per rotated pair: a cache whose halves
-        differ gives a different result than transformers (not checked,
-        which would cost a pass over the cache).
+        half is read, as one entry per rotated pair.  torch tensors whose
+        halves differ take transformers' formula (which then rotates no
+        pairs); NumPy arrays are not checked (a different result).
     position_ids : ignored
         transformers 4.x passed it but never used it; transformers 5 removed
         it (its signature is ``(q, k, cos, sin, unsqueeze_dim=1)``), so pass
@@ -107,12 +112,22 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
 
 def _apply_torch(torch, q, k, cos, sin, unsqueeze_dim):
-    tensors = (q, k, cos, sin)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
         raise TypeError("q, k, cos and sin must be all torch tensors or all NumPy arrays")
-    if not _numpy_can_take(torch, tensors):
-        return _torch_formula(torch, q, k, cos, sin, unsqueeze_dim)
-    q_rot, k_rot = _apply_numpy(*(_numpy_view(torch, t) for t in tensors), unsqueeze_dim)
+    rotated = _rotate_tensors(torch, _LLAMA, q, k, cos, sin, unsqueeze_dim)
+    return rotated if rotated is not None else _torch_formula(torch, q, k, cos, sin, unsqueeze_dim)
+
+
+def _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim):
+    """What `function` computes, by the kernel on NumPy views; None when that would not be exact."""
+    tensors = (q, k, cos, sin)
+    if not _numpy_can_take(torch, function, tensors):
+        return None
+    arrays = [_numpy_view(torch, t) for t in tensors]
+    if (_fits(function, q.shape, k.shape, cos.shape[-1])  # else _apply_numpy says what is wrong
+            and not (_cache_repeats(function, arrays[2]) and _cache_repeats(function, arrays[3]))):
+        return None  # its formula is then no rotation of pairs
+    q_rot, k_rot = _apply_numpy(*arrays, unsqueeze_dim, function)
     return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
 
 
@@ -134,8 +149,8 @@ def _torch_view(torch, a, dtype):
     return torch.from_numpy(a)
 
 
-def _numpy_can_take(torch, tensors) -> bool:
-    """True when NumPy views of the tensors give exactly transformers' result."""
+def _numpy_can_take(torch, function, tensors) -> bool:
+    """True when NumPy views of the tensors give exactly `function`'s result dtypes and values."""
     # Called once per attention layer and step: the cheapest attributes first.
     fast = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     q, k, cos, sin = tensors
@@ -146,11 +161,37 @@ def _numpy_can_take(torch, tensors) -> bool:
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad
                                     or sin.requires_grad):
         return False  # detaching would silently cut the graph
-    if not q.dtype == k.dtype == cos.dtype == sin.dtype:
-        cache = torch.promote_types(cos.dtype, sin.dtype)
+    cache = cos.dtype
+    if sin.dtype != cache:
+        return False
+    for t in (q, k):  # the kernel takes half data with a float32 cache or one of its own dtype
+        if t.dtype in (torch.bfloat16, torch.float16) and cache not in (torch.float32, t.dtype):
+            return False
+    if function.compute == "float32":  # q.float(), k.float(): float64 would be rounded first
+        if k.dtype != q.dtype or torch.float64 in (q.dtype, cache):
+            return False
+    elif function.compute == "torch" and not q.dtype == k.dtype == cache:
         if any(torch.promote_types(t.dtype, cache) != t.dtype for t in (q, k)):
             return False  # torch would return the cache's wider dtype
     return not torch.compiler.is_compiling()
+
+
+def _fits(function, q_shape, k_shape, width) -> bool:
+    """True when `function` rotates pairs of q and k with a cache `width` wide."""
+    dim = q_shape[-1] if q_shape else 0
+    rotated = 2 * width if function.cache == "half_width" else width
+    return (dim >= 2 and dim % 2 == 0 and rotated % 2 == 0 and len(k_shape) >= 1
+            and k_shape[-1] == dim and (rotated == dim or function.partial and 2 <= rotated <= dim))
+
+
+def _cache_repeats(function, cache) -> bool:
+    """True when `cache` has the repeated entries `function`'s formula needs to rotate pairs."""
+    width = cache.shape[-1] if cache.ndim else 0
+    if function.cache == "pairs":
+        return np.array_equal(cache[..., 0::2], cache[..., 1::2])
+    if function.cache == "halves" and function.layout == "half":
+        return np.array_equal(cache[..., :width // 2], cache[..., width // 2:])
+    return True  # one entry per pair, or only the first half read
 
 
 def _torch_formula(torch, q, k, cos, sin, unsqueeze_dim):
@@ -163,7 +204,7 @@ def _torch_formula(torch, q, k, cos, sin, unsqueeze_dim):
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-def _apply_numpy(q, k, cos, sin, unsqueeze_dim):
+def _apply_numpy(q, k, cos, sin, unsqueeze_dim, function=_LLAMA):
     unsqueeze_dim = v.integer(unsqueeze_dim, "unsqueeze_dim")
     dim = q.shape[-1] if q.ndim else 0
     if cos.shape != sin.shape:
@@ -174,31 +215,38 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim):
     axis = unsqueeze_dim + cos.ndim + 1 if unsqueeze_dim < 0 else unsqueeze_dim
     shape = cos.shape[:axis] + (1,) + cos.shape[axis:]
     cos, sin = cos.reshape(shape), sin.reshape(shape)  # np.expand_dims without its overhead
-    if dim < 2 or dim % 2 or k.ndim < 1 or k.shape[-1] != dim or cos.shape[-1] != dim:
+    width = cos.shape[-1]
+    if not _fits(function, q.shape, k.shape, width):
         raise ValueError(f"q, k and the unsqueezed cos/sin must end in the same even head_dim, "
                          f"got q {q.shape}, k {k.shape}, cos {cos.shape} (a full-width "
                          f"transformers cache, halves repeated)")
-    cos, sin = cos[..., :dim // 2], sin[..., :dim // 2]
+    if function.cache == "halves":
+        cos, sin = cos[..., :width // 2], sin[..., :width // 2]
+    elif function.cache == "pairs":
+        cos, sin = cos[..., 0::2], sin[..., 0::2]
     # Contiguous q and k (every decode step): the compiled path checks the rest.
-    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, "half", False, (None, None))
+    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, function.layout, function.inverse,
+                                       (None, None))
     if fast is not None:
         return fast
     for x, name in ((q, "q"), (k, "k")):
         v.broadcast_target(cos.shape[:-1], x.shape[:-1],
                            f"cos/sin unsqueezed at {unsqueeze_dim}: their leading shape",
                            f"{name}.shape[:-1]")
-    return _rotate_in_memory_order(q, cos, sin), _rotate_in_memory_order(k, cos, sin)
+    return (_rotate_in_memory_order(q, cos, sin, function),
+            _rotate_in_memory_order(k, cos, sin, function))
 
 
-def _rotate_in_memory_order(x, cos, sin):
+def _rotate_in_memory_order(x, cos, sin, function):
     """Rotate `x` after permuting its leading axes into memory order, if that avoids a copy."""
     axes = sorted(range(x.ndim - 1), key=lambda axis: -x.strides[axis]) + [x.ndim - 1]
     x_t = x.transpose(axes)
     if x.flags.c_contiguous or not x_t.flags.c_contiguous:
-        return apply_rotary_cos_sin(x, cos, sin)
+        return apply_rotary_cos_sin(x, cos, sin, layout=function.layout, inverse=function.inverse)
     lead = (1,) * (x.ndim - cos.ndim)  # broadcasting's implicit leading axes, made explicit
     cos_t, sin_t = (t.reshape(lead + t.shape).transpose(axes) for t in (cos, sin))
-    return apply_rotary_cos_sin(x_t, cos_t, sin_t).transpose(np.argsort(axes))
+    return apply_rotary_cos_sin(x_t, cos_t, sin_t, layout=function.layout,
+                                inverse=function.inverse).transpose(np.argsort(axes))
 
 
 class Installation:
@@ -227,13 +275,15 @@ class Installation:
 def install(model=None) -> Installation:
     """Make transformers models on the CPU rotate queries and keys with posenc_fast.
 
-    Replaces ``apply_rotary_pos_emb`` in the modeling modules of the
-    supported families (`SUPPORTED_FAMILIES`) by `apply_rotary_pos_emb` of
-    this module.  Their attention ``forward`` looks the function up as a
-    module global on every call, so models already built are affected too.
-    Results are those of transformers' own function (bit for bit in
-    float32/float64 on the CPU); other dtypes, devices and training fall back
-    to transformers' formula.  Run the model under ``torch.no_grad()`` or
+    Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
+    posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
+    its partial, interleaved, float32 and mRoPE variants).  Their attention
+    ``forward`` looks the function up as a module global on every call, so
+    models already built are affected too.  Results are those of the
+    module's own function (bit for bit in float32/float64 on the CPU); other
+    dtypes, devices, training, ``torch.compile`` tracing and caches whose
+    entries do not repeat as the function expects fall back to the module's
+    own function.  Run the model under ``torch.no_grad()`` or
     ``torch.inference_mode()`` (``generate`` does): otherwise q and k require
     grad and every call takes the fallback.
 
@@ -241,8 +291,9 @@ def install(model=None) -> Installation:
     ----------
     model : torch.nn.Module, optional
         Patch only the modules the model's submodules come from (e.g. a Llama
-        inside a larger model).  Default: every supported family present in
-        the installed transformers.
+        inside a larger model); parts whose module has another function keep
+        it.  Default: every supported module of the installed transformers
+        (importing them all takes seconds).
 
     Returns
     -------
@@ -255,7 +306,8 @@ def install(model=None) -> Installation:
     ImportError
         torch or transformers is missing.
     ValueError
-        `model` has no submodule from a supported family.
+        `model` has no part from a supported module (the message says why
+        for each module of its parts that defines ``apply_rotary_pos_emb``).
 
     Examples
     --------
@@ -268,10 +320,11 @@ def install(model=None) -> Installation:
     ...     ids = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
     """
     installed = []
-    for module in _modeling_modules(model):
+    for module, function in _modules_to_patch(model):
         if module.__name__ not in _originals:
-            _originals[module.__name__] = module.apply_rotary_pos_emb
-            module.apply_rotary_pos_emb = apply_rotary_pos_emb
+            original = module.apply_rotary_pos_emb
+            _originals[module.__name__] = original
+            module.apply_rotary_pos_emb = _replacement(original, function)
             installed.append(module.__name__)
     return Installation(installed)
 
@@ -288,11 +341,49 @@ def _restore(names) -> None:
             sys.modules[name].apply_rotary_pos_emb = original
 
 
+def _replacement(original, function):
+    """`original` computed by posenc_fast when it can be exactly, else `original` itself."""
+    def apply_rotary_pos_emb(*args, **kwargs):
+        # Every transformers caller passes (q, k, cos, sin) and perhaps unsqueeze_dim=.
+        if len(args) == 4 and (not kwargs or kwargs.keys() == {"unsqueeze_dim"}):
+            rotated = _rotate_if_fits(function, *args, kwargs.get("unsqueeze_dim", 1))
+            if rotated is not None:
+                return rotated
+        return original(*args, **kwargs)
+
+    apply_rotary_pos_emb.__doc__ = f"posenc_fast's kernel for {original.__module__}'s function."
+    apply_rotary_pos_emb.__wrapped__ = original
+    return apply_rotary_pos_emb
+
+
+def _rotate_if_fits(function, q, k, cos, sin, unsqueeze_dim):
+    torch = sys.modules["torch"]
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+            and isinstance(cos, torch.Tensor) and _fits(function, q.shape, k.shape, cos.shape[-1])):
+        return None
+    return _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim)
+
+
 def _module_name(family: str) -> str:
     return f"transformers.models.{family}.modeling_{family}"
 
 
-def _modeling_modules(model) -> list:
+def _why_not_patched(module):
+    """None when `install` can patch the module's ``apply_rotary_pos_emb``, else why not."""
+    family = module.__name__.split(".")[2]
+    if module.__name__ != _module_name(family) or family not in ROTARY_FUNCTIONS:
+        return f"{family}: {NOT_PATCHED.get(family, 'its apply_rotary_pos_emb is not classified')}"
+    signature = inspect.signature(module.apply_rotary_pos_emb)
+    params = signature.parameters
+    if (list(params)[:4] != ["q", "k", "cos", "sin"] or "unsqueeze_dim" not in params
+            or params["unsqueeze_dim"].default != 1):
+        return (f"{family}: its apply_rotary_pos_emb{signature} is not the (q, k, cos, sin, "
+                f"unsqueeze_dim=1) read from {ROTARY_FUNCTIONS[family].source}")
+    return None
+
+
+def _modules_to_patch(model) -> list:
+    """[(module, RotaryFunction)] for `install`."""
     try:
         torch = importlib.import_module("torch")
     except ImportError:
@@ -310,12 +401,19 @@ def _modeling_modules(model) -> list:
             except ModuleNotFoundError as exc:  # a family this transformers lacks
                 if not _module_name(family).startswith(str(exc.name)):
                     raise
-        return modules
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
-    supported = {_module_name(family) for family in SUPPORTED_FAMILIES}
-    names = sorted({type(m).__module__ for m in model.modules()} & supported)
-    if not names:
-        raise ValueError(f"{type(model).__name__} has no part from a supported family "
-                         f"({', '.join(SUPPORTED_FAMILIES)})")
-    return [sys.modules[name] for name in names]
+    else:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        names = sorted({type(m).__module__ for m in model.modules()})
+        modules = [sys.modules[name] for name in names if name.startswith("transformers.models.")
+                   and hasattr(sys.modules[name], "apply_rotary_pos_emb")]
+    reasons = [_why_not_patched(module) for module in modules]
+    patchable = [(module, ROTARY_FUNCTIONS[module.__name__.split(".")[2]])
+                 for module, reason in zip(modules, reasons) if reason is None]
+    reasons = [reason for reason in reasons if reason is not None]
+    if model is None and reasons:  # the table no longer matches this transformers
+        raise ValueError("; ".join(reasons))
+    if not patchable and model is not None:
+        why = "; ".join(reasons) or "no part defines apply_rotary_pos_emb"
+        raise ValueError(f"{type(model).__name__} has no part from a supported module ({why})")
+    return patchable
