@@ -206,7 +206,6 @@ def _torch_formula(torch, q, k, cos, sin, unsqueeze_dim):
 
 def _apply_numpy(q, k, cos, sin, unsqueeze_dim, function=_LLAMA):
     unsqueeze_dim = v.integer(unsqueeze_dim, "unsqueeze_dim")
-    dim = q.shape[-1] if q.ndim else 0
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
     if not -cos.ndim - 1 <= unsqueeze_dim <= cos.ndim:
