@@ -147,8 +147,8 @@ def test_cache_op_is_the_embeddings_apply_qk_to_cache(torch, cache_dtype):
     assert k_cache.any() and not k_cache[0, 2].any()  # slot 2 unused
 
 
-def test_cache_op_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch):
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
+def test_cache_op_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # compile afresh
 
     def layer(positions, hidden, w_qkv, k_cache, v_cache, slots, cos_sin_cache):
         qkv = hidden @ w_qkv

@@ -265,10 +265,12 @@ cdef class RotaryFastPath:
     cdef object freqs
     # cos/sin caches of positions 0 .. rows-1 (canonical values, attention
     # factor applied), per dtype: arrays (rows, 2, npairs) or None.  Replaced
-    # (never changed) under the lock, so that a reader without the GIL never
-    # sees one freed.
+    # (never changed) under the lock; read as list items, which stay safe
+    # without the GIL (a reader holds its own reference).
     cdef list caches
     cdef cython.pymutex lock
+    # The RotaryEmbedding whose general paths take the calls the fast path leaves.
+    cdef object owner
 
     def __init__(self, Py_ssize_t dim, Py_ssize_t rotary_dim, bint half, freqs,
                  double attention_factor, long long valid_below):
@@ -285,7 +287,9 @@ cdef class RotaryFastPath:
         cdef Py_ssize_t itemsize = 8 if table == POSENC_F64 else 4
         cdef Py_ssize_t limit = POSENC_CACHE_BYTES // (2 * itemsize * max(self.npairs, 1))
         cdef Py_ssize_t rows, new_rows
-        cdef object cache
+        cdef object cache = self.caches[table]  # a list item: read safely without the lock
+        if cache is not None and highest < (<cnp.ndarray>cache).shape[0]:
+            return cache
         with self.lock:
             cache = self.caches[table]
             rows = 0 if cache is None else (<cnp.ndarray>cache).shape[0]
@@ -334,8 +338,28 @@ cdef class RotaryFastPath:
     cdef bint _usable(self, RowPlan* plan):
         return plan.lowest >= 0 and plan.highest < self.valid_below
 
-    def apply(self, x, positions, offset, seq_axis, inverse, out):
-        """RotaryEmbedding.apply on the fast path; None (nothing written) to fall back."""
+    def set_owner(self, owner):
+        """The embedding whose ``_apply_general``/``_apply_qk_general`` take the other calls."""
+        self.owner = owner
+
+    def apply(self, x, positions=None, *, offset=0, seq_axis=-2, inverse=False, out=None):
+        """RotaryEmbedding.apply (see rotary.py): the fast path, else the general one."""
+        result = self._fast_apply(x, positions, offset, seq_axis, inverse, out)
+        if result is None:
+            result = self.owner._apply_general(x, positions, offset, seq_axis, inverse, out)
+        return result
+
+    def apply_qk(self, q, k, positions=None, *, offset=0, seq_axis=-2, inverse=False,
+                 out_q=None, out_k=None):
+        """RotaryEmbedding.apply_qk (see rotary.py): the fast path, else the general one."""
+        result = self._fast_apply_qk(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
+        if result is None:
+            result = self.owner._apply_qk_general(q, k, positions, offset, seq_axis, inverse,
+                                                  out_q, out_k)
+        return result
+
+    cdef object _fast_apply(self, x, positions, offset, seq_axis, inverse, out):
+        # The fast path of apply; None (nothing written) to fall back.
         cdef RowPlan plan
         cdef long long offset_value = 0
         cdef int flag
@@ -355,8 +379,8 @@ cdef class RotaryFastPath:
         self._run(<cnp.ndarray>x, <cnp.ndarray>result, <cnp.ndarray>cache, plan, flag)
         return result
 
-    def apply_qk(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
-        """RotaryEmbedding.apply_qk on the fast path; None (nothing written) to fall back."""
+    cdef object _fast_apply_qk(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
+        # The fast path of apply_qk; None (nothing written) to fall back.
         cdef RowPlan q_plan, k_plan
         cdef long long offset_value = 0
         cdef int flag

@@ -155,6 +155,13 @@ class RotaryEmbedding:
                                             self.inv_freq,
                                             float(self._frequencies.attention_factor),
                                             _length_with_base_frequencies(self._frequencies))
+        self._fast.set_owner(self)
+        if self._pair_streams is None:
+            # Calls go straight to the compiled methods (same signature and
+            # results as the methods below): a Python frame in front of a
+            # one-token call cost ~90 ns, a fifth of it.
+            self.apply = self._fast.apply
+            self.apply_qk = self._fast.apply_qk
 
     @staticmethod
     def _streams_of(npairs, pair_streams, mrope_section, mrope_interleaved, axes):
@@ -333,10 +340,8 @@ class RotaryEmbedding:
         """
         if self._pair_streams is not None and positions is not None:
             return self._apply_streams((x,), positions, offset, inverse, (out,))[0]
-        result = self._fast.apply(x, positions, offset, seq_axis, inverse, out)
-        if result is None:
-            result = self._apply_general(x, positions, offset, seq_axis, inverse, out)
-        return result
+        return self._fast.apply(x, positions, offset=offset, seq_axis=seq_axis, inverse=inverse,
+                                out=out)
 
     def apply_qk(self, q: ArrayLike, k: ArrayLike, positions: ArrayLike | None = None, *,
                  offset: float = 0, seq_axis: int = -2, inverse: bool = False,
@@ -355,11 +360,8 @@ class RotaryEmbedding:
         """
         if self._pair_streams is not None and positions is not None:
             return self._apply_streams((q, k), positions, offset, inverse, (out_q, out_k))
-        result = self._fast.apply_qk(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
-        if result is None:
-            result = self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q,
-                                            out_k)
-        return result
+        return self._fast.apply_qk(q, k, positions, offset=offset, seq_axis=seq_axis,
+                                   inverse=inverse, out_q=out_q, out_k=out_k)
 
     def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
                           k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
