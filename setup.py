@@ -4,8 +4,9 @@ Metadata lives in pyproject.toml; this file only lists the extensions and
 their flags.
 
 * Every ``src/posenc_fast/*.pyx`` becomes an extension module.
-* ``csrc/posenc_kernels.h`` is generated from its Tempita template (the
-  row kernels of every dtype and the table of function pointers to them).
+* ``csrc/posenc_kernels.h`` and ``posenc_tables.h`` are generated from their
+  Tempita templates over the dtypes of ``csrc/kernel_types.py`` (the row
+  kernels of every dtype and the table of function pointers to them).
 * The row kernels are compiled once per instruction set: into ``_core`` (the
   module compiled once, with the compiler's portable default) and on x86-64
   into ``_isa_avx2`` (``-mavx2 -mf16c``) and, opt-in, ``_isa_avx512``.  The
@@ -35,6 +36,7 @@ Environment variables (build time):
 
 import os
 import platform
+import runpy
 import shutil
 import subprocess
 import sys
@@ -114,9 +116,13 @@ def _isa_variants() -> list[str]:
 
 
 def _generate_sources() -> None:
-    """Write every ``csrc/*.tp`` template out as the file it names (if changed)."""
+    """Render every ``csrc/*.tp`` template (Tempita, names from ``csrc/kernel_types.py``)
+    into the file it names, if changed."""
+    namespace = {name: value for name, value in
+                 runpy.run_path(str(HERE / CSRC / "kernel_types.py")).items()
+                 if not name.startswith("__")}
     for template in sorted((HERE / CSRC).glob("*.tp")):
-        text = Tempita.sub(template.read_text())
+        text = Tempita.sub(template.read_text(), **namespace)
         target = template.with_suffix("")
         if not target.exists() or target.read_text() != text:
             target.write_text(text)

@@ -73,7 +73,8 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     for needed in ("pyproject.toml", "setup.py", "README.md", "src/posenc_fast/_core.pyx",
                    "src/posenc_fast/_kernel_table.pxd", "src/posenc_fast/_isa_avx2.pyx",
-                   "src/posenc_fast/csrc/posenc_kernels.h.tp", "src/posenc_fast/_cpu.pyx",
+                   "src/posenc_fast/csrc/posenc_kernels.h.tp",
+                   "src/posenc_fast/csrc/kernel_types.py", "src/posenc_fast/_cpu.pyx",
                    "src/posenc_fast/_cpu.pyi", "src/posenc_fast/py.typed",
                    "src/posenc_fast/reference.py", "tests/test_cli.py",
                    "tests/capi/capi_probe_c.c", "tests/capi/capi_probe_cy.pyx",
