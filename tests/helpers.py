@@ -62,3 +62,17 @@ def general_path_only():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rotary, "kernels", _WithoutFastPath(rotary.kernels))
         yield
+
+
+def assert_rotation_close(got, want, x, positions, rope):
+    """float64: reference to angle rounding; float32: a few ulps of the largest input."""
+    scale = float(np.abs(x).max()) if x.size else 1.0
+    positions = np.asarray(positions, dtype=np.float64)
+    max_angle = float(np.abs(positions).max() * rope.inv_freq.max()) if positions.size else 0.0
+    if got.dtype == np.float64:
+        atol = 4 * angle_atol(max_angle) * scale * rope.attention_factor
+    else:
+        # float32 products of subnormal inputs lose bits absolutely, not relatively
+        atol = (4 * np.finfo(np.float32).eps * scale * max(rope.attention_factor, 1.0)
+                + 4 * np.finfo(np.float32).smallest_subnormal)
+    np.testing.assert_allclose(got, want, rtol=0, atol=atol)

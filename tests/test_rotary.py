@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import angle_atol, exact_cos_sin, float32_ulps, untouched
+from helpers import angle_atol, assert_rotation_close, exact_cos_sin, float32_ulps, untouched
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -21,20 +21,6 @@ def random(shape, dtype=np.float64, seed=0):
 def expected(x, positions, rope: pf.RotaryEmbedding, inverse=False):
     return reference.apply_rotary(x, positions, list(rope.inv_freq), layout=rope.layout,
                                   attention_factor=rope.attention_factor, inverse=inverse)
-
-
-def assert_rotation_close(got, want, x, positions, rope):
-    """float64: reference to angle rounding; float32: a few ulps of the largest input."""
-    scale = float(np.abs(x).max()) if x.size else 1.0
-    positions = np.asarray(positions, dtype=np.float64)
-    max_angle = float(np.abs(positions).max() * rope.inv_freq.max()) if positions.size else 0.0
-    if got.dtype == np.float64:
-        atol = 4 * angle_atol(max_angle) * scale * rope.attention_factor
-    else:
-        # float32 products of subnormal inputs lose bits absolutely, not relatively
-        atol = (4 * np.finfo(np.float32).eps * scale * max(rope.attention_factor, 1.0)
-                + 4 * np.finfo(np.float32).smallest_subnormal)
-    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

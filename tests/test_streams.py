@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import angle_atol, untouched
+from helpers import assert_rotation_close, untouched
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,18 +25,6 @@ def expected(x, positions, rope, inverse=False):
     return reference.apply_rotary_streams(x, positions, list(rope.inv_freq), rope.pair_streams,
                                           layout=rope.layout,
                                           attention_factor=rope.attention_factor, inverse=inverse)
-
-
-def assert_close(got, want, x, positions, rope):
-    """float64: the reference to angle rounding; float32: a few ulps of the largest input."""
-    scale = float(np.abs(x).max()) if x.size else 1.0
-    max_angle = float(np.abs(positions).max() * rope.inv_freq.max()) if np.size(positions) else 0
-    if got.dtype == np.float64:
-        atol = 4 * angle_atol(max_angle) * scale * rope.attention_factor
-    else:
-        atol = (4 * np.finfo(np.float32).eps * scale * max(rope.attention_factor, 1.0)
-                + 4 * np.finfo(np.float32).smallest_subnormal)
-    np.testing.assert_allclose(got, want, rtol=0, atol=atol)
 
 
 @st.composite
@@ -66,7 +54,7 @@ def test_apply_matches_reference(case, inverse, offset):
     x = random((2, 3, seq, dim), dtype)
     got = rope.apply(x, positions, offset=offset, inverse=inverse)
     assert got.dtype == dtype
-    assert_close(got, expected(x, positions + offset, rope, inverse), x, positions + offset, rope)
+    assert_rotation_close(got, expected(x, positions + offset, rope, inverse), x, positions + offset, rope)
     np.testing.assert_array_equal(got[..., rope.rotary_dim:], x[..., rope.rotary_dim:])
 
 
@@ -114,8 +102,8 @@ def test_token_major_apply_qk_in_place_and_out(layout):
     q, k = random((7, 4, 32)), random((7, 2, 32), np.float32, seed=1)
     want_q, want_k = expected(q, positions, rope), expected(k, positions, rope)
     got_q, got_k = rope.apply_qk(q, k, positions)
-    assert_close(got_q, want_q, q, positions, rope)
-    assert_close(got_k, want_k, k, positions, rope)
+    assert_rotation_close(got_q, want_q, q, positions, rope)
+    assert_rotation_close(got_k, want_k, k, positions, rope)
     out = np.empty_like(q)
     assert rope.apply(q, positions, out=out) is out and untouched(out, got_q)
     q_copy, k_copy = q.copy(), k.copy()
@@ -249,7 +237,7 @@ def test_text_mrope_matches_transformers(family, dtype):
     got_q, got_k = rope.apply_qk(q, k, positions[:, :, None, :])
     _assert_hf_close(got_q, want_q, q)
     _assert_hf_close(got_k, want_k, k)
-    assert_close(got_q, expected(q, positions[:, :, None, :], rope), q, positions, rope)
+    assert_rotation_close(got_q, expected(q, positions[:, :, None, :], rope), q, positions, rope)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -273,7 +261,7 @@ def test_vision_axial_rope_matches_qwen2_vl(dtype):
     got_q, got_k = rope.apply_qk(q, k, hw[:, :, None])
     _assert_hf_close(got_q, want_q.numpy(), q)
     _assert_hf_close(got_k, want_k.numpy(), k)
-    assert_close(got_q, expected(q, hw[:, :, None], rope), q, hw, rope)
+    assert_rotation_close(got_q, expected(q, hw[:, :, None], rope), q, hw, rope)
 
 
 RECIPES = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"
@@ -296,7 +284,7 @@ def test_recipes_run_and_mean_what_they_say():
     assert repr(rope) == repr(pf.RotaryEmbedding(128, base=1e6, layout="half",
                                                  mrope_section=[16, 24, 24]))
     q, positions = scope["q"], scope["positions"]
-    assert_close(scope["q_rot"], expected(q, positions[:, None, None, :], rope), q, positions, rope)
+    assert_rotation_close(scope["q_rot"], expected(q, positions[:, None, None, :], rope), q, positions, rope)
     assert vision["rotated"].shape == (48, 16, 80)
     ropes = gemma["ropes"]
     assert ropes["sliding_attention"].base == 1e4 and ropes["sliding_attention"].scaling is None
