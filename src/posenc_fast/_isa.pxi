@@ -4,7 +4,6 @@
 # its code may use them anywhere, even in its module init.
 from cpython.pycapsule cimport PyCapsule_New
 
-from posenc_fast._kernel_table cimport posenc_kernels, POSENC_SIMD
+from posenc_fast._kernel_table cimport posenc_kernels
 
 KERNELS = PyCapsule_New(<void*>&posenc_kernels, b"posenc_fast.kernel_table", NULL)
-SIMD = POSENC_SIMD.decode()

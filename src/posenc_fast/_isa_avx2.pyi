@@ -4,6 +4,5 @@ from typing import Any
 
 # A PyCapsule holding the table of row kernels, for _core.use_kernels.
 KERNELS: Any
-SIMD: str
 # Cython's doctest table.
 __test__: dict[str, str]
