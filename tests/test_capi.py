@@ -235,6 +235,14 @@ def test_rotate_refuses_an_out_inside_the_table(probe):
     assert not table.any()
 
 
+def test_rotate_refuses_an_out_over_the_positions(probe):
+    # out (2*3*2 rows of 8 float32) begins at the positions' 3 int64: they would change mid-call.
+    out = np.zeros(2 * 3 * 2 * 8, np.float32)
+    positions = out[:6].view(np.int64)
+    assert probe.rotate(*rotate_call(out, positions=addr(positions))) == ERR_OVERLAP
+    assert not out.any()
+
+
 def test_rotate_rotary_refuses_bad_input_and_writes_nothing(probe):
     rope = pf.RotaryEmbedding(8)
     capsule = pf.rotary_table_capsule(rope, 10)

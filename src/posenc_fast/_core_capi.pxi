@@ -134,6 +134,8 @@ cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* item
             return POSENC_FAST_ERR_RANGE
         plan.highest = rows.offset + rows.seq - 1
         return POSENC_FAST_OK
+    if _overlap(rows.out, nbytes[0], rows.positions, rows.seq * <int64_t>sizeof(long long)):
+        return POSENC_FAST_ERR_OVERLAP  # the kernels read positions while they write out
     plan.lowest = plan.highest = rows.positions[0]
     for s in range(rows.seq):
         plan.lowest = min(plan.lowest, rows.positions[s])
@@ -430,11 +432,8 @@ def rotary_table_capsule(RotaryFastPath fast not None, dtype, num_positions):
     posenc_fast._capi; raises ValueError where `fast` cannot cover them.
     """
     import numpy
-    cdef cnp.ndarray like = numpy.empty(0, dtype)
+    cdef cnp.ndarray like = numpy.empty(0, dtype)  # posenc_fast._capi checked the dtype
     cdef RotaryTable* table
-    if like.dtype.name not in _PUBLIC_DTYPES:
-        raise TypeError(f"dtype must be one of {list(_PUBLIC_DTYPES)} (the C API's), got "
-                        f"{like.dtype}")
     if num_positions > fast.valid_below:
         raise ValueError(f"num_positions must be <= {fast.valid_below}: further positions use "
                          f"other frequencies (a dynamic scaling), got {num_positions}")
