@@ -60,7 +60,6 @@ cdef struct CacheTable:
 cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
                     cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
                     const long long* row_of, const CacheTable* table, bint half) except -1:
-    import numpy
     cdef Py_ssize_t ntokens = q.shape[0], dim = q.shape[2]
     cdef Py_ssize_t size = cnp.PyArray_SIZE(q) + 2 * cnp.PyArray_SIZE(k)
     cdef Py_ssize_t nchunks = (ntokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
@@ -97,7 +96,7 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     if ntokens == 0:
         return 0
     if w.narrow != NULL:
-        scratch_rows = numpy.empty((threads, dim), numpy.float32)
+        scratch_rows = cnp.PyArray_EMPTY(2, [threads, dim], cnp.NPY_FLOAT32, 0)
         scratch = <float*>_data(scratch_rows)
     with nogil:
         if threads == 1:  # no parallel region: it costs a microsecond

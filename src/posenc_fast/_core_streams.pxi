@@ -72,7 +72,7 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
         return
     num_threads = max(1, min(num_threads, <int>nchunks))
     # One (cos row, sin row) per thread; threadid() picks it.
-    scratch = cnp.PyArray_ZEROS(1, [num_threads * scratch_bytes], cnp.NPY_UINT8, 0)
+    scratch = cnp.PyArray_EMPTY(1, [num_threads * scratch_bytes], cnp.NPY_UINT8, 0)
     cdef char* sp = _data(scratch)
     with nogil:
         for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):

@@ -72,7 +72,7 @@ def pair_streams_array(pair_streams, npairs: int) -> np.ndarray:
     return streams
 
 
-def stream_positions(positions, offset: float, n_streams: int, lead: tuple, name: str
+def stream_positions(positions, offset: float, n_streams: int, lead: tuple, name: str | None
                      ) -> tuple[np.ndarray, tuple]:
     """(float64 positions (n_streams, tokens) with offset, the token index shape against `lead`)."""
     values = v.with_offset(v.positions_array(positions), offset)

@@ -18,12 +18,12 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin
-from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS, RotaryFunction
+from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
 
 SUPPORTED_FAMILIES = tuple(sorted(ROTARY_FUNCTIONS))
 """Modeling modules (``transformers/models/<name>``) whose ``apply_rotary_pos_emb`` `install` replaces."""
 
-_LLAMA = RotaryFunction("llama/modeling_llama.py")
+_LLAMA = ROTARY_FUNCTIONS["llama"]
 
 # module name -> the function `install` replaced there
 _originals: dict = {}

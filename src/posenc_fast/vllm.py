@@ -76,15 +76,10 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     positions, query, key, cos_sin_cache = _as_arrays(
         ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
         written=("query", "key"))
-    positions, cos_sin_cache = np.asarray(positions), np.asarray(cos_sin_cache)
+    cos_sin_cache = np.asarray(cos_sin_cache)
     head_size = v.integer(head_size, "head_size", minimum=1)
-    if not isinstance(is_neox, (bool, np.bool_)):
-        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
-    if positions.dtype.kind not in "iu":
-        raise TypeError(f"positions must be an integer array, got dtype {positions.dtype}")
-    if positions.ndim not in (1, 2):
-        raise ValueError(f"positions must have shape (num_tokens,) or (batch, seq), "
-                         f"got {positions.shape}")
+    is_neox = v.flag(is_neox, "is_neox")
+    positions = _token_positions(positions)
     query = _heads_view(query, "query", positions.shape, head_size)
     if key is not None:
         key = _heads_view(key, "key", positions.shape, head_size)
@@ -124,6 +119,15 @@ def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
             raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is written in "
                             f"place), got {type(x).__name__}")
     return args
+
+
+def _token_positions(positions) -> np.ndarray:
+    """vLLM's positions: integers of shape (num_tokens,) or (batch, seq)."""
+    positions = v.integer_array(positions)
+    if positions.ndim not in (1, 2):
+        raise ValueError(f"positions must have shape (num_tokens,) or (batch, seq), "
+                         f"got {positions.shape}")
+    return positions
 
 
 def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
@@ -231,12 +235,8 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
                         written=("query", "key_cache", "value_cache"))
     positions, query, key, value, key_cache, value_cache, slot_mapping, cache = arrays
     head_size = v.integer(head_size, "head_size", minimum=1)
-    if not isinstance(is_neox, (bool, np.bool_)):
-        raise TypeError(f"is_neox must be a bool, got {type(is_neox).__name__}")
-    positions = v.integer_array(positions)
-    if positions.ndim not in (1, 2):
-        raise ValueError(f"positions must have shape (num_tokens,) or (batch, seq), "
-                         f"got {positions.shape}")
+    is_neox = v.flag(is_neox, "is_neox")
+    positions = _token_positions(positions)
     if isinstance(query, np.ndarray) and not query.dtype.isnative:  # a converted copy is lost
         raise ValueError("query must be in native byte order to be rotated in place")
     query = _token_heads(query, "query", positions.shape, head_size)
@@ -253,7 +253,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
                          f"got {slot_mapping.shape}")
     call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
                                 slot_mapping.reshape(-1), query, head_size, (cache,))
-    _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, bool(is_neox))
+    _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
 
 
 def _token_heads(x, name: str, lead: tuple, head_size: int) -> np.ndarray:
