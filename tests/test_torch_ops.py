@@ -136,7 +136,7 @@ def test_cache_op_is_the_embeddings_apply_qk_to_cache(torch, cache_dtype):
     want_kc, want_vc = k_cache.clone(), v_cache.clone()
     want_q = rope.apply_qk_to_cache(
         query.numpy().reshape(shape), key.numpy().reshape(shape), value.numpy().reshape(shape),
-        positions.numpy(), hf._numpy_view(torch, want_kc), hf._numpy_view(torch, want_vc),
+        positions.numpy(), hf.numpy_view(torch, want_kc), hf.numpy_view(torch, want_vc),
         slots.numpy())
     key_before, value_before = key.clone(), value.clone()
     torch.ops.posenc_fast.apply_qk_to_cache(positions, query, key, value, k_cache, v_cache,

@@ -123,7 +123,7 @@ def _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim):
     tensors = (q, k, cos, sin)
     if not _numpy_can_take(torch, function, tensors):
         return None
-    arrays = [_numpy_view(torch, t) for t in tensors]
+    arrays = [numpy_view(torch, t) for t in tensors]
     if (_fits(function, q.shape, k.shape, cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[2]) and _cache_repeats(function, arrays[3]))):
         return None  # its formula is then no rotation of pairs
@@ -131,10 +131,10 @@ def _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim):
     return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
 
 
-def _numpy_view(torch, t):
-    # The tensor's memory as an ndarray: half types through int16, since NumPy
-    # has no bfloat16 of its own.  (.numpy() refuses tensors that require grad,
-    # possible under no_grad.)
+def numpy_view(torch, t):
+    """A CPU tensor's memory as an ndarray (no copy): half types through int16,
+    since NumPy has no bfloat16 of its own.  (.numpy() refuses tensors that
+    require grad, possible under no_grad: they are detached.)"""
     t = t.detach() if t.requires_grad else t
     if t.dtype in (torch.bfloat16, torch.float16):
         return t.view(torch.int16).numpy().view(

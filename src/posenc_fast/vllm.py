@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _validate as v
 from ._cos_sin_cache import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+from .hf import numpy_view
 
 ArrayOrTensor = Any
 """An ndarray or a CPU torch.Tensor (torch is optional, so not named in the types)."""
@@ -142,17 +143,14 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
     if not t.is_cpu or t.layout != torch.strided:
         raise ValueError(f"{name} must be a strided CPU tensor, got device {t.device}, "
                          f"layout {t.layout}")
-    half = {torch.float16: np.float16, torch.bfloat16: v.BFLOAT16}.get(t.dtype)
-    if (name not in ("positions", "slot_mapping") and half is None
-            and t.dtype not in (torch.float32, torch.float64)):
+    if (name not in ("positions", "slot_mapping")
+            and t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16)):
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
-    if t.requires_grad:
-        if torch.is_grad_enabled():
-            raise ValueError(f"{name} requires grad, which an in-place NumPy update would "
-                             f"bypass; call under torch.no_grad() or torch.inference_mode()")
-        t = t.detach()  # .numpy() refuses tensors that require grad
-    try:  # half types through int16: NumPy has no bfloat16 of its own (no copy either way)
-        return t.view(torch.int16).numpy().view(half) if half is not None else t.numpy()
+    if t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, which an in-place NumPy update would "
+                         f"bypass; call under torch.no_grad() or torch.inference_mode()")
+    try:
+        return numpy_view(torch, t)
     except (TypeError, RuntimeError) as exc:  # e.g. a conjugate or negative view
         raise TypeError(f"{name} cannot be viewed as a NumPy array: {exc}") from None
 
