@@ -55,12 +55,20 @@ _PUBLIC_DTYPES = {"float32": POSENC_FAST_FLOAT32, "float64": POSENC_FAST_FLOAT64
                   "float16": POSENC_FAST_FLOAT16, "bfloat16": POSENC_FAST_BFLOAT16}
 
 
-cdef inline bint _product(int64_t a, int64_t b, int64_t* result) noexcept nogil:
-    # result = a * b for a, b >= 0; False past PY_SSIZE_T_MAX.
-    if a != 0 and b > PY_SSIZE_T_MAX // a:
-        return False
-    result[0] = a * b
-    return True
+cdef extern from *:
+    """
+    /* a * b for a, b >= 0; 0 past PY_SSIZE_T_MAX (no division: a call's checks cost ns). */
+    static inline int posenc_product(int64_t a, int64_t b, int64_t* result) {
+    #if defined(__GNUC__) || defined(__clang__)
+        return !__builtin_mul_overflow(a, b, result) && *result <= PY_SSIZE_T_MAX;
+    #else
+        if (a != 0 && b > PY_SSIZE_T_MAX / a) return 0;
+        *result = a * b;
+        return 1;
+    #endif
+    }
+    """
+    bint _product "posenc_product"(int64_t a, int64_t b, int64_t* result) noexcept nogil
 
 
 cdef inline bint _table_bytes(int64_t rows, int64_t stride, int64_t width, Py_ssize_t itemsize,
@@ -126,9 +134,6 @@ cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* item
         return POSENC_FAST_ERR_RANGE
     if rows.seq == 0:
         return POSENC_FAST_OK
-    if rows.seq == 1:  # one position: every row is "inner" (one work item, not outer)
-        plan.inner *= plan.outer
-        plan.outer = 1
     if rows.positions == NULL:
         if not _fits(rows.offset, rows.seq):
             return POSENC_FAST_ERR_RANGE

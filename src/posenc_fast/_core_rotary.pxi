@@ -29,21 +29,26 @@ cdef struct RowPlan:
     long long highest
 
 
+cdef inline void _rotate_heads(Py_ssize_t o, Py_ssize_t s, const char* x, char* out,
+                               const char* table, const RowPlan* plan,
+                               const RowCall* call) noexcept nogil:
+    # The plan.inner consecutive rows (o, s, :), all of one position.
+    cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
+    cdef Py_ssize_t r = (o * plan.seq + s) * plan.inner
+    cdef long long t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
+    _rotate_position_rows(x + r * call.row_bytes, out + r * call.row_bytes, plan.inner,
+                          table + 2 * t * half_row, table + (2 * t + 1) * half_row, call)
+
+
 cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char* x, char* out,
                               const char* table, const RowPlan* plan,
                               const RowCall* call) noexcept nogil:
     # Work item = (block of block_size positions, outer index): the cache
     # rows of a block (half an L2) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream.
-    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, i, r
-    cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
-    cdef long long t
+    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s
     for s in range(block * block_size, min((block + 1) * block_size, plan.seq)):
-        t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
-        for i in range(plan.inner):
-            r = (o * plan.seq + s) * plan.inner + i
-            _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes,
-                        table + 2 * t * half_row, table + (2 * t + 1) * half_row, call)
+        _rotate_heads(o, s, x, out, table, plan, call)
     if call.stream:
         posenc_sfence()
 
@@ -51,9 +56,16 @@ cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char
 cdef void _rotate_planned(const char* x, char* out, const char* table, RowPlan plan,
                           const RowCall* call, int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
-    cdef Py_ssize_t block = _positions_per_block(call.npairs, call.table_itemsize)
-    cdef Py_ssize_t nitems = (plan.seq + block - 1) // block * plan.outer
-    cdef Py_ssize_t item
+    cdef Py_ssize_t block, nitems, item
+    if num_threads == 1 and plan.seq == 1:  # one position (decode): one call for all its rows
+        plan.inner *= plan.outer
+        plan.outer = 1
+        _rotate_heads(0, 0, x, out, table, &plan, call)
+        if call.stream:
+            posenc_sfence()
+        return
+    block = _positions_per_block(call.npairs, call.table_itemsize)
+    nitems = (plan.seq + block - 1) // block * plan.outer
     if num_threads == 1:  # no parallel region: it costs a microsecond
         for item in range(nitems):
             _rotate_item(item, block, x, out, table, &plan, call)

@@ -5,6 +5,7 @@
 cdef struct RowCall:
     # How a call rotates its rows (see _row_call).
     posenc_rotate_fn rotate
+    posenc_position_fn rotate_position  # rows of one position in one call; NULL: row by row
     Py_ssize_t npairs
     Py_ssize_t itemsize
     Py_ssize_t table_itemsize
@@ -32,6 +33,12 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     else:
         kind = POSENC_ROW_INTERLEAVED_STREAM if large and not in_place else POSENC_ROW_INTERLEAVED
     call.rotate = K.rotate[data][table][kind]
+    # Rows in cache only: past them, the streaming and prefetching rows.
+    call.rotate_position = NULL
+    if nbytes < POSENC_PREFETCH_BYTES:
+        kind = (POSENC_POSITION_INTERLEAVED if not half else
+                POSENC_POSITION_HALF_IN_PLACE if in_place else POSENC_POSITION_HALF)
+        call.rotate_position = K.rotate_position[data][table][kind]
     call.npairs = npairs
     call.itemsize = itemsize
     call.table_itemsize = table_itemsize
@@ -53,6 +60,23 @@ cdef inline void _rotate_row(const char* x, char* out, const void* c, const void
     if call.tail_bytes > 0:
         memcpy(out + call.row_bytes - call.tail_bytes, x + call.row_bytes - call.tail_bytes,
                call.tail_bytes)
+
+
+cdef inline void _rotate_position_rows(const char* x, char* out, Py_ssize_t nrows, const void* c,
+                                      const void* s, const RowCall* call) noexcept nogil:
+    # nrows consecutive rows rotated by one cos/sin row (a token's heads).
+    cdef Py_ssize_t r, tail
+    if call.rotate_position == NULL:
+        for r in range(nrows):
+            _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c, s, call)
+        return
+    if call.npairs > 0:
+        call.rotate_position(x, out, nrows, call.row_bytes // call.itemsize, c, s, call.npairs,
+                             call.inverse)
+    if call.tail_bytes > 0:
+        tail = call.row_bytes - call.tail_bytes
+        for r in range(nrows):
+            memcpy(out + r * call.row_bytes + tail, x + r * call.row_bytes + tail, call.tail_bytes)
 
 
 def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,

@@ -18,6 +18,10 @@ cdef extern from "posenc_kernels.h" nogil:
         POSENC_ROW_HALF_STREAM
         POSENC_ROW_INTERLEAVED_STREAM
         POSENC_NUM_ROW_KINDS
+        POSENC_POSITION_HALF
+        POSENC_POSITION_HALF_IN_PLACE
+        POSENC_POSITION_INTERLEAVED
+        POSENC_NUM_POSITION_KINDS
         POSENC_ROW_CHUNK
         POSENC_STREAM_BYTES
         POSENC_PREFETCH_BYTES
@@ -34,6 +38,9 @@ cdef extern from "posenc_kernels.h" nogil:
 
     ctypedef void (*posenc_rotate_fn)(const void* x, void* out, const void* c, const void* s,
                                       Py_ssize_t n, int inverse)
+    ctypedef void (*posenc_position_fn)(const void* x, void* out, Py_ssize_t nrows,
+                                        Py_ssize_t stride, const void* c, const void* s,
+                                        Py_ssize_t n, int inverse)
     ctypedef void (*posenc_add_fn)(const void* x, void* out, const void* row, Py_ssize_t n)
     ctypedef void (*posenc_cos_sin_fn)(const double* positions, Py_ssize_t first,
                                        Py_ssize_t stop, const posenc_trig_steps* steps,
@@ -51,6 +58,7 @@ cdef extern from "posenc_kernels.h" nogil:
     ctypedef struct posenc_kernel_table:
         const char* simd
         posenc_rotate_fn rotate[POSENC_NUM_DTYPES][POSENC_NUM_DTYPES][POSENC_NUM_ROW_KINDS]
+        posenc_position_fn rotate_position[POSENC_NUM_DTYPES][POSENC_NUM_DTYPES][POSENC_NUM_POSITION_KINDS]
         posenc_add_fn add[POSENC_NUM_DTYPES][POSENC_NUM_DTYPES]
         posenc_add_fn add_in_place[POSENC_NUM_DTYPES][POSENC_NUM_DTYPES]
         posenc_cos_sin_fn cos_sin[POSENC_NUM_DTYPES]

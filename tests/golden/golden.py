@@ -141,6 +141,28 @@ def _half_calls():
                                                      _data((60, 16), np.float64, 15)))
 
 
+def _one_position_calls():
+    # Added with the rows of one position (posenc_position.h): a token's heads
+    # in one kernel call, recorded from the row-by-row kernels before it.
+    # 68 pairs: whole groups of vectors and a rest, in every variant.
+    for dtype, name in ((np.float32, "f32"), (np.float64, "f64"), (np.float16, "f16"),
+                        (ml_dtypes.bfloat16, "bf16")):
+        for layout in ("half", "interleaved"):
+            for rotary_dim in (None, 120):
+                tag = f"{name}-{layout}-{rotary_dim}"
+                rope = pf.RotaryEmbedding(136, layout=layout, rotary_dim=rotary_dim)
+                x = _data((2, 5, 1, 136), dtype, 16)
+                yield f"rope.one-position-{tag}", lambda r=rope, x=x: r.apply(x, offset=4093)
+                yield (f"rope.one-position-inverse-{tag}",
+                       lambda r=rope, x=x: r.apply(x, offset=70, inverse=True))
+
+                def in_place(r=rope, x=x):
+                    y = x.copy()
+                    r.apply(y, 9, out=y)
+                    return y
+                yield f"rope.one-position-in-place-{tag}", in_place
+
+
 def calls():
     """(name, zero-argument function) for every recorded call."""
     for dtype, name in ((np.float32, "f32"), (np.float64, "f64")):
@@ -148,6 +170,7 @@ def calls():
         yield from _table_calls(dtype, name)
     yield from _int_calls()
     yield from _half_calls()
+    yield from _one_position_calls()
 
 
 def compute() -> dict:

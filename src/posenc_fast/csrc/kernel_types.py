@@ -35,6 +35,14 @@ def rotation_names(d, t):
         "posenc_half_%s", "posenc_half_in_place_%s", "posenc_half_vec_%s",
         "posenc_half_in_place_vec_%s", "posenc_interleaved_%s", "posenc_half_stream_%s",
         "posenc_interleaved_stream_%s"))
+# The kinds of the rows of one position (rotate_position, posenc_position.h).
+POSITION_KINDS = ["HALF", "HALF_IN_PLACE", "INTERLEAVED"]
+
+def position_names(d, t):
+    if (d, t) not in ROTATION_PAIRS:
+        return ", ".join(["NULL"] * len(POSITION_KINDS))
+    return ", ".join("posenc_position_%s_%s_%s" % (kind.lower(), d[0], t[0])
+                     for kind in POSITION_KINDS)
 KINDS = ["HALF", "HALF_IN_PLACE", "HALF_VEC", "HALF_IN_PLACE_VEC", "INTERLEAVED",
          "HALF_STREAM", "INTERLEAVED_STREAM"]
 LANES = [2, 4, 8, 16]
