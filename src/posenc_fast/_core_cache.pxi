@@ -22,28 +22,27 @@ cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char*
                               const void* c, const void* s, float* scratch,
                               const CacheWrite* w, const RowCall* q_call,
                               const RowCall* k_call) noexcept nogil:
-    cdef Py_ssize_t h, r
+    cdef Py_ssize_t h
     cdef const char* k_row
     cdef char* k_slot
-    for h in range(w.heads):
-        r = t * w.heads + h
-        _rotate_row(q + r * w.row_bytes, out_q + r * w.row_bytes, c, s, q_call)
+    _rotate_position_rows(q + t * w.heads * w.row_bytes, out_q + t * w.heads * w.row_bytes,
+                          w.heads, c, s, q_call)
     if slot < 0:
         return
-    for h in range(w.kv_heads):
-        k_row = k + (t * w.kv_heads + h) * w.row_bytes
-        k_slot = k_cache + (slot * w.kv_heads + h) * w.cache_row_bytes
-        if w.narrow == NULL:
-            _rotate_row(k_row, k_slot, c, s, k_call)
-        else:  # rotated in float32, rounded once on store
-            _rotate_row(k_row, <char*>scratch, c, s, k_call)
-            w.narrow(scratch, k_slot, w.dim)
-    if w.narrow == NULL:
+    if w.narrow == NULL:  # the token's key rows go to consecutive rows of its slot
+        _rotate_position_rows(k + t * w.kv_heads * w.row_bytes,
+                              k_cache + slot * w.kv_heads * w.cache_row_bytes, w.kv_heads, c, s,
+                              k_call)
         memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, v + t * w.kv_heads * w.row_bytes,
                w.kv_heads * w.row_bytes)
-    else:
-        w.narrow(v + t * w.kv_heads * w.row_bytes, v_cache + slot * w.kv_heads * w.cache_row_bytes,
-                 w.kv_heads * w.dim)
+        return
+    for h in range(w.kv_heads):  # rotated in float32, rounded once on store
+        k_row = k + (t * w.kv_heads + h) * w.row_bytes
+        k_slot = k_cache + (slot * w.kv_heads + h) * w.cache_row_bytes
+        _rotate_row(k_row, <char*>scratch, c, s, k_call)
+        w.narrow(scratch, k_slot, w.dim)
+    w.narrow(v + t * w.kv_heads * w.row_bytes, v_cache + slot * w.kv_heads * w.cache_row_bytes,
+             w.kv_heads * w.dim)
 
 
 cdef struct CacheTable:

@@ -9,6 +9,7 @@ cdef struct RowCall:
     Py_ssize_t npairs
     Py_ssize_t itemsize
     Py_ssize_t table_itemsize
+    Py_ssize_t dim          # items of a row
     Py_ssize_t row_bytes
     Py_ssize_t tail_bytes   # bytes past the rotary pairs, copied unless in place
     bint inverse
@@ -42,6 +43,7 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.npairs = npairs
     call.itemsize = itemsize
     call.table_itemsize = table_itemsize
+    call.dim = dim
     call.row_bytes = dim * itemsize
     call.tail_bytes = 0 if in_place else (dim - 2 * npairs) * itemsize
     call.inverse = inverse
@@ -71,8 +73,7 @@ cdef inline void _rotate_position_rows(const char* x, char* out, Py_ssize_t nrow
             _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c, s, call)
         return
     if call.npairs > 0:
-        call.rotate_position(x, out, nrows, call.row_bytes // call.itemsize, c, s, call.npairs,
-                             call.inverse)
+        call.rotate_position(x, out, nrows, call.dim, c, s, call.npairs, call.inverse)
     if call.tail_bytes > 0:
         tail = call.row_bytes - call.tail_bytes
         for r in range(nrows):
