@@ -247,7 +247,7 @@ cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rot
     call = _row_call(d, posenc_table_dtype(d), itemsize,
                      8 if posenc_table_dtype(d) == POSENC_F64 else 4, table.npairs, table.dim,
                      table.half, inverse, rows.x == rows.out, nbytes)
-    _rotate_planned(<const char*>rows.x, <char*>rows.out, table.table, plan, &call,
+    _rotate_planned(<const char*>rows.x, <char*>rows.out, table.table, &plan, &call,
                     _threads_for(nbytes // itemsize))
     return POSENC_FAST_OK
 

@@ -29,15 +29,12 @@ cdef struct RowPlan:
     long long highest
 
 
-cdef inline void _rotate_heads(Py_ssize_t o, Py_ssize_t s, const char* x, char* out,
-                               const char* table, const RowPlan* plan,
-                               const RowCall* call) noexcept nogil:
-    # The plan.inner consecutive rows (o, s, :), all of one position.
+cdef inline void _rotate_position(const char* x, char* out, Py_ssize_t nrows, long long t,
+                                  const char* table, const RowCall* call) noexcept nogil:
+    # nrows consecutive rows by the cos/sin rows of position t.
     cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
-    cdef Py_ssize_t r = (o * plan.seq + s) * plan.inner
-    cdef long long t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
-    _rotate_position_rows(x + r * call.row_bytes, out + r * call.row_bytes, plan.inner,
-                          table + 2 * t * half_row, table + (2 * t + 1) * half_row, call)
+    _rotate_position_rows(x, out, nrows, table + 2 * t * half_row, table + (2 * t + 1) * half_row,
+                          call)
 
 
 cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char* x, char* out,
@@ -46,21 +43,24 @@ cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char
     # Work item = (block of block_size positions, outer index): the cache
     # rows of a block (half an L2) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream.
-    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s
+    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, r
     for s in range(block * block_size, min((block + 1) * block_size, plan.seq)):
-        _rotate_heads(o, s, x, out, table, plan, call)
+        r = (o * plan.seq + s) * plan.inner  # the first of the plan.inner rows (o, s, :)
+        _rotate_position(x + r * call.row_bytes, out + r * call.row_bytes, plan.inner,
+                         plan.base + (plan.positions[s] if plan.positions != NULL else s), table,
+                         call)
     if call.stream:
         posenc_sfence()
 
 
-cdef void _rotate_planned(const char* x, char* out, const char* table, RowPlan plan,
+cdef void _rotate_planned(const char* x, char* out, const char* table, const RowPlan* plan,
                           const RowCall* call, int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
     cdef Py_ssize_t block, nitems, item
     if num_threads == 1 and plan.seq == 1:  # one position (decode): one call for all its rows
-        plan.inner *= plan.outer
-        plan.outer = 1
-        _rotate_heads(0, 0, x, out, table, &plan, call)
+        _rotate_position(x, out, plan.outer * plan.inner,
+                         plan.base + (plan.positions[0] if plan.positions != NULL else 0), table,
+                         call)
         if call.stream:
             posenc_sfence()
         return
@@ -68,10 +68,10 @@ cdef void _rotate_planned(const char* x, char* out, const char* table, RowPlan p
     nitems = (plan.seq + block - 1) // block * plan.outer
     if num_threads == 1:  # no parallel region: it costs a microsecond
         for item in range(nitems):
-            _rotate_item(item, block, x, out, table, &plan, call)
+            _rotate_item(item, block, x, out, table, plan, call)
     else:
         for item in prange(nitems, num_threads=num_threads, schedule="static"):
-            _rotate_item(item, block, x, out, table, &plan, call)
+            _rotate_item(item, block, x, out, table, plan, call)
 
 
 cdef inline bint _fits(long long a, long long b) noexcept nogil:
@@ -345,7 +345,7 @@ cdef class RotaryFastPath:
         if size == 0:
             return
         with nogil:
-            _rotate_planned(xp, op, tp, plan, &call, threads)
+            _rotate_planned(xp, op, tp, &plan, &call, threads)
 
     cdef bint _usable(self, RowPlan* plan):
         return plan.lowest >= 0 and plan.highest < self.valid_below
