@@ -161,6 +161,22 @@ def _one_position_calls():
                     r.apply(y, 9, out=y)
                     return y
                 yield f"rope.one-position-in-place-{tag}", in_place
+            yield (f"rope.one-position-shifted-{name}-{layout}",
+                   lambda d=dtype, lay=layout: _shifted_one_position(d, lay))
+
+
+def _shifted_one_position(dtype, layout):
+    # x and out at every element offset within 64 bytes, out of place and in place.
+    rope = pf.RotaryEmbedding(128, layout=layout)
+    itemsize = np.dtype(dtype).itemsize
+    results = []
+    for shift in range(64 // itemsize):
+        x = np.empty(3 * 4 * 128 + shift, dtype)[shift:].reshape(3, 4, 1, 128)
+        out = np.empty(x.size + 64 // itemsize - shift, dtype)[64 // itemsize - shift:]
+        x[...] = _data(x.shape, dtype, 17)
+        results.append(rope.apply(x, offset=300, out=out.reshape(x.shape)).copy())
+        results.append(rope.apply(x, offset=301, out=x).copy())
+    return np.stack(results)
 
 
 def calls():
