@@ -43,8 +43,10 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     Notes
     -----
     Measured (``bench/bench_isa.py``, one thread, medians of interleaved
-    ratios) on AMD EPYC Zen 5 (family 0x1A): avx512 / avx2 0.64-0.97 on
-    every row in cache and from memory but one (see bench/README.md).
+    ratios) on AMD EPYC Zen 5 (family 0x1A), avx512 / avx2: W1 from memory
+    0.81-0.96 (in place 0.95-0.96 with the aligned head), in cache 0.83-1.04,
+    W3 0.69-0.88, apply_qk 0.83-0.91, add_alibi 0.65-0.92, tables 0.92-1.03,
+    half rows 0.96-1.01.
     Zen 4 (family 0x19) runs 512-bit operations as two 256-bit halves, so
     the loops bound by the core gain little there; Intel Skylake-SP and
     Cascade Lake (family 6, model 0x55) lower the clock for 512-bit
