@@ -100,11 +100,60 @@ def test_unknown_isa_request_falls_back_with_a_warning():
     assert "POSENC_FAST_ISA='sve9' is not available" in result.stderr
 
 
+ZEN5, ZEN4, SKYLAKE_SP = ("AuthenticAMD", 0x1A, 0x02), ("AuthenticAMD", 0x19, 0x11), (
+    "GenuineIntel", 6, 0x55)
+ALL = ["baseline", "avx2", "avx512"]
+
+
+@pytest.mark.parametrize("cpu, expected", [(ZEN5, "avx512"), (ZEN4, "avx2"), (SKYLAKE_SP, "avx2"),
+                                           (("GenuineIntel", 6, 0x8F), "avx2"), (("", 0, 0), "avx2")])
+def test_avx512_is_chosen_only_where_it_was_measured_faster(cpu, expected):
+    from posenc_fast import _dispatch
+
+    variant, reason = _dispatch.choose(ALL, ALL, "", cpu)
+    assert variant == expected
+    assert reason.startswith(f"{expected}: ") and "avx512" in reason
+    assert _dispatch.prefer_avx512(*cpu)[0] == (expected == "avx512")
+
+
+@pytest.mark.parametrize("built, supported, expected, why", [
+    (ALL, ["baseline", "avx2"], "avx2", "avx512 not supported by the CPU (or its OS)"),
+    (["baseline", "avx2"], ALL, "avx2", "avx512 not built"),
+    (["baseline", "avx512"], ALL, "avx512", "avx512: supported; avx2 not built"),
+    (ALL, ["baseline"], "baseline", "avx512 not supported by the CPU (or its OS); avx2 not "
+                                    "supported"),
+    (["baseline"], ALL, "baseline", "avx512 not built; avx2 not built"),
+])
+def test_choice_without_a_wider_variant_says_what_is_missing(built, supported, expected, why):
+    from posenc_fast import _dispatch
+
+    variant, reason = _dispatch.choose(built, supported, "", ZEN4)
+    assert variant == expected and why in reason
+
+
+def test_requested_variant_is_forced_only_where_usable():
+    from posenc_fast import _dispatch
+
+    assert _dispatch.choose(ALL, ALL, " AVX2 ", ZEN5) == ("avx2", "forced by POSENC_FAST_ISA=avx2")
+    assert _dispatch.choose(ALL, ALL, "avx512", ZEN4)[0] == "avx512"
+    with pytest.warns(RuntimeWarning, match="POSENC_FAST_ISA='avx512' is not available"):
+        assert _dispatch.choose(ALL, ["baseline", "avx2"], "avx512", ZEN5)[0] == "avx2"
+
+
+def test_build_info_says_why_its_variant_runs():
+    info = pf.build_info()
+    assert info["isa_reason"].startswith(info["isa_in_use"] + ": ")
+    forced = [name for name in info["isa_built"] if name in info["isa_supported"]][0]
+    result = run_python("import json, posenc_fast as pf; print(json.dumps(pf.build_info()))",
+                        POSENC_FAST_ISA=forced)
+    assert json.loads(result.stdout)["isa_reason"] == f"forced by POSENC_FAST_ISA={forced}"
+
+
 def test_info_command():
     result = subprocess.run([sys.executable, "-m", "posenc_fast", "info"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0
-    for key in ("version", "compiler", "isa_in_use", "openmp", "num_threads"):
+    for key in ("version", "compiler", "isa_in_use", "isa_reason", "openmp", "num_threads"):
         assert key in result.stdout
     as_json = subprocess.run([sys.executable, "-m", "posenc_fast", "info", "--json"],
                              capture_output=True, text=True, timeout=120)

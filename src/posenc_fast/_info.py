@@ -15,7 +15,9 @@ def build_info() -> dict[str, Any]:
     dict
         ``version``; ``compiler``; ``isa_built`` (kernel variants compiled),
         ``isa_supported`` (variants this CPU can run), ``isa_in_use`` (the
-        variant loaded, overridable with ``POSENC_FAST_ISA``), ``simd`` (the
+        variant loaded, overridable with ``POSENC_FAST_ISA``), ``isa_reason``
+        (why that one, e.g. "avx512: supported, measured faster on AMD Zen 5
+        and later (...)"), ``cpu`` (vendor, family, model), ``simd`` (the
         widest SIMD level that variant was compiled for); ``openmp``;
         ``num_threads``.
     """
@@ -26,6 +28,8 @@ def build_info() -> dict[str, Any]:
         "isa_built": [name for name in reversed(_dispatch.PREFERENCE) if name in _dispatch.BUILT],
         "isa_supported": list(_dispatch.CPU_SUPPORTS),
         "isa_in_use": _dispatch.ISA_IN_USE,
+        "isa_reason": _dispatch.ISA_REASON,
+        "cpu": "{} family {:#x} model {:#x}".format(*_cpu.cpu_identity()),
         "simd": kernels.simd_level(),
         "openmp": kernels.openmp_enabled(),
         "num_threads": get_num_threads(),

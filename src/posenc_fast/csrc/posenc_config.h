@@ -47,6 +47,28 @@
 #endif
 #endif
 
+/* The width of this variant's widest vectors.  The in-place rows past the
+   caches start where x reaches a multiple of it (posenc_peel: a scalar head
+   first), so that no full-width store splits a cache line: NumPy aligns
+   arrays to 16 bytes, and 64-byte stores 16 bytes past a line ran W1 in
+   place (64 MiB) 1.07-1.14x slower than AVX2, 0.95-0.96x with the head
+   (bench/bench_isa.py).  Rows in cache do without: there the scalar head cost
+   more than the split lines (W1 float32 (1,32,256,128) 1.11-1.12x AVX2). */
+#if defined(__AVX512F__)
+#define POSENC_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define POSENC_VECTOR_BYTES 32
+#else
+#define POSENC_VECTOR_BYTES 16
+#endif
+
+/* How many of n elements of `size` bytes lie before `out` reaches a
+   multiple of POSENC_VECTOR_BYTES (at most n). */
+static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_t n) {
+    Py_ssize_t head = (Py_ssize_t)((0 - (uintptr_t)out) & (POSENC_VECTOR_BYTES - 1)) / size;
+    return head < n ? head : n;
+}
+
 /* Rows per parallel work item of the general rotation kernel. */
 #define POSENC_ROW_CHUNK 256
 /* Results at least this large are written with non-temporal stores, and
