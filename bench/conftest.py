@@ -12,7 +12,12 @@ bench`` and ``bench/report.py`` time exactly the same arrays.
   so all tests of one case run together; only the current case is kept, so
   the 2 GiB ALiBi scores exist once, and never beside another big case.
 * Each test first checks its implementation against the float64 reference
-  (fails if it is wrong), then times it.
+  (fails if it is wrong), then times it.  A posenc_fast test then times
+  itself and the limit interleaved (`RATIO_ROUNDS` rounds of
+  ``_bench.timing.measure``) and records the median ratio in
+  ``extra_info["ratio_to_limit"]``: a ratio from one run, unlike two
+  pytest-benchmark medians taken minutes apart (not with
+  ``--benchmark-disable``).
 * Shapes are the real ones of issue 6.  ``--bench-small`` or
   ``POSENC_FAST_BENCH_SMALL=1`` shrinks the big workloads; with
   ``--benchmark-disable`` (the CI smoke run) only workloads marked ``big``
@@ -27,6 +32,7 @@ import pytest
 import posenc_fast as pf
 from posenc_fast._bench import cases, timing
 
+RATIO_ROUNDS = 7
 THREADS_N = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                 else (os.cpu_count() or 1))
 
@@ -126,6 +132,14 @@ def bench_run(benchmark, bench_cases, build_facts):
                                  f"{diff.max_abs:.3g} (relative {diff.max_rel:.3g}) is "
                                  f"{diff.tolerance_used:.3g}x the tolerance")
             benchmark(impl.run)
+            if param.kind == "posenc_fast" and not getattr(benchmark, "disabled", False):
+                timings = timing.measure({"ours": impl.run, "limit": case.impl("limit").run},
+                                         rounds=RATIO_ROUNDS, target_ns=200_000)
+                benchmark.extra_info.update(
+                    ratio_to_limit=timing.paired_ratio(timings["ours"], timings["limit"]),
+                    ratio_to_limit_quartiles=timing.paired_ratio_quartiles(
+                        timings["ours"], timings["limit"]),
+                    ratio_rounds=RATIO_ROUNDS)
         stats = getattr(benchmark, "stats", None)
         if stats is not None and getattr(stats, "stats", None) is not None:
             median = stats.stats.median

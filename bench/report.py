@@ -1,19 +1,29 @@
-"""Print issue 6's goal table: each workload's time / limit time, measured here, and met or not.
+"""Print the goal table of issues 6 and 19: each goal's time / limit time, measured here, met or not.
 
-    python3 bench/report.py [--rounds N] [--quick] [--small] [--json]
+    python3 bench/report.py [--rounds N] [--quick] [--small] [--hog] [--contention] [--json]
 
 The workloads are those of ``posenc_fast._bench.cases`` (also timed by the
-pytest-benchmark suite and ``python -m posenc_fast bench``).  For every goal
-posenc_fast and its limit (the cheapest NumPy call that moves the same bytes)
-are timed in the same process, interleaved (ours, limit, ours, limit, ...),
-after a warm-up and a check against the float64 reference; the measured
-value is the median over rounds of (our time / limit time).  Everything runs
-on one thread except the threads goal, which compares 1 thread with N (all
-cores) and N-thread posenc_fast with an N-thread ``np.copyto``.
+pytest-benchmark suite and ``python -m posenc_fast bench``); `GOALS` lists
+the rows, by regime: memory-bound (the workloads' own shapes, 64 MiB and
+more), in cache (W1 and apply_qk at 4 MiB ``(1,32,256,128)`` and 512 KiB
+``(1,32,32,128)`` float32), decode, tables, scores.  For every goal
+posenc_fast and its limit (the cheapest NumPy call that moves the same
+bytes) are timed in the same process, interleaved (ours, limit, limit,
+ours, ...), after a warm-up and a check against the float64 reference; the
+measured value is the median over rounds of (our time / limit time).
+Everything runs on one thread except the threads goal, which compares 1
+thread with N (all cores) and N-thread posenc_fast with an N-thread
+``np.copyto``.
 
 A goal is met when the ratio is within it *and* the result is exact: within
 the reference tolerance, and for the float32 tables (W4, W5) at most 1 ulp
 (see ``posenc_fast._tolerance.float32_ulps`` for how ulps are counted near zeros).
+
+``--hog`` runs a memory-bandwidth hog (``_bench.neighbours``: a process
+looping ``np.add(a, 1, out=a)`` over 256 MiB) during the whole measurement,
+kernels and limits alike.  ``--contention`` measures issue 19's "threads
+never hurt" table instead (``_bench.contention``): per-call p50/p99 with the
+default thread count against one thread, beside a CPU-bound process.
 """
 
 import argparse
@@ -22,6 +32,8 @@ import json
 import os
 import platform
 import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 try:
@@ -32,21 +44,43 @@ except ImportError:  # run from a source checkout without installing
 
 import numpy as np
 
-from posenc_fast._bench import cases, timing
+from posenc_fast._bench import cases, contention, timing
+from posenc_fast._bench.neighbours import Neighbour
 
-# (label, workload, dtype, ulp bound or None); the goal (time / limit) comes from the workload.
+
+@dataclass(frozen=True)
+class Goal:
+    """One row: a workload at a dtype and shape, and its goal (time / limit)."""
+
+    regime: str
+    key: str
+    dtype: str
+    goal: float
+    shape: tuple | None = None      # None: the workload's own (--small: its small shape)
+    ulps: float | None = None       # at most this many float32 ulps (tables)
+
+
+MIB_4, KIB_512 = (1, 32, 256, 128), (1, 32, 32, 128)      # W1 float32 in cache
 GOALS = [
-    ("W1 RoPE prefill, out-of-place", "w1_oop", "float32", None),
-    ("W1 RoPE prefill, out-of-place", "w1_oop", "float64", None),
-    ("W1 RoPE prefill, in place", "w1_inplace", "float32", None),
-    ("W1 RoPE prefill, in place", "w1_inplace", "float64", None),
-    ("W2 decode step, a position per sequence", "w2_decode", "float32", None),
-    ("W3 one token, offset=4096", "w3_token", "float32", None),
-    ("W4 RotaryEmbedding.cos_sin, <= 1 ulp", "w4_cos_sin", "float32", 1.0),
-    ("W5 sinusoidal_table, <= 1 ulp", "w5_sinusoidal_131072x128", "float32", 1.0),
-    ("W5 sinusoidal_table, <= 1 ulp", "w5_sinusoidal_8192x1024", "float32", 1.0),
-    ("apply_qk, q and k (GQA)", "apply_qk", "float32", None),
-    ("add_alibi in place", "alibi", "float32", None),
+    Goal("memory", "w1_oop", "float32", 1.15),
+    Goal("memory", "w1_oop", "float64", 1.15),
+    Goal("memory", "w1_inplace", "float32", 1.3),
+    Goal("memory", "w1_inplace", "float64", 1.3),
+    Goal("memory", "apply_qk", "float32", 1.15),
+    Goal("cache", "w1_oop", "float32", 1.3, MIB_4),
+    Goal("cache", "w1_oop", "float32", 1.3, KIB_512),
+    Goal("cache", "w1_inplace", "float32", 1.5, MIB_4),
+    Goal("cache", "w1_inplace", "float32", 1.5, KIB_512),
+    Goal("cache", "apply_qk", "float32", 1.3, (MIB_4, (1, 8, 256, 128))),
+    Goal("cache", "apply_qk", "float32", 1.3, (KIB_512, (1, 8, 32, 128))),
+    Goal("decode", "w2_decode", "float32", 2.5),
+    Goal("decode", "w3_token", "float32", 2.5),
+    Goal("tables", "w4_cos_sin", "float32", 2.0, ulps=1.0),
+    Goal("tables", "w5_sinusoidal_131072x128", "float32", 2.0, ulps=1.0),
+    Goal("tables", "w5_sinusoidal_8192x1024", "float32", 2.0, ulps=1.0),
+    Goal("scores", "alibi", "float32", 1.3),
+    Goal("scores", "alibi", "float32", 1.5, (32, 256, 256)),
+    Goal("scores", "position_table", "float32", 1.3),
 ]
 THREADS_GOAL = ("W1 out-of-place with {n} threads", 1.6, 1.15)
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -71,15 +105,11 @@ def _exactness(diff, ulp_bound):
     return text, ok
 
 
-def measure_goal(label, key, dtype, ulp_bound, *, small, rounds, target_ns, progress):
-    case = cases.build_case(key, dtype, small)
-    row = {"workload": label, "key": key, "dtype": dtype, "shape": _shape_text(case.shape),
-           "goal": case.goal_text, "goal_ratio": case.goal, "limit": case.limit_label}
-    try:
-        case.impl("posenc_fast")
-    except cases.Unavailable as exc:
-        row.update(measured=None, met=None, note="not available: " + str(exc).split(" (")[0])
-        return row
+def measure_goal(goal, *, small, rounds, target_ns, progress):
+    case = cases.build_case(goal.key, goal.dtype, small, goal.shape)
+    row = {"regime": goal.regime, "workload": case.title, "key": goal.key, "dtype": goal.dtype,
+           "shape": _shape_text(case.shape), "goal": f"<= {goal.goal:g}x",
+           "goal_ratio": goal.goal, "limit": case.limit_label}
     with timing.restored_threads():
         timing.set_threads(1)
         rows, _ = timing.time_case(case, ("posenc_fast", "limit"), rounds=rounds,
@@ -87,13 +117,13 @@ def measure_goal(label, key, dtype, ulp_bound, *, small, rounds, target_ns, prog
     ours, limit = rows["posenc_fast"], rows["limit"]
     ratio = timing.paired_ratio(ours.timing, limit.timing)
     quartiles = timing.paired_ratio_quartiles(ours.timing, limit.timing)
-    exact_text, exact_ok = _exactness(ours.diff, ulp_bound)
+    exact_text, exact_ok = _exactness(ours.diff, goal.ulps)
     row.update(measured=ratio, quartiles=quartiles, ours_median_ns=ours.timing.median_ns,
                limit_median_ns=limit.timing.median_ns, ours_spread=ours.timing.spread,
                limit_spread=limit.timing.spread, rounds=len(ours.timing.samples),
                exact=exact_text, exact_ok=exact_ok,
                diff=ours.diff.as_dict() if ours.diff else None,
-               met=bool(ratio <= case.goal and exact_ok))
+               met=bool(ratio <= goal.goal and exact_ok))
     return row
 
 
@@ -101,7 +131,7 @@ def measure_threads(n, *, small, rounds, target_ns, progress):
     """W1 out-of-place float32: 1 vs n threads, and n threads vs an n-thread copy."""
     label, speedup_goal, copy_goal = THREADS_GOAL
     label = label.format(n=n)
-    row = {"workload": label, "key": "w1_oop", "dtype": "float32",
+    row = {"regime": "threads", "workload": label, "key": "w1_oop", "dtype": "float32",
            "shape": _shape_text(cases.WORKLOADS["w1_oop"].small_shape if small
                                 else cases.WORKLOADS["w1_oop"].shape),
            "goal": f">= {speedup_goal}x vs 1 thread, or <= {copy_goal}x of a {n}-thread copy",
@@ -149,47 +179,100 @@ def _measured_text(row):
     return f"{row['measured']:.2f}x ({low:.2f}-{high:.2f})"
 
 
-def print_table(report):
-    print(f"posenc_fast {report['build_info']['version']} goal table (issue 6) -- "
-          f"{report['machine']}; {report['date']}")
-    print(f"ISA {report['build_info']['isa_in_use']}, OpenMP "
-          f"{'on' if report['build_info']['openmp'] else 'off'}, numpy {report['numpy']}, "
-          f"python {report['python']}; {report['rounds']} interleaved rounds; measured = "
-          f"median over rounds of time/limit (quartiles); 1 thread unless stated"
-          f"{'; SMALL shapes' if report['small'] else ''}")
-    head = ("workload", "shape", "dtype", "goal (time/limit)", "measured", "exact",
-            "ours / limit", "met?")
+def _markdown(head, lines):
+    widths = [max(len(line[i]) for line in lines + [head]) for i in range(len(head))]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for line in lines:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |")
+
+
+def _met_text(row):
+    return {True: "yes", False: "NO", None: "-"}[row.get("met")]
+
+
+def _header(report, title, settings):
+    info = report["build_info"]
+    print(f"posenc_fast {info['version']} {title} -- {report['machine']}; {report['date']}")
+    print(f"ISA {info['isa_in_use']}, threads by default {report['default_threads']}, "
+          f"numpy {report['numpy']}, python {report['python']}; {settings}")
+    print("memory-bandwidth hog: " + (report["hog"] or "none"))
+
+
+def print_goal_table(report):
+    _header(report, "goal table (issues 6, 19)",
+            f"{report['rounds']} interleaved rounds; measured = median over rounds of "
+            f"time/limit (quartiles); 1 thread unless stated"
+            f"{'; SMALL shapes' if report['small'] else ''}")
+    head = ("regime", "workload", "shape", "dtype", "limit", "goal (time/limit)", "measured",
+            "exact", "ours / limit", "met?")
     lines = []
     for row in report["rows"]:
         times = ""
         if row.get("ours_median_ns") is not None:
             times = (f"{timing.format_time(row['ours_median_ns'])} / "
                      f"{timing.format_time(row['limit_median_ns'])}")
-        met = {True: "yes", False: "NO", None: "-"}[row.get("met")]
-        lines.append((row["workload"], row["shape"], row["dtype"], row["goal"],
-                      _measured_text(row),
-                      row.get("exact", "-"), times, met))
-    widths = [max(len(line[i]) for line in lines + [head]) for i in range(len(head))]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for line in lines:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |")
+        lines.append((row["regime"], row["workload"], row["shape"], row["dtype"], row["limit"],
+                      row["goal"], _measured_text(row), row.get("exact", "-"), times,
+                      _met_text(row)))
+    _markdown(head, lines)
     met = [r for r in report["rows"] if r.get("met") is not None]
     print(f"{sum(r['met'] for r in met)} of {len(met)} goals met.  'ours / limit' are the two "
           f"medians (context only: the claim is the ratio, measured interleaved).")
 
 
+def print_contention_table(report):
+    _header(report, "contention table (issue 19: threads never hurt)",
+            f"float32; up to {report['calls']} single calls per thread setting and neighbour, "
+            f"in interleaved blocks; goal p50 <= {contention.P50_GOAL:g}x and p99 <= "
+            f"{contention.P99_GOAL:g}x one thread's")
+    head = ("call", "shape", "neighbour", "calls", "p50 default / 1 thread", "p50 ratio",
+            "p99 default / 1 thread", "p99 ratio", "met?")
+    lines = []
+    for row in report["rows"]:
+        if row.get("met") is None:
+            lines.append((row["call"], row["shape"], row["neighbour"], "", row["note"], "", "",
+                          "", "-"))
+            continue
+        cells = []
+        for q in (50, 99):
+            cells += [f"{timing.format_time(row[f'p{q}_default_ns'])} / "
+                      f"{timing.format_time(row[f'p{q}_one_ns'])}", f"{row[f'p{q}_ratio']:.2f}x"]
+        lines.append((row["call"], row["shape"], row["neighbour"], str(row["calls"]), *cells,
+                      _met_text(row) + ("" if row["exact_ok"] else " (WRONG result)")))
+    _markdown(head, lines)
+    early = [row["neighbour_ran"] for row in report["rows"]
+             if "EXITED EARLY" in (row.get("neighbour_ran") or "")]
+    print("neighbour: " + contention.KINDS_TEXT + "; " +
+          ("; ".join(early) if early else "each ran through its row (passes in the JSON)"))
+    goals = [r for r in report["rows"] if r["neighbour"] != "none" and r.get("met") is not None]
+    print(f"{sum(r['met'] for r in goals)} of {len(goals)} goals met beside a busy neighbour "
+          f"(the rows without one are context).")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=31, help="interleaved rounds (default 31)")
-    parser.add_argument("--quick", action="store_true", help="5 rounds of shorter samples")
+    parser.add_argument("--quick", action="store_true",
+                        help="5 rounds of shorter samples (--contention: 1 s per row)")
     parser.add_argument("--small", action="store_true",
                         help="reduced shapes (smoke test; not the issue's workloads)")
+    parser.add_argument("--hog", action="store_true",
+                        help="run a memory-bandwidth hog process during the whole measurement")
+    parser.add_argument("--contention", action="store_true",
+                        help="measure the contention table (p50/p99, default threads vs 1) "
+                             "instead of the goal table")
+    parser.add_argument("--calls", type=int, default=3000,
+                        help="--contention: at most this many calls per thread setting and "
+                             "row (default 3000; each row stops after 6 s, 1 s with --quick)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        parser.error("--rounds and --calls must be >= 1")
     rounds = 5 if args.quick else args.rounds
     target_ns = 200_000 if args.quick else 1_000_000
     small = args.small or cases.small_from_environment()
+    default_threads = pf.get_num_threads()
     tty = sys.stderr.isatty()
 
     def progress(text):
@@ -197,29 +280,38 @@ def main(argv=None) -> int:
             sys.stderr.write("\r" + text[:100].ljust(100))
             sys.stderr.flush()
 
-    rows = []
-    for label, key, dtype, ulp_bound in GOALS:
+    def step(label):
         if not tty:
-            print(f"measuring {label} {dtype}", file=sys.stderr)
-        rows.append(measure_goal(label, key, dtype, ulp_bound, small=small, rounds=rounds,
-                                 target_ns=target_ns,
-                                 progress=lambda t, label=label: progress(f"{label}: {t}")))
-    if not tty:
-        print("measuring threads", file=sys.stderr)
-    rows.append(measure_threads(CORES, small=small, rounds=rounds, target_ns=target_ns,
-                                progress=lambda t: progress(f"threads: {t}")))
+            print(f"measuring {label}", file=sys.stderr)
+        return lambda t: progress(f"{label}: {t}")
+
+    with Neighbour("hog") if args.hog else nullcontext() as hog:
+        if args.contention:
+            rows = contention.measure(default_threads, calls=args.calls,
+                                      budget_s=1.0 if args.quick else 6.0,
+                                      progress=step("contention"))
+        else:
+            rows = [measure_goal(goal, small=small, rounds=rounds, target_ns=target_ns,
+                                 progress=step(f"{goal.key} {goal.dtype} {goal.shape or ''}"))
+                    for goal in GOALS]
+            rows.append(measure_threads(CORES, small=small, rounds=rounds, target_ns=target_ns,
+                                        progress=step("threads")))
     if tty:
         sys.stderr.write("\r" + " " * 100 + "\r")
     report = {
+        "table": "contention" if args.contention else "goals",
         "build_info": pf.build_info(), "numpy": np.__version__,
         "python": platform.python_version(), "machine": timing.machine_line(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"),
-        "rounds": rounds, "small": small, "rows": rows,
+        "default_threads": default_threads, "hog": hog.summary() if hog else None,
+        "rounds": rounds, "calls": args.calls, "small": small, "rows": rows,
     }
     if args.json:
         print(json.dumps(report, indent=1))
+    elif args.contention:
+        print_contention_table(report)
     else:
-        print_table(report)
+        print_goal_table(report)
     return 0
 
 

@@ -14,13 +14,27 @@ def test_sample_rows_keeps_the_first_and_last_rows():
     assert np.array_equal(cases.sample_rows(100, 128), np.arange(100))
 
 
-@pytest.mark.parametrize("key", ["w1_oop", "w4_cos_sin", "w5_sinusoidal_8192x1024", "alibi"])
+@pytest.mark.parametrize("key", ["w1_oop", "w4_cos_sin", "w5_sinusoidal_8192x1024", "alibi",
+                                 "position_table"])
 def test_a_value_off_in_the_last_row_is_caught(key):
     case = cases.build_case(key, "float32", small=True)
     assert case.impl("posenc_fast").verify().ok
-    results = tuple(case.parts.outputs)
+    case.reset()
+    results = cases.as_tuple(case.impl("posenc_fast").run())
+    assert case.check(results).ok
     results[-1].reshape(-1, results[-1].shape[-1])[-1, 1] += 1e-3
     assert not case.check(results).ok
+
+
+@pytest.mark.parametrize("key", ["w1_oop", "w1_inplace", "w4_cos_sin", "position_table"])
+def test_every_limit_checks_its_own_result(key):
+    assert cases.build_case(key, "float32", small=True).impl("limit").verify() is None
+
+
+def test_an_explicit_shape_overrides_the_workloads():
+    case = cases.build_case("w1_oop", "float32", shape=(1, 32, 32, 128))
+    assert case.shape == (1, 32, 32, 128) and case.parts.outputs[0].nbytes == 512 * 1024
+    assert case.impl("posenc_fast").verify().ok
 
 
 def test_a_wrong_offset_is_caught():

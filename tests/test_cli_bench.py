@@ -1,7 +1,10 @@
 """``python -m posenc_fast bench --quick --json``: it runs, its JSON covers every workload,
-its times are positive and every result it times matches the float64 reference.
+its times are positive and every result it times matches the float64 reference;
+``--save`` writes the ratios and ``--compare`` gates on them (a doctored file forces
+the failure: these test the gate, never the timing).
 
-One subprocess run (about 10-20 s on 2 cores) is shared by the tests below.
+One subprocess run (about 10-20 s on 2 cores) is shared by the tests below; the
+compare test runs a second.
 """
 
 import json
@@ -18,13 +21,28 @@ from posenc_fast._bench.cases import CLI_WORKLOADS
 FLOAT32_TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def report():
-    proc = subprocess.run([sys.executable, "-m", "posenc_fast", "bench", "--quick", "--json"],
+def _bench(*args):
+    return subprocess.run([sys.executable, "-m", "posenc_fast", "bench", "--quick", *args],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def saved_path(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench") / "ratios.json"
+
+
+@pytest.fixture(scope="module")
+def report(saved_path):
+    proc = _bench("--json", "--save", str(saved_path))
     assert proc.returncode == 0, f"bench failed:\n{proc.stderr[-3000:]}"
     assert "[1/" in proc.stderr  # the progress line goes to stderr, never into the JSON
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def saved(report, saved_path):
+    with open(saved_path) as fh:
+        return json.load(fh)
 
 
 def test_header(report):
@@ -78,3 +96,62 @@ def test_help_says_what_quick_changes():
                           capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert proc.returncode == 0
     assert "--quick" in proc.stdout and "rounds" in proc.stdout
+
+
+def test_save_writes_every_workloads_ratio(report, saved):
+    assert saved["format"] == _cli_bench.RATIOS_FORMAT
+    assert saved["machine"] == report["machine"] and saved["build_info"] == report["posenc_fast"]
+    assert (saved["dtype"], saved["threads"]) == (report["dtype"], report["threads"])
+    assert [row["key"] for row in saved["rows"]] == list(CLI_WORKLOADS)
+    measured = {w["key"]: r["ratio_to_limit"] for w in report["workloads"]
+                for r in w["results"] if r["impl"] == "posenc_fast"}
+    for row in saved["rows"]:
+        assert row["ratio"] == measured[row["key"]] > 0
+
+
+def test_compare_fails_when_a_ratio_grew(saved, tmp_path):
+    doctored = dict(saved, rows=[dict(row, ratio=1e-9 if n == 1 else 1e9)
+                                 for n, row in enumerate(saved["rows"])])
+    path = tmp_path / "doctored.json"
+    path.write_text(json.dumps(doctored))
+    proc = _bench("--compare", str(path), "--fail-above", "1.10")
+    assert proc.returncode == _cli_bench.EXIT_SLOWER, proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("Ratios to the limit against"):]
+    statuses = [line.split()[-1] for line in table.splitlines()[2:]]
+    assert statuses == ["ok", "SLOWER"] + ["ok"] * (len(CLI_WORKLOADS) - 2)
+    assert saved["rows"][1]["title"] in proc.stderr
+
+
+def test_compare_statuses(saved):
+    rows = saved["rows"]
+    entries = _cli_bench.compare_ratios(rows, rows, 1.10)
+    assert [e["status"] for e in entries] == ["ok"] * len(rows)
+    grown = [dict(rows[0], ratio=rows[0]["ratio"] * 1.2)] + rows[1:-1]
+    entries = _cli_bench.compare_ratios(rows, grown, 1.10)
+    assert [e["status"] for e in entries] == ["SLOWER"] + ["ok"] * (len(rows) - 2) + ["MISSING"]
+    entries = _cli_bench.compare_ratios(rows[1:], rows, 1.10)
+    assert entries[-1]["status"] == "new" and entries[-1]["key"] == rows[0]["key"]
+    assert [e["status"] for e in _cli_bench.compare_ratios(grown, rows, 1.25)][0] == "ok"
+
+
+def test_compare_refuses_a_file_it_cannot_use(saved, tmp_path):
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(saved))
+    other = "float64" if saved["dtype"] == "float32" else "float32"
+    with pytest.raises(ValueError, match="--dtype"):
+        _cli_bench.load_ratios(str(path), other, saved["threads"])
+    with pytest.raises(ValueError, match="--threads"):
+        _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"] + 1)
+    assert _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"]) == saved
+    path.write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="bench --save"):
+        _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"])
+    path.write_text("{")
+    with pytest.raises(ValueError, match="JSON"):
+        _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"])
+
+
+def test_bad_compare_file_is_a_usage_error(tmp_path):
+    proc = _bench("--compare", str(tmp_path / "absent.json"))
+    assert proc.returncode == _cli_bench.EXIT_USAGE
+    assert "--compare" in proc.stderr and "[1/" not in proc.stderr  # nothing measured

@@ -6,6 +6,12 @@ in one process and prints one table: median time, GB/s (bytes the call must
 read and write), speed-up over the NumPy expression and the max |difference|
 to the reference.  The limit row is the cheapest NumPy call moving the same
 bytes (``np.copyto``, ``out.fill``): what "at the speed of memory" means here.
+
+``--save FILE`` writes posenc_fast's ratio to the limit per workload (with the
+machine line and ``build_info``); ``--compare FILE`` measures again and exits
+with status 3 when a ratio exceeds the saved one times ``--fail-above``.
+Ratios, never times: both calls were timed interleaved in the same run, so
+a CI on a noisy machine can gate on them.
 """
 
 import argparse
@@ -19,6 +25,8 @@ import numpy as np
 QUICK = {"rounds": 5, "target_ns": 200_000, "warmup": 0, "budget_s": 1.0}
 FULL = {"rounds": 15, "target_ns": 1_000_000, "warmup": 1, "budget_s": None}
 CLI_KINDS = ("posenc_fast", "limit", "numpy", "torch")
+RATIOS_FORMAT = "posenc_fast bench ratios 1"
+EXIT_WRONG, EXIT_USAGE, EXIT_SLOWER = 1, 2, 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "setting: POSENC_FAST_NUM_THREADS or all cores); NumPy uses one")
     parser.add_argument("--json", action="store_true",
                         help="print JSON only (progress still goes to stderr)")
+    parser.add_argument("--save", metavar="FILE",
+                        help="write posenc_fast's ratio to the limit per workload as JSON")
+    parser.add_argument("--compare", metavar="FILE",
+                        help="compare the ratios with those --save wrote; exit with status 3 "
+                             "when one exceeds the saved ratio times --fail-above (or a saved "
+                             "workload was not measured)")
+    parser.add_argument("--fail-above", type=float, default=1.10, metavar="X",
+                        help="--compare: the factor a ratio may grow by (default 1.10)")
 
 
 class _Progress:
@@ -147,14 +163,105 @@ def _print_table(report: dict) -> None:
           "(float64 plain loops) on a sample of rows.")
 
 
+def ratio_rows(report: dict) -> list[dict]:
+    """posenc_fast's ratio to the limit, one entry per workload of a bench report."""
+    def label(shape):  # 1x32x4096x128, or q+k for two arrays
+        if isinstance(shape[0], list):
+            return "+".join(map(label, shape))
+        return "x".join(map(str, shape))
+
+    return [{"key": w["key"], "title": w["title"], "dtype": w["dtype"], "shape": label(w["shape"]),
+             "limit": w["limit"], "ratio": r["ratio_to_limit"]}
+            for w in report["workloads"] for r in w["results"]
+            if r["impl"] == "posenc_fast" and r["ratio_to_limit"] is not None]
+
+
+def ratios_file(report: dict) -> dict:
+    """What ``--save`` writes."""
+    return {"format": RATIOS_FORMAT, "machine": report["machine"],
+            "build_info": report["posenc_fast"], "dtype": report["dtype"],
+            "threads": report["threads"], "quick": report["quick"],
+            "rows": ratio_rows(report)}
+
+
+def load_ratios(path: str, dtype: str, threads: int) -> dict:
+    """Read a ``--save`` file for ``--compare``; ValueError says what is wrong with it."""
+    try:
+        with open(path) as fh:
+            saved = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--compare {path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(saved, dict) or saved.get("format") != RATIOS_FORMAT:
+        raise ValueError(f"--compare {path}: not a file written by bench --save "
+                         f"(format {RATIOS_FORMAT!r})")
+    for option, want in (("dtype", dtype), ("threads", threads)):
+        if saved.get(option) != want:
+            raise ValueError(f"--compare {path} was saved with --{option} {saved.get(option)}, "
+                             f"this run uses {want}: pass --{option} {saved.get(option)}")
+    return saved
+
+
+def compare_ratios(saved_rows: list[dict], measured_rows: list[dict],
+                   fail_above: float) -> list[dict]:
+    """One entry per workload: saved and measured ratio, and a status.
+
+    Status "ok", "SLOWER" (measured > saved * fail_above), "MISSING" (saved,
+    not measured) or "new" (measured, not saved); SLOWER and MISSING fail.
+    """
+    def ident(row):
+        return row["key"], row["dtype"], row["shape"]
+
+    measured = {ident(row): row for row in measured_rows}
+    entries = []
+    for row in saved_rows:
+        now = measured.pop(ident(row), None)
+        entry = {**row, "saved": row["ratio"], "ratio": None if now is None else now["ratio"],
+                 "allowed": row["ratio"] * fail_above}
+        entry["status"] = ("MISSING" if now is None else
+                           "SLOWER" if now["ratio"] > entry["allowed"] else "ok")
+        entries.append(entry)
+    entries += [{**row, "saved": None, "allowed": None, "status": "new"}
+                for row in measured.values()]
+    return entries
+
+
+def _print_comparison(entries: list[dict], path: str, saved: dict, fail_above: float) -> None:
+    print(f"\nRatios to the limit against {path} (saved on {saved.get('machine')}, "
+          f"posenc_fast {saved.get('build_info', {}).get('version')}); fail above "
+          f"{fail_above:g}x the saved ratio")
+    head = ("workload", "shape", "saved", "now", "now / saved", "status")
+    lines = [head]
+    for e in entries:
+        known = e["saved"] is not None and e["ratio"] is not None
+        lines.append((f"{e['title']} {e['dtype']}", e["shape"],
+                      "-" if e["saved"] is None else f"{e['saved']:.3g}",
+                      "-" if e["ratio"] is None else f"{e['ratio']:.3g}",
+                      f"{e['ratio'] / e['saved']:.2f}" if known else "-", e["status"]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    for line in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; return 0, or 1 if a result differs from the reference."""
+    """Run the benchmark; return 0, 1 if a result differs from the reference, 2 on bad
+    arguments, 3 if ``--compare`` found a ratio above the saved one times ``--fail-above``."""
     from . import _threads, build_info
     from ._bench import cases, timing, torch_rows
 
     if args.threads is not None and args.threads < 1:
         print("bench: --threads must be >= 1", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if not args.fail_above > 0:
+        print(f"bench: --fail-above must be > 0, got {args.fail_above}", file=sys.stderr)
+        return EXIT_USAGE
+    saved = None
+    if args.compare is not None:
+        try:
+            saved = load_ratios(args.compare, args.dtype, args.threads if args.threads
+                                is not None else _threads.get_num_threads())
+        except ValueError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     settings = QUICK if args.quick else FULL
     progress = _Progress()
     start = time.perf_counter()
@@ -190,14 +297,30 @@ def run(args: argparse.Namespace) -> int:
         "quick": bool(args.quick), "rounds": settings["rounds"],
         "seconds": round(time.perf_counter() - start, 2), "workloads": workloads,
     }
+    if args.save is not None:
+        with open(args.save, "w") as fh:
+            json.dump(ratios_file(report), fh, indent=1)
+    entries = None
+    if saved is not None:
+        entries = compare_ratios(saved["rows"], ratio_rows(report), args.fail_above)
+        report["comparison"] = {"file": args.compare, "fail_above": args.fail_above,
+                                "rows": entries}
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         _print_table(report)
+        if entries is not None:
+            _print_comparison(entries, args.compare, saved, args.fail_above)
     wrong = [f"{w['title']}: {r['label']}" for w in workloads for r in w["results"]
              if r["ok"] is False]
     if wrong:
         print("bench: results differ from the reference beyond tolerance: " + "; ".join(wrong),
               file=sys.stderr)
-        return 1
+        return EXIT_WRONG
+    failed = [f"{e['title']} {e['dtype']} ({e['status']})" for e in entries or ()
+              if e["status"] in ("SLOWER", "MISSING")]
+    if failed:
+        print(f"bench: ratio to the limit above {args.fail_above:g}x the saved one in "
+              f"{args.compare}: " + "; ".join(failed), file=sys.stderr)
+        return EXIT_SLOWER
     return 0

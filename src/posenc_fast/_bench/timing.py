@@ -5,7 +5,8 @@ interleaved rounds (a, b, c, a, b, c, ...; the start rotates each round), a
 sample holds enough calls to last `target_ns`, times come from
 ``time.perf_counter_ns``.  Claims are medians over rounds of per-round
 ratios (`paired_ratio`) measured in the same process, never a single
-absolute time.
+absolute time.  `per_call_times` times single calls instead, for the
+percentiles of the contention table (bench/report.py --contention).
 """
 
 from __future__ import annotations
@@ -120,6 +121,60 @@ def measure(funcs: Mapping[str, Callable[[], object]], *, rounds: int = 15,
                     elapsed = clock() - start
                 samples[name].append(elapsed / number)
     return {name: Timing(samples[name], numbers[name]) for name in names}
+
+
+def per_call_times(funcs: Mapping[str, Callable[[], object]], *, calls: int, block: int = 8,
+                   before: Mapping[str, Callable[[], object]] | None = None,
+                   budget_s: float | None = None, min_calls: int = 100) -> dict[str, list[int]]:
+    """Time single calls of `funcs` in interleaved blocks; return each one's per-call times (ns).
+
+    For percentiles (a p99 is a property of single calls, not of batches):
+    blocks of `block` calls of each function take turns (a, b, b, a, a,
+    b, ...: the first of each pair of blocks alternates) until each has
+    made `calls` calls, or `min_calls` once `budget_s` seconds have passed.
+    ``before[name]()`` runs untimed before each of that name's blocks.  The
+    functions are warmed up once; the garbage collector is off meanwhile.
+    """
+    import gc
+
+    before = dict(before or {})
+    names = list(funcs)
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    clock = time.perf_counter_ns
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with restored_threads():
+            for name in names:
+                if name in before:
+                    before[name]()
+                funcs[name]()
+            started = clock()
+            turn = 0
+            while len(samples[names[0]]) < calls:
+                if (budget_s is not None and len(samples[names[0]]) >= min_calls
+                        and clock() - started > budget_s * 1e9):
+                    break
+                order = names if turn % 2 == 0 else names[::-1]
+                turn += 1
+                for name in order:
+                    if name in before:
+                        before[name]()
+                    func, times = funcs[name], samples[name]
+                    for _ in range(block):
+                        start = clock()
+                        func()
+                        times.append(clock() - start)
+    finally:
+        if collecting:
+            gc.enable()
+    return samples
+
+
+def percentile(samples, q: float) -> float:
+    """The `q`-th percentile (0-100) of `samples`, linearly interpolated."""
+    return float(np.percentile(np.asarray(samples, dtype=np.float64), q))
 
 
 def paired_ratio(a: Timing, b: Timing) -> float:

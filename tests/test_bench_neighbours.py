@@ -1,0 +1,49 @@
+"""The contention tools of bench/report.py: single-call timing in interleaved blocks, and the
+neighbour processes (started before the block, gone after it however it exits)."""
+
+import pytest
+
+from posenc_fast._bench import timing
+from posenc_fast._bench.neighbours import Neighbour
+
+
+def test_per_call_times_interleaves_blocks():
+    calls = []
+    times = timing.per_call_times(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, calls=12, block=3,
+        before={"a": lambda: calls.append("set a"), "b": lambda: calls.append("set b")})
+    assert len(times["a"]) == len(times["b"]) == 12
+    assert all(t >= 0 for t in times["a"] + times["b"])
+    timed = calls[4:]   # after the warm-up: set a, a, set b, b
+    assert calls[:4] == ["set a", "a", "set b", "b"]
+    blocks = [timed[i:i + 4] for i in range(0, len(timed), 4)]
+    assert blocks == [["set a", "a", "a", "a"], ["set b", "b", "b", "b"],
+                      ["set b", "b", "b", "b"], ["set a", "a", "a", "a"]] * 2
+
+
+def test_percentile():
+    assert timing.percentile(range(101), 99) == 99.0
+    assert timing.percentile([3, 1, 2], 50) == 2.0
+
+
+@pytest.mark.parametrize("kind, nice", [("hog", 0), ("busy", 19)])
+def test_neighbour_runs_inside_the_block_only(kind, nice):
+    with Neighbour(kind, nice) as neighbour:
+        assert neighbour.proc.poll() is None
+    assert neighbour.proc.poll() is not None
+    assert neighbour.early_exit is None and neighbour.passes >= 0
+    assert "passes in" in neighbour.summary()
+
+
+def test_neighbour_stops_when_the_block_raises():
+    with pytest.raises(KeyboardInterrupt):
+        with Neighbour("busy") as neighbour:
+            raise KeyboardInterrupt
+    assert neighbour.proc.poll() is not None
+
+
+def test_neighbour_arguments():
+    with pytest.raises(ValueError, match="kind"):
+        Neighbour("spin")
+    with pytest.raises(ValueError, match="nice"):
+        Neighbour("busy", nice=20)
