@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from posenc_fast import hf
-from posenc_fast._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
+from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture; needs torch)
 
 MODELS = Path(transformers.__file__).parent / "models"
 
@@ -25,30 +27,15 @@ def restore_transformers():
     hf.uninstall()
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
-    calls = []
-    rotate = hf._rotate_tensors
-
-    def counting(*args):
-        result = rotate(*args)
-        calls.append(result is not None)
-        return result
-
-    monkeypatch.setattr(hf, "_rotate_tensors", counting)
-    return calls
-
-
 # ---------------------------------------------------------------------------
 # the table against the source and behaviour of the installed transformers
 
 
-def modules_with_the_function():
-    """Folders of transformers/models whose modeling module defines apply_rotary_pos_emb."""
+def modules_with_the_function(name="apply_rotary_pos_emb"):
+    """Folders of transformers/models whose modeling module defines the function `name`."""
     return sorted(path.parent.name for path in MODELS.glob("*/modeling_*.py")
                   if path.stem == f"modeling_{path.parent.name}"
-                  and re.search(r"^def apply_rotary_pos_emb\(", path.read_text(), re.M))
+                  and re.search(rf"^def {name}\(", path.read_text(), re.M))
 
 
 def test_every_module_with_the_function_is_classified():
@@ -56,7 +43,8 @@ def test_every_module_with_the_function_is_classified():
     assert set(ROTARY_FUNCTIONS) & set(NOT_PATCHED) == set()
     assert found - set(ROTARY_FUNCTIONS) - set(NOT_PATCHED) == set(), "read them into ROTARY_FUNCTIONS"
     assert set(ROTARY_FUNCTIONS) | set(NOT_PATCHED) == found, "rows for modules gone"
-    for name, function in ROTARY_FUNCTIONS.items():
+    assert set(modules_with_the_function("apply_rotary_pos_emb_interleave")) == set(INTERLEAVE_FUNCTIONS)
+    for name, function in {**ROTARY_FUNCTIONS, **INTERLEAVE_FUNCTIONS}.items():
         assert function.source == f"{name}/modeling_{name}.py"
 
 
@@ -80,11 +68,13 @@ def dtypes(function):
     return [(torch.float32, True), (torch.float64, True)]
 
 
-@pytest.mark.parametrize("name", sorted(ROTARY_FUNCTIONS))
-def test_function_equals_the_modules_own(name, kernel_calls):
+@pytest.mark.parametrize("name, function_name",
+                         [(name, "apply_rotary_pos_emb") for name in sorted(ROTARY_FUNCTIONS)]
+                         + [(name, "apply_rotary_pos_emb_interleave") for name in sorted(INTERLEAVE_FUNCTIONS)])
+def test_function_equals_the_modules_own(name, function_name, kernel_calls):
     module = importlib.import_module(hf._module_name(name))
-    function = ROTARY_FUNCTIONS[name]
-    own = module.apply_rotary_pos_emb
+    function = hf._PATCHED[function_name][name]
+    own = getattr(module, function_name)
     patched = hf._replacement(own, function)
     widths = (16, 8) if function.partial else (16,)
     for dtype, kernel in dtypes(function):
