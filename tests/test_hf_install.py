@@ -16,7 +16,8 @@ from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUN
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture; needs torch)
+import hf_tiny  # noqa: E402  (needs torch)
+from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
 
 MODELS = Path(transformers.__file__).parent / "models"
 
@@ -96,62 +97,12 @@ def test_function_equals_the_modules_own(name, function_name, kernel_calls):
 
 
 # ---------------------------------------------------------------------------
-# inside tiny random models: one per kind of function, and those the issue names
-
-SHRINK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=256, pad_token_id=0)
-# model type -> (its modeling module, config changes beyond SHRINK)
-MODELS_CHECKED = {
-    "llama": ("llama", {}),
-    "phi": ("phi", {"partial_rotary_factor": 0.5}),  # the attention slices q/k, then Llama's function
-    "stablelm": ("stablelm", {"partial_rotary_factor": 0.25}),
-    "persimmon": ("persimmon", {"partial_rotary_factor": 0.5}),
-    "qwen2_vl": ("qwen2_vl", {"text_config": {**SHRINK, "rope_parameters": {
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
-        "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2}}),
-    "cohere": ("cohere", {}),  # interleaved, pair-repeated cache, float32
-    "glm": ("glm", {"partial_rotary_factor": 0.5}),  # interleaved, partial
-    "helium": ("helium", {}),  # interleaved, whole head
-    "ernie4_5": ("ernie4_5", {}),  # interleaved, float32
-    "phi3": ("phi3", {"partial_rotary_factor": 0.5}),  # partial in the function
-    "olmo2": ("olmo2", {}),  # results cast back to their own dtype
-    "modernbert": ("modernbert", {}),  # float32
-    "gpt_oss": ("gpt_oss", {"num_local_experts": 2, "num_experts_per_tok": 1}),  # half-width cache
-    "nanochat": ("nanochat", {}),  # rotates by -theta
-    "openai_privacy_filter": ("openai_privacy_filter", {"num_local_experts": 2, "num_experts_per_tok": 1}),
-}
-
-
-def tiny_model(model_type, changes):
-    config_class = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]
-    config = config_class(**{**SHRINK, **changes})
-    torch.manual_seed(0)
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText,
-                 transformers.AutoModelForMaskedLM, transformers.AutoModelForTokenClassification):
-        try:
-            return auto.from_config(config).eval()
-        except ValueError:  # not a model of that kind
-            continue
-    return transformers.AutoModel.from_config(config).eval()
-
-
-@pytest.mark.parametrize("model_type", sorted(MODELS_CHECKED))
-def test_model_logits_unchanged(model_type, kernel_calls):
-    module_name, changes = MODELS_CHECKED[model_type]
-    model = tiny_model(model_type, changes)
-    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        expected = model(input_ids=ids).logits
-        with hf.install(model) as installation:
-            got = model(input_ids=ids).logits
-    assert installation.modules == (hf._module_name(module_name),)
-    assert kernel_calls and all(kernel_calls), "the patched function took the fallback"
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+# inside tiny random models (every model type: test_hf_install_models.py)
 
 
 def test_half_precision_model_unchanged(kernel_calls):
     # Cohere computes in float32 and rounds once, as the kernel does: bitwise the same rotations
-    model = tiny_model("cohere", {}).to(torch.bfloat16)
+    model = hf_tiny.tiny_model("cohere").to(torch.bfloat16)
     ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = model(input_ids=ids).logits

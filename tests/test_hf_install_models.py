@@ -2,7 +2,7 @@
 
 Skipped unless torch and transformers are installed.  Nothing is downloaded:
 each model type of the installed transformers whose modeling module is in
-``ROTARY_FUNCTIONS`` gets a tiny model from its shrunk default config
+``hf.SUPPORTED_FAMILIES`` gets a tiny model from its shrunk default config
 (``hf_tiny.py``), one forward pass with and one without ``install`` on the
 same token ids (mRoPE models with distinct t/h/w position ids), and the
 logits must agree to float32 rounding with every rotation taken by the
@@ -17,7 +17,6 @@ import warnings
 import pytest
 
 from posenc_fast import hf
-from posenc_fast._hf_models import ROTARY_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -30,7 +29,7 @@ from hf_walk import configuration_auto  # noqa: E402
 def model_types():
     """Model types of the installed transformers whose modeling module `install` patches."""
     return sorted(t for t in configuration_auto.CONFIG_MAPPING_NAMES
-                  if configuration_auto.model_type_to_module_name(t) in ROTARY_FUNCTIONS)
+                  if configuration_auto.model_type_to_module_name(t) in hf.SUPPORTED_FAMILIES)
 
 
 _INPUTS = "its forward needs {} (vision/audio/codec inputs of model-specific shapes, not token ids)"
@@ -45,6 +44,7 @@ NOT_RUN = {
     "apertus1p5": _CONFIG.format("WavTokenizer uses no projections around the quantizer, so `codebook_dim` (512) must equal `hidden_si"),
     "apertus1p5_vision_tokenizer": _NO_FORWARD,
     "axk2": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
+    "bailing_hybrid": _FAILS.format("RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 192"),
     "bamba": _NEVER,
     "blt": _SLOW,
     "blt_global_transformer": _INPUTS.format("inputs_embeds"),
@@ -86,6 +86,7 @@ NOT_RUN = {
     "glm4v_vision": _INPUTS.format("hidden_states, grid_thw"),
     "glm_image_vision": _INPUTS.format("pixel_values, grid_thw"),
     "glm_image_vqmodel": _NO_FORWARD,
+    "glm_moe_dsa": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
     "glm_ocr_vision": _INPUTS.format("hidden_states, grid_thw"),
     "glmasr_encoder": _INPUTS.format("input_features"),
     "gradium_phonon_tts": _CONFIG.format("`flow_head_config.condition_dim` (768) must equal the backbone `hidden_size` (128)."),
@@ -111,6 +112,8 @@ NOT_RUN = {
     "mimi_encoder": _INPUTS.format("input_values"),
     "minimax_m3_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
     "mistral4": _FAILS.format("RuntimeError: The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimensio"),
+    "mistral_large4": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
+    "mistral_large4_text": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
     "mllama_vision_model": _INPUTS.format("pixel_values, aspect_ratio_ids, aspect_ratio_mask"),
     "molmo2": _CONFIG.format("`adapter_config.vision_feature_layer` [24, 18] must index the 2 layers of `vision_config`."),
     "molmo2_adapter": _INPUTS.format("image_features, pooled_patches_idx"),
@@ -219,9 +222,10 @@ def run(model_type, kernel_calls):
     positions = hf_tiny.position_ids(model)
     with torch.no_grad():
         expected = logits(model, ids, positions)
-        with hf.install(model):
+        with hf.install(model) as installation:
             kernel_calls.clear()
             got = logits(model, ids, positions)
+    assert hf_tiny.model_module(model_type) in installation.modules
     return expected, got
 
 

@@ -283,7 +283,9 @@ def install(model=None) -> Installation:
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants).  Their attention
+    its partial, interleaved, float32 and mRoPE variants), and MLA's
+    ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used when the config
+    sets ``rope_interleave``).  Their attention
     ``forward`` looks the function up as a module global on every call, so
     models already built are affected too.  Results are those of the
     module's own function (bit for bit in float32/float64 on the CPU); other
