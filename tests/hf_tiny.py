@@ -26,9 +26,17 @@ SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=12
              num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
              n_shared_experts=1, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
              qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1,
-             first_k_dense_replace=1, depth=1, embed_dim=64, num_heads=4, num_layers=2, d_model=128,
+             first_k_dense_replace=1, num_expert_group=1, depth=1, embed_dim=64, num_heads=4, num_layers=2, d_model=128,
              encoder_layers=1, decoder_layers=1)
 EXACT = ("hidden_size", "head_dim")
+# hybrids whose attention layers are picked by index or period: changes that keep one among the tiny layers
+HYBRID_CHANGES = {
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "recurrent_gemma": {"num_hidden_layers": 3},  # block_types cycles recurrent, recurrent, attention
+    "zamba2": {"hybrid_layer_ids": [1], "use_mem_rope": True},  # its default config applies no RoPE
+}
+LAYER_TYPES = ("layer_types", "layers_block_type", "block_types")  # per-layer lists that name a layer's kind
 SEQ = 24
 BATCH = 2
 
@@ -45,13 +53,17 @@ def shrink(config):
         if key in config and (isinstance(config[key], int) and not isinstance(config[key], bool)
                               or key == "head_dim" and config[key] is None):
             changes[key] = value if key in EXACT or config[key] is None else min(config[key], value)
-    if "head_dim" in changes and config.get("qk_rope_head_dim"):  # MLA: head_dim is the rope part
-        changes["head_dim"] = changes["qk_rope_head_dim"]
+    if config.get("qk_rope_head_dim"):  # MLA: no grouped keys; head_dim is the rope part, or rope + nope
+        whole = config.get("head_dim") == config["qk_rope_head_dim"] + config.get("qk_nope_head_dim", 0)
+        if "head_dim" in changes:
+            changes["head_dim"] = changes["qk_rope_head_dim"] + whole * changes.get("qk_nope_head_dim", 0)
+        if "num_key_value_heads" in changes:
+            changes["num_key_value_heads"] = changes["num_attention_heads"]
     layers = config.get("num_hidden_layers")
     if isinstance(layers, int) and layers > 2:
-        layer_types = config.get("layer_types")
-        keep = ([0, 1] if not isinstance(layer_types, list) or len(layer_types) != layers
-                else sorted({layer_types.index(t) for t in layer_types}))  # one layer of each type
+        kinds = next((config[key] for key in LAYER_TYPES
+                      if isinstance(config.get(key), list) and len(config[key]) == layers), None)
+        keep = [0, 1] if kinds is None else sorted({kinds.index(t) for t in kinds})  # one layer of each kind
         for key, value in config.items():
             if isinstance(value, list) and len(value) == layers:
                 changes[key] = [value[i] for i in keep]
@@ -60,6 +72,7 @@ def shrink(config):
     if isinstance(config.get("pad_token_id"), int) and vocab and config["pad_token_id"] >= vocab:
         changes["pad_token_id"] = 0
     _shrink_mrope_section(config, changes)
+    changes.update(HYBRID_CHANGES.get(config.get("model_type"), {}))
     for key, value in config.items():
         if isinstance(value, dict) and "model_type" in value:
             changes[key] = shrink(value)

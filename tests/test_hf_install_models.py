@@ -17,6 +17,7 @@ import warnings
 import pytest
 
 from posenc_fast import hf
+from posenc_fast._hf_models import MODEL_RULES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -34,8 +35,7 @@ def model_types():
 
 _INPUTS = "its forward needs {} (vision/audio/codec inputs of model-specific shapes, not token ids)"
 _NO_FORWARD = "no forward of its own (an image/audio tokenizer: encode/decode only)"
-_NEVER = ("its tiny model never calls apply_rotary_pos_emb (a hybrid: its attention layers are picked by "
-          "index or period, and the two layers kept are not among them)")
+_NO_ROPE = "its attention applies no RoPE (the module defines apply_rotary_pos_emb but never calls it)"
 _SLOW = "its tiny model takes about 30 s (BLT's patcher and byte-level encoders do not shrink with these keys)"
 _CONFIG = "its shrunk default config is refused: {}"
 _FAILS = "its shrunk default config does not run: {}"
@@ -43,9 +43,7 @@ _FAILS = "its shrunk default config does not run: {}"
 NOT_RUN = {
     "apertus1p5": _CONFIG.format("WavTokenizer uses no projections around the quantizer, so `codebook_dim` (512) must equal `hidden_si"),
     "apertus1p5_vision_tokenizer": _NO_FORWARD,
-    "axk2": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
     "bailing_hybrid": _FAILS.format("RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 192"),
-    "bamba": _NEVER,
     "blt": _SLOW,
     "blt_global_transformer": _INPUTS.format("inputs_embeds"),
     "blt_local_decoder": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'shape'"),
@@ -64,14 +62,12 @@ NOT_RUN = {
     "deepseek_ocr2_sam_vision_model": _INPUTS.format("pixel_values"),
     "deepseek_ocr2_text": _FAILS.format("TypeError: 'NoneType' object is not subscriptable"),
     "deepseek_ocr2_vision": _INPUTS.format("pixel_values"),
-    "deepseek_v32": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
     "dia": _FAILS.format("IndexError: index out of range in self"),
     "dia_decoder": _FAILS.format("ValueError: not enough values to unpack (expected 2, got 1)"),
     "dory": _CONFIG.format("`num_hidden_layers` (1) must be equal to the number of `layer_types` (2)"),
     "dots1": _FAILS.format("TypeError: empty() takes 1 positional argument but 3 were given"),
     "dots3_note": _CONFIG.format("num_key_value_heads must match num_attention_heads"),
     "dots3_note_audio_encoder": _CONFIG.format("adapter_input_size must match hidden_size"),
-    "dots3_note_text": _CONFIG.format("num_key_value_heads must match num_attention_heads"),
     "dots3_note_vision_encoder": _CONFIG.format("adapter_in_dim must match hidden_size"),
     "efficientloftr": _CONFIG.format("hidden_size should be equal to the last value in out_features. hidden_size = 128, out_features = 256"),
     "emu3": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'get'"),
@@ -86,7 +82,6 @@ NOT_RUN = {
     "glm4v_vision": _INPUTS.format("hidden_states, grid_thw"),
     "glm_image_vision": _INPUTS.format("pixel_values, grid_thw"),
     "glm_image_vqmodel": _NO_FORWARD,
-    "glm_moe_dsa": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
     "glm_ocr_vision": _INPUTS.format("hidden_states, grid_thw"),
     "glmasr_encoder": _INPUTS.format("input_features"),
     "gradium_phonon_tts": _CONFIG.format("`flow_head_config.condition_dim` (768) must equal the backbone `hidden_size` (128)."),
@@ -101,7 +96,7 @@ NOT_RUN = {
     "idefics": _INPUTS.format("pixel_values"),
     "idefics_perciever": _FAILS.format("LookupError: no model class for idefics_perciever"),
     "idefics_vision": _FAILS.format("LookupError: no model class for idefics_vision"),
-    "jamba": _NEVER,
+    "jamba": _NO_ROPE,
     "kyutai_speech_to_text": _FAILS.format("AssertionError: Padding_idx must be within num_embeddings"),
     "lasr_ctc": _INPUTS.format("input_features"),
     "lasr_encoder": _INPUTS.format("input_features"),
@@ -111,9 +106,6 @@ NOT_RUN = {
     "mimi_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "mimi_encoder": _INPUTS.format("input_values"),
     "minimax_m3_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
-    "mistral4": _FAILS.format("RuntimeError: The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimensio"),
-    "mistral_large4": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
-    "mistral_large4_text": _FAILS.format("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimensio"),
     "mllama_vision_model": _INPUTS.format("pixel_values, aspect_ratio_ids, aspect_ratio_mask"),
     "molmo2": _CONFIG.format("`adapter_config.vision_feature_layer` [24, 18] must index the 2 layers of `vision_config`."),
     "molmo2_adapter": _INPUTS.format("image_features, pooled_patches_idx"),
@@ -135,7 +127,8 @@ NOT_RUN = {
     "nemotron3_diarization_audio": _INPUTS.format("input_features"),
     "nemotron_asr_streaming": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
     "nemotron_asr_streaming_encoder": _INPUTS.format("input_features"),
-    "nemotron_h": _NEVER,
+    "nemotron_h": _NO_ROPE,
+    "neomme": "its rotary module has (row, column) position streams that hf_tiny.position_ids does not build",
     "neucodec": _INPUTS.format("input_values, input_features"),
     "paddleocr_vl_vision": _INPUTS.format("pixel_values"),
     "parakeet_ctc": _INPUTS.format("input_features"),
@@ -172,7 +165,6 @@ NOT_RUN = {
     "qwen4_exp": _FAILS.format("TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'"),
     "qwen4_exp_text": _FAILS.format("TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'"),
     "qwen4_exp_vision": _INPUTS.format("hidden_states, grid_thw"),
-    "recurrent_gemma": _NEVER,
     "step3p5": _FAILS.format("ValueError: Could not find a `sliding_window` argument in the config, or it is not set"),
     "step3p5_vision": _INPUTS.format("pixel_values"),
     "step3p7": _FAILS.format("ValueError: Could not find a `sliding_window` argument in the config, or it is not set"),
@@ -190,7 +182,6 @@ NOT_RUN = {
     "voxtral_realtime_encoder": _INPUTS.format("input_features"),
     "voxtral_realtime_text": _FAILS.format("AttributeError: module transformers has no attribute VoxtralRealtimeTextModel"),
     "xcodec2": _INPUTS.format("input_values, input_features"),
-    "zamba2": _NEVER,
 }
 
 MODEL_TYPES = model_types()
@@ -220,6 +211,9 @@ def run(model_type, kernel_calls):
         model = hf_tiny.tiny_model(model_type)
     ids = torch.randint(1, 128, (hf_tiny.BATCH, hf_tiny.SEQ), generator=torch.Generator().manual_seed(2))
     positions = hf_tiny.position_ids(model)
+    rule = MODEL_RULES.get(model.config.get_text_config(decoder=True).model_type)
+    if rule is not None and rule.streams and positions is None:
+        raise LookupError(f"{model_type} has mRoPE ({rule.streams}) but no position streams were built")
     with torch.no_grad():
         expected = logits(model, ids, positions)
         with hf.install(model) as installation:
