@@ -226,13 +226,13 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim, function=_LLAMA):
                          f"transformers cache, halves repeated)")
     if function.cache == "halves":
         cos, sin = cos[..., :width // 2], sin[..., :width // 2]
-    if function.deinterleaves:  # its pairs (x[2i], x[2i + 1]) laid out in halves, then rotated there
-        q, k = (np.concatenate((x[..., 0::2], x[..., 1::2]), axis=-1) for x in (q, k))
     elif function.cache == "pairs":
         cos, sin = cos[..., 0::2], sin[..., 0::2]
+    outs = (None, None)
+    if function.deinterleaves:  # its pairs (x[2i], x[2i + 1]) laid out in halves, then rotated there, in place
+        q, k = outs = tuple(np.concatenate((x[..., 0::2], x[..., 1::2]), axis=-1) for x in (q, k))
     # Contiguous q and k (every decode step): the compiled path checks the rest.
-    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, function.kernel_layout, function.inverse,
-                                       (None, None))
+    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, function.kernel_layout, function.inverse, outs)
     if fast is not None:
         return fast
     for x, name in ((q, "q"), (k, "k")):
