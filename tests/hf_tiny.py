@@ -26,8 +26,8 @@ SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=12
              num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
              n_shared_experts=1, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
              qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1,
-             first_k_dense_replace=1, num_expert_group=1, depth=1, embed_dim=64, num_heads=4, num_layers=2, d_model=128,
-             encoder_layers=1, decoder_layers=1)
+             first_k_dense_replace=1, num_expert_group=1, depth=1, embed_dim=64, num_heads=4, num_layers=2,
+             d_model=128, encoder_layers=1, decoder_layers=1)
 EXACT = ("hidden_size", "head_dim")
 # hybrids whose attention layers are picked by index or period: changes that keep one among the tiny layers
 HYBRID_CHANGES = {

@@ -38,8 +38,8 @@ def _rule_text(model_type):
 def _install_text(model_type):
     """What hf.install patches in the model type's modeling module, and whether its logits were checked."""
     module = hf_walk.configuration_auto.model_type_to_module_name(model_type)
-    patched = [name for name, table in (("yes", ROTARY_FUNCTIONS), ("`rope_interleave` path", INTERLEAVE_FUNCTIONS))
-               if module in table]
+    tables = (("yes", ROTARY_FUNCTIONS), ("`rope_interleave` path", INTERLEAVE_FUNCTIONS))
+    patched = [name for name, table in tables if module in table]
     if not patched:
         return "no"
     checked = ", logits checked" if model_type in MODEL_TYPES and model_type not in NOT_RUN else ""

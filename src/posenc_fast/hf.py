@@ -338,7 +338,7 @@ def install(model=None) -> Installation:
 
 
 def uninstall() -> None:
-    """Restore transformers' own ``apply_rotary_pos_emb`` wherever `install` replaced it."""
+    """Restore transformers' own functions wherever `install` replaced them."""
     _restore({module for module, _ in _originals})
 
 
