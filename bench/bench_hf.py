@@ -7,7 +7,10 @@ A plain script (needs torch and transformers):
 Part 1 times the rotation alone for q (1, 32, 4096, 128) and k (1, 8, 4096,
 128) float32, both as contiguous tensors and as Llama's (batch, heads, seq,
 dim) views of (batch, seq, heads, dim) projections, then for one decode step
-(seq 1), where the per-call overhead shows.  Part 2 times the forward
+(seq 1), where the per-call overhead shows; then the functions `install`
+puts in three other modules (Cohere's interleaved pairs, Qwen2-VL's mRoPE,
+DeepSeek-V3's MLA ``apply_rotary_pos_emb_interleave``) against their
+originals, on the same q/k views.  Part 2 times the forward
 pass of small random Llama models on a 512-token prompt with and without
 `hf.install`.  Each line is the median over interleaved rounds of
 ``posenc_fast._bench.timing.measure`` (the start rotating each round), so
@@ -15,6 +18,7 @@ drifts in machine speed hit both alike.
 """
 
 import argparse
+import importlib
 
 import torch
 import transformers
@@ -22,6 +26,7 @@ from transformers.models.llama import modeling_llama
 
 import posenc_fast as pf
 from posenc_fast import hf
+from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS
 from posenc_fast._bench.timing import measure, paired_ratio
 
 
@@ -64,6 +69,33 @@ def rotation(repeats: int) -> None:
                f"{layout}", timings, nbytes)
 
 
+# (module, function name, table): a replacement `install` puts in, timed against the module's own
+REPLACEMENTS = [("cohere", "apply_rotary_pos_emb", ROTARY_FUNCTIONS),
+                ("qwen2_vl", "apply_rotary_pos_emb", ROTARY_FUNCTIONS),
+                ("deepseek_v3", "apply_rotary_pos_emb_interleave", INTERLEAVE_FUNCTIONS)]
+
+
+def replacements(repeats: int) -> None:
+    batch, heads, kv_heads, seq, dim = 1, 32, 8, 4096, 64
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, seq, heads, dim, generator=generator).transpose(1, 2)
+    k = torch.randn(batch, seq, kv_heads, dim, generator=generator).transpose(1, 2)
+    angles = torch.arange(seq)[:, None] * 10000.0 ** (-torch.arange(0, dim, 2) / dim)
+    for family, name, table in REPLACEMENTS:
+        function = table[family]
+        own = getattr(importlib.import_module(hf._module_name(family)), name)
+        patched = hf._replacement(own, function)
+        emb = (angles.repeat_interleave(2, dim=-1) if function.cache == "pairs"
+               else torch.cat((angles, angles), dim=-1))[None]
+        cos, sin = emb.cos(), emb.sin()
+        with torch.no_grad():
+            timings = measure({"transformers": lambda: own(q, k, cos, sin),
+                               "posenc_fast": lambda: patched(q, k, cos, sin)}, rounds=repeats)
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+        report(f"{family}'s {name} as install replaces it, q {tuple(q.shape)} k {tuple(k.shape)} "
+               f"float32, llama view", timings, nbytes)
+
+
 def forward(repeats: int, prompt: int = 512) -> None:
     original = modeling_llama.apply_rotary_pos_emb
     configs = {
@@ -103,6 +135,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"posenc_fast {pf.build_info()}")
     rotation(args.repeats)
+    replacements(args.repeats)
     forward(args.repeats)
 
 

@@ -15,9 +15,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import hf_walk  # noqa: E402
 import transformers  # noqa: E402
+from test_hf_install_models import MODEL_TYPES, NOT_RUN  # noqa: E402
 from test_hf_models import OUT_OF_SCOPE, _agrees  # noqa: E402
 
-from posenc_fast._hf_models import MODEL_RULES, ROTARY_FUNCTIONS  # noqa: E402
+from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, MODEL_RULES, ROTARY_FUNCTIONS  # noqa: E402
 
 
 def _rule_text(model_type):
@@ -35,12 +36,14 @@ def _rule_text(model_type):
 
 
 def _install_text(model_type):
-    """Whether hf.install patches the apply_rotary_pos_emb of the model type's modeling module."""
-    if hf_walk.configuration_auto.model_type_to_module_name(model_type) not in ROTARY_FUNCTIONS:
+    """What hf.install patches in the model type's modeling module, and whether its logits were checked."""
+    module = hf_walk.configuration_auto.model_type_to_module_name(model_type)
+    tables = (("yes", ROTARY_FUNCTIONS), ("`rope_interleave` path", INTERLEAVE_FUNCTIONS))
+    patched = [name for name, table in tables if module in table]
+    if not patched:
         return "no"
-    if hasattr(hf_walk.modeling_module(model_type), "apply_rotary_pos_emb_interleave"):
-        return "yes, not its `rope_interleave` path"
-    return "yes"
+    checked = ", logits checked" if model_type in MODEL_TYPES and model_type not in NOT_RUN else ""
+    return " and ".join(patched) + checked
 
 
 def table() -> str:
@@ -64,7 +67,9 @@ def table() -> str:
         "supported model type's default config, rotary module and rotation agree with",
         "`from_hf_config(config).apply_qk` through the attention scores q·k.  The column",
         "hf.install says whether `posenc_fast.hf.install` replaces the `apply_rotary_pos_emb` of its",
-        "modeling module (`_hf_models.ROTARY_FUNCTIONS`, checked by `tests/test_hf_install.py`).",
+        "modeling module (`_hf_models.ROTARY_FUNCTIONS`) and MLA's `apply_rotary_pos_emb_interleave`",
+        "(`INTERLEAVE_FUNCTIONS`), each checked by `tests/test_hf_install.py`, and whether a tiny model's",
+        "logits agree with and without it (`tests/test_hf_install_models.py`).",
         "",
         f"## Supported ({len(supported)})",
         "",

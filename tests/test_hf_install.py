@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from posenc_fast import hf
-from posenc_fast._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
+from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+import hf_tiny  # noqa: E402  (needs torch)
+from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
 
 MODELS = Path(transformers.__file__).parent / "models"
 
@@ -25,30 +28,15 @@ def restore_transformers():
     hf.uninstall()
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
-    calls = []
-    rotate = hf._rotate_tensors
-
-    def counting(*args):
-        result = rotate(*args)
-        calls.append(result is not None)
-        return result
-
-    monkeypatch.setattr(hf, "_rotate_tensors", counting)
-    return calls
-
-
 # ---------------------------------------------------------------------------
 # the table against the source and behaviour of the installed transformers
 
 
-def modules_with_the_function():
-    """Folders of transformers/models whose modeling module defines apply_rotary_pos_emb."""
+def modules_with_the_function(name="apply_rotary_pos_emb"):
+    """Folders of transformers/models whose modeling module defines the function `name`."""
     return sorted(path.parent.name for path in MODELS.glob("*/modeling_*.py")
                   if path.stem == f"modeling_{path.parent.name}"
-                  and re.search(r"^def apply_rotary_pos_emb\(", path.read_text(), re.M))
+                  and re.search(rf"^def {name}\(", path.read_text(), re.M))
 
 
 def test_every_module_with_the_function_is_classified():
@@ -56,7 +44,8 @@ def test_every_module_with_the_function_is_classified():
     assert set(ROTARY_FUNCTIONS) & set(NOT_PATCHED) == set()
     assert found - set(ROTARY_FUNCTIONS) - set(NOT_PATCHED) == set(), "read them into ROTARY_FUNCTIONS"
     assert set(ROTARY_FUNCTIONS) | set(NOT_PATCHED) == found, "rows for modules gone"
-    for name, function in ROTARY_FUNCTIONS.items():
+    assert set(modules_with_the_function("apply_rotary_pos_emb_interleave")) == set(INTERLEAVE_FUNCTIONS)
+    for name, function in {**ROTARY_FUNCTIONS, **INTERLEAVE_FUNCTIONS}.items():
         assert function.source == f"{name}/modeling_{name}.py"
 
 
@@ -80,11 +69,13 @@ def dtypes(function):
     return [(torch.float32, True), (torch.float64, True)]
 
 
-@pytest.mark.parametrize("name", sorted(ROTARY_FUNCTIONS))
-def test_function_equals_the_modules_own(name, kernel_calls):
+@pytest.mark.parametrize("name, function_name",
+                         [(name, "apply_rotary_pos_emb") for name in sorted(ROTARY_FUNCTIONS)]
+                         + [(name, "apply_rotary_pos_emb_interleave") for name in sorted(INTERLEAVE_FUNCTIONS)])
+def test_function_equals_the_modules_own(name, function_name, kernel_calls):
     module = importlib.import_module(hf._module_name(name))
-    function = ROTARY_FUNCTIONS[name]
-    own = module.apply_rotary_pos_emb
+    function = hf._PATCHED[function_name][name]
+    own = getattr(module, function_name)
     patched = hf._replacement(own, function)
     widths = (16, 8) if function.partial else (16,)
     for dtype, kernel in dtypes(function):
@@ -106,62 +97,12 @@ def test_function_equals_the_modules_own(name, kernel_calls):
 
 
 # ---------------------------------------------------------------------------
-# inside tiny random models: one per kind of function, and those the issue names
-
-SHRINK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=256, pad_token_id=0)
-# model type -> (its modeling module, config changes beyond SHRINK)
-MODELS_CHECKED = {
-    "llama": ("llama", {}),
-    "phi": ("phi", {"partial_rotary_factor": 0.5}),  # the attention slices q/k, then Llama's function
-    "stablelm": ("stablelm", {"partial_rotary_factor": 0.25}),
-    "persimmon": ("persimmon", {"partial_rotary_factor": 0.5}),
-    "qwen2_vl": ("qwen2_vl", {"text_config": {**SHRINK, "rope_parameters": {
-        "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
-        "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2}}),
-    "cohere": ("cohere", {}),  # interleaved, pair-repeated cache, float32
-    "glm": ("glm", {"partial_rotary_factor": 0.5}),  # interleaved, partial
-    "helium": ("helium", {}),  # interleaved, whole head
-    "ernie4_5": ("ernie4_5", {}),  # interleaved, float32
-    "phi3": ("phi3", {"partial_rotary_factor": 0.5}),  # partial in the function
-    "olmo2": ("olmo2", {}),  # results cast back to their own dtype
-    "modernbert": ("modernbert", {}),  # float32
-    "gpt_oss": ("gpt_oss", {"num_local_experts": 2, "num_experts_per_tok": 1}),  # half-width cache
-    "nanochat": ("nanochat", {}),  # rotates by -theta
-    "openai_privacy_filter": ("openai_privacy_filter", {"num_local_experts": 2, "num_experts_per_tok": 1}),
-}
-
-
-def tiny_model(model_type, changes):
-    config_class = transformers.models.auto.configuration_auto.CONFIG_MAPPING[model_type]
-    config = config_class(**{**SHRINK, **changes})
-    torch.manual_seed(0)
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText,
-                 transformers.AutoModelForMaskedLM, transformers.AutoModelForTokenClassification):
-        try:
-            return auto.from_config(config).eval()
-        except ValueError:  # not a model of that kind
-            continue
-    return transformers.AutoModel.from_config(config).eval()
-
-
-@pytest.mark.parametrize("model_type", sorted(MODELS_CHECKED))
-def test_model_logits_unchanged(model_type, kernel_calls):
-    module_name, changes = MODELS_CHECKED[model_type]
-    model = tiny_model(model_type, changes)
-    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        expected = model(input_ids=ids).logits
-        with hf.install(model) as installation:
-            got = model(input_ids=ids).logits
-    assert installation.modules == (hf._module_name(module_name),)
-    assert kernel_calls and all(kernel_calls), "the patched function took the fallback"
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+# inside tiny random models (every model type: test_hf_install_models.py)
 
 
 def test_half_precision_model_unchanged(kernel_calls):
     # Cohere computes in float32 and rounds once, as the kernel does: bitwise the same rotations
-    model = tiny_model("cohere", {}).to(torch.bfloat16)
+    model = hf_tiny.tiny_model("cohere").to(torch.bfloat16)
     ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = model(input_ids=ids).logits

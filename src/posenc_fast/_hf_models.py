@@ -8,16 +8,18 @@ refused unless the caller settles its layout (``layout=``).
 
 ``ROTARY_FUNCTIONS`` says, per modeling module, what its
 ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` computes, for
-``hf.install``; ``tests/test_hf_install.py`` runs each module's own function
-against posenc_fast's, and lists every module of the installed transformers
-that defines one in either table.
+``hf.install``, and ``INTERLEAVE_FUNCTIONS`` what its MLA
+``apply_rotary_pos_emb_interleave`` computes; ``tests/test_hf_install.py``
+runs each module's own function against posenc_fast's, and lists every module
+of the installed transformers that defines one in these tables.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ModelRule", "MODEL_RULES", "RotaryFunction", "ROTARY_FUNCTIONS", "NOT_PATCHED"]
+__all__ = ["ModelRule", "MODEL_RULES", "RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS",
+           "NOT_PATCHED"]
 
 
 class ModelRule(NamedTuple):
@@ -255,6 +257,14 @@ class RotaryFunction(NamedTuple):
     results in q's dtype."""
     inverse: bool = False
     """Rotates by ``-theta`` (its ``rotate_half`` is ``cat(x2, -x1)``)."""
+    deinterleaves: bool = False
+    """Takes interleaved pairs and returns them rotated in the half layout, ``cat(x[0::2] cos - x[1::2]
+    sin, x[1::2] cos + x[0::2] sin)`` (MLA's ``apply_rotary_pos_emb_interleave``)."""
+
+    @property
+    def kernel_layout(self) -> str:
+        """The pair layout posenc_fast rotates in (a deinterleaving function rotates what it laid out in halves)."""
+        return "half" if self.deinterleaves else self.layout
 
 
 # Module (the folder under transformers/models/) -> its apply_rotary_pos_emb, read from transformers 5.24.
@@ -436,6 +446,16 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "zamba2": RotaryFunction("zamba2/modeling_zamba2.py"),
     "zaya": RotaryFunction("zaya/modeling_zaya.py", partial=True),
 }
+
+
+def _interleave(module: str) -> RotaryFunction:
+    return RotaryFunction(f"{module}/modeling_{module}.py", "interleaved", deinterleaves=True)
+
+
+# Module -> its apply_rotary_pos_emb_interleave (DeepSeek-V3's, for MLA configs with rope_interleave).
+INTERLEAVE_FUNCTIONS: dict[str, RotaryFunction] = {module: _interleave(module) for module in (
+    "axk1", "axk2", "bailing_hybrid", "deepseek_v3", "deepseek_v32", "dots3_note", "glm4_moe_lite",
+    "glm_moe_dsa", "longcat_flash", "mistral4", "mistral_large4", "youtu")}
 
 _ONE_TENSOR = "its apply_rotary_pos_emb rotates one tensor: (x, cos, sin, unsqueeze_dim)"
 # Modules whose apply_rotary_pos_emb is not one of the above, and why.

@@ -5,7 +5,8 @@ function and takes CPU torch tensors (viewed through NumPy, no copies) or
 NumPy arrays; `install` puts posenc_fast in place of the ``apply_rotary_pos_emb``
 of every modeling module whose function it computes exactly (Llama's and its
 partial, interleaved, float32 and mRoPE variants:
-``_hf_models.ROTARY_FUNCTIONS``).  torch and transformers stay optional: this
+``_hf_models.ROTARY_FUNCTIONS``), and MLA's ``apply_rotary_pos_emb_interleave``
+(``_hf_models.INTERLEAVE_FUNCTIONS``).  torch and transformers stay optional: this
 module imports neither until a call needs it.
 """
 
@@ -18,14 +19,18 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin
-from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
+from ._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS
 
-SUPPORTED_FAMILIES = tuple(sorted(ROTARY_FUNCTIONS))
-"""Modeling modules (``transformers/models/<name>``) whose ``apply_rotary_pos_emb`` `install` replaces."""
+# function name -> {module: what that module's function of the name computes}
+_PATCHED = {"apply_rotary_pos_emb": ROTARY_FUNCTIONS, "apply_rotary_pos_emb_interleave": INTERLEAVE_FUNCTIONS}
+
+SUPPORTED_FAMILIES = tuple(sorted(set(ROTARY_FUNCTIONS) | set(INTERLEAVE_FUNCTIONS)))
+"""Modeling modules (``transformers/models/<name>``) whose ``apply_rotary_pos_emb`` (or MLA's
+``apply_rotary_pos_emb_interleave``) `install` replaces."""
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
 
-# module name -> the function `install` replaced there
+# (module name, function name) -> the function `install` replaced there
 _originals: dict = {}
 
 
@@ -223,9 +228,11 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim, function=_LLAMA):
         cos, sin = cos[..., :width // 2], sin[..., :width // 2]
     elif function.cache == "pairs":
         cos, sin = cos[..., 0::2], sin[..., 0::2]
+    outs = (None, None)
+    if function.deinterleaves:  # its pairs (x[2i], x[2i + 1]) laid out in halves, then rotated there, in place
+        q, k = outs = tuple(np.concatenate((x[..., 0::2], x[..., 1::2]), axis=-1) for x in (q, k))
     # Contiguous q and k (every decode step): the compiled path checks the rest.
-    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, function.layout, function.inverse,
-                                       (None, None))
+    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, function.kernel_layout, function.inverse, outs)
     if fast is not None:
         return fast
     for x, name in ((q, "q"), (k, "k")):
@@ -241,10 +248,10 @@ def _rotate_in_memory_order(x, cos, sin, function):
     axes = sorted(range(x.ndim - 1), key=lambda axis: -x.strides[axis]) + [x.ndim - 1]
     x_t = x.transpose(axes)
     if x.flags.c_contiguous or not x_t.flags.c_contiguous:
-        return apply_rotary_cos_sin(x, cos, sin, layout=function.layout, inverse=function.inverse)
+        return apply_rotary_cos_sin(x, cos, sin, layout=function.kernel_layout, inverse=function.inverse)
     lead = (1,) * (x.ndim - cos.ndim)  # broadcasting's implicit leading axes, made explicit
     cos_t, sin_t = (t.reshape(lead + t.shape).transpose(axes) for t in (cos, sin))
-    return apply_rotary_cos_sin(x_t, cos_t, sin_t, layout=function.layout,
+    return apply_rotary_cos_sin(x_t, cos_t, sin_t, layout=function.kernel_layout,
                                 inverse=function.inverse).transpose(np.argsort(axes))
 
 
@@ -276,7 +283,9 @@ def install(model=None) -> Installation:
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants).  Their attention
+    its partial, interleaved, float32 and mRoPE variants), and MLA's
+    ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used when the config
+    sets ``rope_interleave``).  Their attention
     ``forward`` looks the function up as a module global on every call, so
     models already built are affected too.  Results are those of the
     module's own function (bit for bit in float32/float64 on the CPU); other
@@ -319,25 +328,23 @@ def install(model=None) -> Installation:
     ...     ids = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
     """
     installed = []
-    for module, function in _modules_to_patch(model):
-        if module.__name__ not in _originals:
-            original = module.apply_rotary_pos_emb
-            _originals[module.__name__] = original
-            module.apply_rotary_pos_emb = _replacement(original, function)
+    for module, name, function in _functions_to_patch(model):
+        if (module.__name__, name) not in _originals:
+            original = getattr(module, name)
+            _originals[module.__name__, name] = original
+            setattr(module, name, _replacement(original, function))
             installed.append(module.__name__)
-    return Installation(installed)
+    return Installation(dict.fromkeys(installed))
 
 
 def uninstall() -> None:
-    """Restore transformers' own ``apply_rotary_pos_emb`` wherever `install` replaced it."""
-    _restore(tuple(_originals))
+    """Restore transformers' own functions wherever `install` replaced them."""
+    _restore({module for module, _ in _originals})
 
 
-def _restore(names) -> None:
-    for name in names:
-        original = _originals.pop(name, None)
-        if original is not None:
-            sys.modules[name].apply_rotary_pos_emb = original
+def _restore(modules) -> None:
+    for key in [key for key in _originals if key[0] in modules]:
+        setattr(sys.modules[key[0]], key[1], _originals.pop(key))
 
 
 def _replacement(original, function):
@@ -367,22 +374,23 @@ def _module_name(family: str) -> str:
     return f"transformers.models.{family}.modeling_{family}"
 
 
-def _why_not_patched(module):
-    """None when `install` can patch the module's ``apply_rotary_pos_emb``, else why not."""
+def _why_not_patched(module, name):
+    """None when `install` can patch the module's function `name`, else why not."""
     family = module.__name__.split(".")[2]
-    if module.__name__ != _module_name(family) or family not in ROTARY_FUNCTIONS:
-        return f"{family}: {NOT_PATCHED.get(family, 'its apply_rotary_pos_emb is not classified')}"
-    signature = inspect.signature(module.apply_rotary_pos_emb)
+    table = _PATCHED[name]
+    if module.__name__ != _module_name(family) or family not in table:
+        return f"{family}: {NOT_PATCHED.get(family, f'its {name} is not classified')}"
+    signature = inspect.signature(getattr(module, name))
     params = signature.parameters
     if (list(params)[:4] != ["q", "k", "cos", "sin"] or "unsqueeze_dim" not in params
             or params["unsqueeze_dim"].default != 1):
-        return (f"{family}: its apply_rotary_pos_emb{signature} is not the (q, k, cos, sin, "
-                f"unsqueeze_dim=1) read from {ROTARY_FUNCTIONS[family].source}")
+        return (f"{family}: its {name}{signature} is not the (q, k, cos, sin, "
+                f"unsqueeze_dim=1) read from {table[family].source}")
     return None
 
 
-def _modules_to_patch(model) -> list:
-    """[(module, RotaryFunction)] for `install`."""
+def _functions_to_patch(model) -> list:
+    """[(module, function name, RotaryFunction)] for `install`."""
     try:
         torch = importlib.import_module("torch")
     except ImportError:
@@ -404,11 +412,11 @@ def _modules_to_patch(model) -> list:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         names = sorted({type(m).__module__ for m in model.modules()})
-        modules = [sys.modules[name] for name in names if name.startswith("transformers.models.")
-                   and hasattr(sys.modules[name], "apply_rotary_pos_emb")]
-    reasons = [_why_not_patched(module) for module in modules]
-    patchable = [(module, ROTARY_FUNCTIONS[module.__name__.split(".")[2]])
-                 for module, reason in zip(modules, reasons) if reason is None]
+        modules = [sys.modules[name] for name in names if name.startswith("transformers.models.")]
+    found = [(module, name) for module in modules for name in _PATCHED if hasattr(module, name)]
+    reasons = [_why_not_patched(module, name) for module, name in found]
+    patchable = [(module, name, _PATCHED[name][module.__name__.split(".")[2]])
+                 for (module, name), reason in zip(found, reasons) if reason is None]
     reasons = [reason for reason in reasons if reason is not None]
     if model is None and reasons:  # the table no longer matches this transformers
         raise ValueError("; ".join(reasons))

@@ -1,0 +1,169 @@
+"""Tiny random models of any transformers model type, from its shrunk default config.
+
+Used by ``test_hf_install_models.py``; needs torch and transformers.  A
+default config is shrunk by changing only the sizes it has (layers,
+hidden size, heads, vocabulary, experts, MLA ranks), keeping one layer of
+each layer type and its rotary settings valid (mRoPE sections scaled to the
+smaller head); composite configs shrink each sub-config the same way.
+"""
+
+import importlib
+import inspect
+
+import pytest
+import torch
+import transformers
+from transformers.models.auto import configuration_auto, modeling_auto
+
+import hf_walk
+from posenc_fast import hf
+from posenc_fast._hf_models import MODEL_RULES
+
+HEAD_DIM = 32
+# config key -> its tiny value (an existing value is only ever made smaller, head_dim excepted)
+SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=HEAD_DIM, vocab_size=128, moe_intermediate_size=64,
+             num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
+             n_shared_experts=1, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
+             qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1,
+             first_k_dense_replace=1, num_expert_group=1, depth=1, embed_dim=64, num_heads=4, num_layers=2,
+             d_model=128, encoder_layers=1, decoder_layers=1)
+EXACT = ("hidden_size", "head_dim")
+# hybrids whose attention layers are picked by index or period: changes that keep one among the tiny layers
+HYBRID_CHANGES = {
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "recurrent_gemma": {"num_hidden_layers": 3},  # block_types cycles recurrent, recurrent, attention
+    "zamba2": {"hybrid_layer_ids": [1], "use_mem_rope": True},  # its default config applies no RoPE
+}
+LAYER_TYPES = ("layer_types", "layers_block_type", "block_types")  # per-layer lists that name a layer's kind
+SEQ = 24
+BATCH = 2
+
+
+def model_module(model_type):
+    name = configuration_auto.model_type_to_module_name(model_type)
+    return f"transformers.models.{name}.modeling_{name}"
+
+
+def shrink(config):
+    """The config changes (a dict, nested for sub-configs) that make the default `config` dict tiny."""
+    changes = {}
+    for key, value in SIZES.items():
+        if key in config and (isinstance(config[key], int) and not isinstance(config[key], bool)
+                              or key == "head_dim" and config[key] is None):
+            changes[key] = value if key in EXACT or config[key] is None else min(config[key], value)
+    if config.get("qk_rope_head_dim"):  # MLA: no grouped keys; head_dim is the rope part, or rope + nope
+        whole = config.get("head_dim") == config["qk_rope_head_dim"] + config.get("qk_nope_head_dim", 0)
+        if "head_dim" in changes:
+            changes["head_dim"] = changes["qk_rope_head_dim"] + whole * changes.get("qk_nope_head_dim", 0)
+        if "num_key_value_heads" in changes:
+            changes["num_key_value_heads"] = changes["num_attention_heads"]
+    layers = config.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > 2:
+        kinds = next((config[key] for key in LAYER_TYPES
+                      if isinstance(config.get(key), list) and len(config[key]) == layers), None)
+        keep = [0, 1] if kinds is None else sorted({kinds.index(t) for t in kinds})  # one layer of each kind
+        for key, value in config.items():
+            if isinstance(value, list) and len(value) == layers:
+                changes[key] = [value[i] for i in keep]
+        changes["num_hidden_layers"] = len(keep)
+    vocab = changes.get("vocab_size", config.get("vocab_size"))
+    if isinstance(config.get("pad_token_id"), int) and vocab and config["pad_token_id"] >= vocab:
+        changes["pad_token_id"] = 0
+    _shrink_mrope_section(config, changes)
+    changes.update(HYBRID_CHANGES.get(config.get("model_type"), {}))
+    for key, value in config.items():
+        if isinstance(value, dict) and "model_type" in value:
+            changes[key] = shrink(value)
+    return changes
+
+
+def _shrink_mrope_section(config, changes):
+    rule = MODEL_RULES.get(config.get("model_type"))
+    params = config.get("rope_parameters")
+    if rule is None or not rule.streams or not isinstance(params, dict):
+        return
+    section = params.get("mrope_section") or rule.default_section
+    if not section:
+        return
+
+    def head(c):
+        return c.get("head_dim") or c.get("hidden_size") // c.get("num_attention_heads")
+
+    old, new = head(config), head({**config, **changes})
+    scaled = [s * new // old for s in section]
+    unique = [i for i, s in enumerate(section) if section.count(s) == 1]  # keeps equal sections equal
+    scaled[unique[0] if unique else 0] += sum(section) * new // old - sum(scaled)
+    changes["rope_parameters"] = {**params, "mrope_section": scaled}
+
+
+def tiny_config(model_type):
+    config_class = configuration_auto.CONFIG_MAPPING[model_type]
+    base = hf_walk.CONFIG_OVERRIDES.get(model_type, {})  # defaults the walk also corrects
+    changes = shrink(config_class(**base).to_dict())
+    for key, value in base.items():
+        changes[key] = {**value, **changes[key]} if isinstance(changes.get(key), dict) else changes.get(key, value)
+    return config_class(**changes)
+
+
+_AUTO = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+         "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
+
+
+def tiny_model(model_type):
+    """A tiny random model of `model_type`, in eval mode (seeded: the same weights every time)."""
+    config = tiny_config(model_type)
+    model_class = None
+    for mapping in _AUTO:
+        name = getattr(modeling_auto, mapping).get(model_type)
+        if name is not None:
+            model_class = getattr(transformers, name if isinstance(name, str) else name[0])
+            break
+    if model_class is None:  # a sub-config: the modeling module's model for it
+        module = importlib.import_module(model_module(model_type))
+        found = sorted((c for c in vars(module).values()
+                        if inspect.isclass(c) and issubclass(c, transformers.PreTrainedModel)
+                        and c.__module__ == module.__name__ and c.config_class is type(config)),
+                       key=lambda c: (not c.__name__.endswith("ForCausalLM"),
+                                      not c.__name__.endswith("Model"), c.__name__))
+        if not found:
+            raise LookupError(f"no model class for {model_type}")
+        model_class = found[0]
+    torch.manual_seed(0)
+    return model_class(config).eval()
+
+
+def position_ids(model):
+    """None for one position stream; for mRoPE, realistic (streams, batch, seq) position ids.
+
+    Text, a 4 x 4 image, text: t stays put over the image while h and w walk
+    its rows and columns; text after it continues from the largest position.
+    """
+    rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")
+              and getattr(m, "mrope_section", None) is not None]
+    streams = hf_walk.position_streams(rotary[0]) if rotary else 1
+    if streams == 1:
+        return None
+    text, side = 4, 4
+    grid = torch.arange(side)
+    image = [torch.full((side * side,), text), text + grid.repeat_interleave(side), text + grid.repeat(side)]
+    image = image[1:] if streams == 2 else image + [image[-1]] * (streams - 3)  # rows and columns only
+    after = text + side + torch.arange(SEQ - text - side * side)
+    rows = [torch.cat((torch.arange(text), image[s], after)) for s in range(streams)]
+    return torch.stack(rows)[:, None].expand(streams, BATCH, SEQ)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
+    calls = []
+    rotate = hf._rotate_tensors
+
+    def counting(*args):
+        result = rotate(*args)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(hf, "_rotate_tensors", counting)
+    return calls

@@ -1,0 +1,244 @@
+"""Logits of a tiny random model of every model type whose function hf.install patches.
+
+Skipped unless torch and transformers are installed.  Nothing is downloaded:
+each model type of the installed transformers whose modeling module is in
+``hf.SUPPORTED_FAMILIES`` gets a tiny model from its shrunk default config
+(``hf_tiny.py``), one forward pass with and one without ``install`` on the
+same token ids (mRoPE models with distinct t/h/w position ids), and the
+logits must agree to float32 rounding with every rotation taken by the
+kernel.  A model type that cannot be run this way is in NOT_RUN with the
+reason, and must still fail to run (so the list cannot go stale); its
+function keeps the function-level check of ``test_hf_install.py``.
+"""
+
+import inspect
+import warnings
+
+import pytest
+
+from posenc_fast import hf
+from posenc_fast._hf_models import MODEL_RULES
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import hf_tiny  # noqa: E402  (needs torch)
+from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
+from hf_walk import configuration_auto  # noqa: E402
+
+
+def model_types():
+    """Model types of the installed transformers whose modeling module `install` patches."""
+    return sorted(t for t in configuration_auto.CONFIG_MAPPING_NAMES
+                  if configuration_auto.model_type_to_module_name(t) in hf.SUPPORTED_FAMILIES)
+
+
+_INPUTS = "its forward needs {} (vision/audio/codec inputs of model-specific shapes, not token ids)"
+_NO_FORWARD = "no forward of its own (an image/audio tokenizer: encode/decode only)"
+_NO_ROPE = "its attention applies no RoPE (the module defines apply_rotary_pos_emb but never calls it)"
+_SLOW = "its tiny model takes about 30 s (BLT's patcher and byte-level encoders do not shrink with these keys)"
+_CONFIG = "its shrunk default config is refused: {}"
+_FAILS = "its shrunk default config does not run: {}"
+# model type -> why it is not run (its function is still checked by test_hf_install.py)
+NOT_RUN = {
+    "apertus1p5": _CONFIG.format("WavTokenizer uses no projections around the quantizer, so `codebook_dim` (512) must equal `hidden_si"),
+    "apertus1p5_vision_tokenizer": _NO_FORWARD,
+    "bailing_hybrid": _FAILS.format("RuntimeError: shape '[-1, 8, 0]' is invalid for input of size 192"),
+    "blt": _SLOW,
+    "blt_global_transformer": _INPUTS.format("inputs_embeds"),
+    "blt_local_decoder": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'shape'"),
+    "blt_local_encoder": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
+    "blt_patcher": _FAILS.format("AttributeError: 'tuple' object has no attribute 'last_hidden_state'"),
+    "chameleon": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'get'"),
+    "chameleon_vqgan": _NO_FORWARD,
+    "cohere_compass": _FAILS.format("KeyError: 'full_attention'"),
+    "cohere_compass_text": _FAILS.format("KeyError: 'full_attention'"),
+    "cohere_compass_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "cosmos3_edge_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "csm": _FAILS.format("ValueError: in_channels must be divisible by groups"),
+    "dbrx": _FAILS.format("AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta'"),
+    "deepseek_ocr2": _FAILS.format("TypeError: 'NoneType' object is not subscriptable"),
+    "deepseek_ocr2_encoder": _INPUTS.format("inputs_embeds, num_patches"),
+    "deepseek_ocr2_sam_vision_model": _INPUTS.format("pixel_values"),
+    "deepseek_ocr2_text": _FAILS.format("TypeError: 'NoneType' object is not subscriptable"),
+    "deepseek_ocr2_vision": _INPUTS.format("pixel_values"),
+    "dia": _FAILS.format("IndexError: index out of range in self"),
+    "dia_decoder": _FAILS.format("ValueError: not enough values to unpack (expected 2, got 1)"),
+    "dory": _CONFIG.format("`num_hidden_layers` (1) must be equal to the number of `layer_types` (2)"),
+    "dots1": _FAILS.format("TypeError: empty() takes 1 positional argument but 3 were given"),
+    "dots3_note": _CONFIG.format("num_key_value_heads must match num_attention_heads"),
+    "dots3_note_audio_encoder": _CONFIG.format("adapter_input_size must match hidden_size"),
+    "dots3_note_vision_encoder": _CONFIG.format("adapter_in_dim must match hidden_size"),
+    "efficientloftr": _CONFIG.format("hidden_size should be equal to the last value in out_features. hidden_size = 128, out_features = 256"),
+    "emu3": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'get'"),
+    "emu3_vqgan": _NO_FORWARD,
+    "ernie4_5_vl_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "esm": _FAILS.format("TypeError: empty(): argument 'size' (position 1) must be tuple of ints, but found element of type No"),
+    "esmc": _CONFIG.format("ESMC does not support grouped-query attention: `num_key_value_heads` (2) must equal `num_attention_h"),
+    "esmfold2": _CONFIG.format("ESMC does not support grouped-query attention: `num_key_value_heads` (2) must equal `num_attention_h"),
+    "exaone4_5": _FAILS.format("KeyError: 'model_type'"),
+    "exaone4_5_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "glm4v_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "glm4v_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "glm_image_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "glm_image_vqmodel": _NO_FORWARD,
+    "glm_ocr_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "glmasr_encoder": _INPUTS.format("input_features"),
+    "gradium_phonon_tts": _CONFIG.format("`flow_head_config.condition_dim` (768) must equal the backbone `hidden_size` (128)."),
+    "granite4_vision": _FAILS.format("TypeError: object of type 'NoneType' has no len()"),
+    "granite_docling": _CONFIG.format("vision_config.out_hidden_size (1024) must equal text_config.hidden_size (128)."),
+    "granite_docling_vision": _INPUTS.format("pixel_values"),
+    "granitemoehybrid": _FAILS.format("ValueError: `get_seq_length` can only be called on Attention layers, and the current Cache seem to o"),
+    "hunyuan_vl": _FAILS.format("TypeError: object of type 'NoneType' has no len()"),
+    "hunyuan_vl_text": _FAILS.format("TypeError: object of type 'NoneType' has no len()"),
+    "hunyuan_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "hy_v4_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "idefics": _INPUTS.format("pixel_values"),
+    "idefics_perciever": _FAILS.format("LookupError: no model class for idefics_perciever"),
+    "idefics_vision": _FAILS.format("LookupError: no model class for idefics_vision"),
+    "jamba": _NO_ROPE,
+    "kyutai_speech_to_text": _FAILS.format("AssertionError: Padding_idx must be within num_embeddings"),
+    "lasr_ctc": _INPUTS.format("input_features"),
+    "lasr_encoder": _INPUTS.format("input_features"),
+    "lfm2_moe": _FAILS.format("TypeError: 'NoneType' object is not subscriptable"),
+    "lightglue": _INPUTS.format("pixel_values"),
+    "mimi": _FAILS.format("ValueError: in_channels must be divisible by groups"),
+    "mimi_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
+    "mimi_encoder": _INPUTS.format("input_values"),
+    "minimax_m3_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "mllama_vision_model": _INPUTS.format("pixel_values, aspect_ratio_ids, aspect_ratio_mask"),
+    "molmo2": _CONFIG.format("`adapter_config.vision_feature_layer` [24, 18] must index the 2 layers of `vision_config`."),
+    "molmo2_adapter": _INPUTS.format("image_features, pooled_patches_idx"),
+    "molmo2_vision": _INPUTS.format("pixel_values"),
+    "moonshine": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
+    "moonshine_streaming": _FAILS.format("AttributeError: 'MoonshineStreamingConfig' object has no attribute 'num_key_value_heads'"),
+    "moonshine_streaming_encoder": _INPUTS.format("input_values"),
+    "moshi_depth": _FAILS.format("IndexError: index 7 is out of range"),
+    "muse_glimmer_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "muse_spark": _CONFIG.format("`audio_config.out_hidden_size` (8192) must match `text_config.hidden_size` (128): the audio encoder'"),
+    "muse_spark_audio": _INPUTS.format("input_values"),
+    "muse_spark_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "nemo_speechlm": _CONFIG.format("`head_config.audio_hidden_size` (512) must match `audio_config.hidden_size` (128)."),
+    "nemotron": _FAILS.format("TypeError: unsupported operand type(s) for //: 'int' and 'NoneType'"),
+    "nemotron3_5_transcribe_asr_audio": _INPUTS.format("input_features"),
+    "nemotron3_5_transcribe_audio": _CONFIG.format("`head_config.audio_hidden_size` (512) must match `audio_config.hidden_size` (128)."),
+    "nemotron3_5_transcribe_word_timestamp": _CONFIG.format("`blank_token_id` (23862) must be a class below `vocab_size` (128)."),
+    "nemotron3_diarization": _CONFIG.format("`head_config.audio_hidden_size` (512) must match `audio_config.hidden_size` (128)."),
+    "nemotron3_diarization_audio": _INPUTS.format("input_features"),
+    "nemotron_asr_streaming": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
+    "nemotron_asr_streaming_encoder": _INPUTS.format("input_features"),
+    "nemotron_h": _NO_ROPE,
+    "neomme": "its rotary module has (row, column) position streams that hf_tiny.position_ids does not build",
+    "neucodec": _INPUTS.format("input_values, input_features"),
+    "paddleocr_vl_vision": _INPUTS.format("pixel_values"),
+    "parakeet_ctc": _INPUTS.format("input_features"),
+    "parakeet_encoder": _INPUTS.format("input_features"),
+    "parakeet_rnnt": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
+    "parakeet_tdt": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
+    "phi4_multimodal_audio": _INPUTS.format("hidden_states, mask"),
+    "phi4_multimodal_vision": _INPUTS.format("pixel_values"),
+    "pixtral": _INPUTS.format("pixel_values"),
+    "pocket_tts": _CONFIG.format("`flow_head_config.condition_dim` (1024) must equal the backbone `hidden_size` (128)."),
+    "pocket_tts_audio_tokenizer": _FAILS.format("ValueError: in_channels must be divisible by groups"),
+    "pocket_tts_audio_tokenizer_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
+    "pocket_tts_audio_tokenizer_encoder": _INPUTS.format("input_values"),
+    "qwen2_5_omni": _NO_FORWARD,
+    "qwen2_5_omni_audio_encoder": _FAILS.format("ValueError: embed_dim must be divisible by num_heads (got `embed_dim`: 128 and `num_heads`: 20)."),
+    "qwen2_5_omni_bigvgan": _INPUTS.format("mel_spectrogram"),
+    "qwen2_5_omni_dit": _INPUTS.format("hidden_states, condition_vector, speaker_embedding, quantized_code, and"),
+    "qwen2_5_omni_talker": _FAILS.format("RuntimeError: The size of tensor a (128) must match the size of tensor b (3584) at non-singleton dim"),
+    "qwen2_5_omni_thinker": _FAILS.format("ValueError: embed_dim must be divisible by num_heads (got `embed_dim`: 128 and `num_heads`: 20)."),
+    "qwen2_5_omni_token2wav": _INPUTS.format("code, conditioning, reference_mel"),
+    "qwen2_5_omni_vision_encoder": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen2_5_vl_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen2_vl_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen3_5_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen3_5_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen3_omni_moe": _NO_FORWARD,
+    "qwen3_omni_moe_audio_encoder": _FAILS.format("ValueError: embed_dim must be divisible by num_heads (got `embed_dim`: 128 and `num_heads`: 20)."),
+    "qwen3_omni_moe_talker_code_predictor": _FAILS.format("ValueError: `input_ids` is expected to be `None`"),
+    "qwen3_omni_moe_talker_text": _FAILS.format("AttributeError: 'Qwen3OmniMoeTalkerTextConfig' object has no attribute 'shared_expert_intermediate_s"),
+    "qwen3_omni_moe_thinker": _FAILS.format("ValueError: embed_dim must be divisible by num_heads (got `embed_dim`: 128 and `num_heads`: 20)."),
+    "qwen3_omni_moe_vision_encoder": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen3_vl_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen3_vl_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "qwen4_exp": _FAILS.format("TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'"),
+    "qwen4_exp_text": _FAILS.format("TypeError: unsupported operand type(s) for //: 'NoneType' and 'NoneType'"),
+    "qwen4_exp_vision": _INPUTS.format("hidden_states, grid_thw"),
+    "step3p5": _FAILS.format("ValueError: Could not find a `sliding_window` argument in the config, or it is not set"),
+    "step3p5_vision": _INPUTS.format("pixel_values"),
+    "step3p7": _FAILS.format("ValueError: Could not find a `sliding_window` argument in the config, or it is not set"),
+    "t5_gemma_module": _FAILS.format("LookupError: no model class for t5_gemma_module"),
+    "t5gemma": _INPUTS.format("decoder_input_ids (encoder-decoder)"),
+    "t5gemma2": _INPUTS.format("decoder_input_ids (encoder-decoder)"),
+    "t5gemma2_decoder": _FAILS.format("AttributeError: 'T5Gemma2DecoderConfig' object has no attribute 'dropout_rate'"),
+    "t5gemma2_encoder": _FAILS.format("AttributeError: 'T5Gemma2TextConfig' object has no attribute 'dropout_rate'"),
+    "t5gemma2_text": _FAILS.format("AttributeError: 'T5Gemma2TextConfig' object has no attribute 'dropout_rate'"),
+    "timesfm2_5": _INPUTS.format("past_values"),
+    "unlimited_ocr_sam_vision_model": _INPUTS.format("pixel_values"),
+    "unlimited_ocr_vision": _INPUTS.format("pixel_values"),
+    "unlimited_ocr_vision_encoder": _INPUTS.format("patch_embeds"),
+    "voxtral_realtime": _INPUTS.format("input_features"),
+    "voxtral_realtime_encoder": _INPUTS.format("input_features"),
+    "voxtral_realtime_text": _FAILS.format("AttributeError: module transformers has no attribute VoxtralRealtimeTextModel"),
+    "xcodec2": _INPUTS.format("input_values, input_features"),
+}
+
+MODEL_TYPES = model_types()
+
+
+@pytest.fixture(autouse=True)
+def restore_transformers():
+    yield
+    hf.uninstall()
+
+
+def logits(model, ids, positions):
+    kwargs = {"input_ids": ids}
+    parameters = inspect.signature(model.forward).parameters
+    if positions is not None:
+        kwargs["position_ids"] = positions
+    if "use_cache" in parameters:
+        kwargs["use_cache"] = False
+    output = model(**kwargs)
+    return output.logits if "logits" in output else output.last_hidden_state
+
+
+def run(model_type, kernel_calls):
+    """(logits without install, logits with install) of a tiny model; kernel_calls gets one entry a call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_tiny.tiny_model(model_type)
+    ids = torch.randint(1, 128, (hf_tiny.BATCH, hf_tiny.SEQ), generator=torch.Generator().manual_seed(2))
+    positions = hf_tiny.position_ids(model)
+    rule = MODEL_RULES.get(model.config.get_text_config(decoder=True).model_type)
+    if rule is not None and rule.streams and positions is None:
+        raise LookupError(f"{model_type} has mRoPE ({rule.streams}) but no position streams were built")
+    with torch.no_grad():
+        expected = logits(model, ids, positions)
+        with hf.install(model) as installation:
+            kernel_calls.clear()
+            got = logits(model, ids, positions)
+    assert hf_tiny.model_module(model_type) in installation.modules
+    return expected, got
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_logits_unchanged(model_type, kernel_calls):
+    if NOT_RUN.get(model_type) == _SLOW:
+        pytest.skip(_SLOW)
+    if model_type in NOT_RUN:
+        try:
+            run(model_type, kernel_calls)
+        except Exception:
+            return
+        assert not kernel_calls, f"{model_type} now runs: remove it from NOT_RUN"
+        return
+    expected, got = run(model_type, kernel_calls)
+    assert kernel_calls, "install's function was never called"
+    assert all(kernel_calls), "the patched function took the fallback"
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_not_run_lists_only_model_types_it_walks():
+    assert set(NOT_RUN) <= set(MODEL_TYPES)
