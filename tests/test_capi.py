@@ -257,7 +257,8 @@ def test_rotate_rotary_refuses_bad_input_and_writes_nothing(probe):
 
     assert call(capsule=None) == ERR_NULL
     assert call(x=None) == ERR_NULL
-    assert call(dtype=2) == ERR_DTYPE
+    # float64 data of the float32 table (x as large as the claimed dtype: no overlap with out)
+    assert call(dtype=2, x=X.astype(np.float64)) == ERR_DTYPE
     assert call(dtype=7) == ERR_DTYPE
     assert call(dim=6) == ERR_SIZE
     assert call(offset=1) == ERR_RANGE
