@@ -16,9 +16,8 @@ their flags.
   so a wheel never executes an instruction the machine lacks.  No variant enables FMA: with ``-ffp-contract=off`` GCC
   still fused alternating -/+ into vfmaddsub, and every variant must round
   as the baseline does.
-* OpenMP is used when a probe program compiles, links and runs with
-  ``-fopenmp``; otherwise the kernels are built without it and run on one
-  thread.
+* Large calls run on the thread pool of ``csrc/posenc_pool.h`` (pthreads,
+  no OpenMP: a caller never waits for a worker that has no core).
 
 Environment variables (build time):
 
@@ -31,8 +30,6 @@ Environment variables (build time):
     turn Cython bounds checks on and build with ``-O0 -g``.
 ``POSENC_FAST_SANITIZE=address,undefined``
     build with ``-fsanitize=...`` (see README, development section).
-``POSENC_FAST_NO_OPENMP=1``
-    build without OpenMP even when it is available.
 """
 
 import os
@@ -90,15 +87,6 @@ def _probe(source: str, flags: list[str], run: bool = False) -> bool:
             return False
 
 
-def _openmp_flags() -> list[str]:
-    if os.environ.get("POSENC_FAST_NO_OPENMP", "") not in ("", "0") or sys.platform == "win32":
-        return []
-    probe = ("#include <omp.h>\n"
-             "int main(void){int n=0;\n#pragma omp parallel reduction(+:n)\nn+=1;\n"
-             "return n>=1 ? 0 : 1;}\n")
-    return ["-fopenmp"] if _probe(probe, ["-fopenmp"], run=True) else []
-
-
 def _isa_variants() -> list[str]:
     wanted = os.environ.get("POSENC_FAST_ISA_VARIANTS", "")
     names = [n.strip() for n in wanted.split(",") if n.strip()] or list(DEFAULT_VARIANTS)
@@ -127,11 +115,11 @@ def _generate_sources() -> None:
 
 
 def _extensions() -> list[Extension]:
-    openmp = _openmp_flags()
+    threads = [] if sys.platform == "win32" else ["-pthread"]
     common = ["-O0", "-g"] if DEBUG else ["-O3"]
     # Same results on every ISA: no contraction into FMA, no fast-math.
     common += ["-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
-    link = list(openmp)
+    link = list(threads)
     if SANITIZE:
         common += [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer"]
         link += [f"-fsanitize={SANITIZE}"]
@@ -143,7 +131,7 @@ def _extensions() -> list[Extension]:
         return Extension(f"posenc_fast.{name}", [str(PKG / f"{name}.pyx")],
                          include_dirs=[np.get_include(), str(CSRC), str(PKG / "include")],
                          define_macros=kernel_macros if kernels else macros,
-                         extra_compile_args=[*common, *openmp, *isa], extra_link_args=link)
+                         extra_compile_args=[*common, *threads, *isa], extra_link_args=link)
 
     exts = [ext("_core", ["-march=native"] if native else [], kernels=True)]
     for variant in _isa_variants():

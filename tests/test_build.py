@@ -25,7 +25,7 @@ def test_build_info_reports_the_build():
     assert "baseline" in info["isa_built"] and "baseline" in info["isa_supported"]
     assert info["isa_in_use"] in info["isa_built"] and info["isa_in_use"] in info["isa_supported"]
     assert info["simd"] in ("scalar", "sse2", "avx", "avx2", "avx512", "neon")
-    assert isinstance(info["openmp"], bool)
+    assert isinstance(info["thread_pool"], bool)
     assert info["num_threads"] == pf.get_num_threads()
 
 
@@ -153,7 +153,7 @@ def test_info_command():
     result = subprocess.run([sys.executable, "-m", "posenc_fast", "info"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0
-    for key in ("version", "compiler", "isa_in_use", "isa_reason", "openmp", "num_threads"):
+    for key in ("version", "compiler", "isa_in_use", "isa_reason", "thread_pool", "num_threads"):
         assert key in result.stdout
     as_json = subprocess.run([sys.executable, "-m", "posenc_fast", "info", "--json"],
                              capture_output=True, text=True, timeout=120)

@@ -18,7 +18,7 @@ def _run(*args, cwd=None):
 def test_info_prints_the_build_facts():
     result = _run("info")
     assert result.returncode == 0, result.stderr
-    for key in ("version", "compiler", "isa_in_use", "openmp", "num_threads"):
+    for key in ("version", "compiler", "isa_in_use", "thread_pool", "num_threads"):
         assert re.search(rf"^{key}\s", result.stdout, re.MULTILINE), result.stdout
 
 

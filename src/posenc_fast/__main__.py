@@ -9,7 +9,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "info": "print the build facts (version, compiler, instruction sets, OpenMP, threads)",
+    "info": "print the build facts (version, compiler, instruction sets, thread pool, threads)",
     "bench": "time the standard workloads beside NumPy (and PyTorch when installed)",
     "plot": "write PNG figures of the encodings (needs matplotlib: pip install posenc-fast[plot])",
     "check": "test this installation against the pure-Python reference on random cases",

@@ -121,8 +121,8 @@ def _print_table(report: dict) -> None:
     from ._bench.timing import format_time
 
     head = report["posenc_fast"]
-    print(f"posenc_fast {head['version']} ({head['isa_in_use']}, OpenMP "
-          f"{'on' if head['openmp'] else 'off'}), {report['threads']} thread(s), "
+    print(f"posenc_fast {head['version']} ({head['isa_in_use']}, thread pool "
+          f"{'on' if head['thread_pool'] else 'off'}), {report['threads']} thread(s), "
           f"{report['dtype']}, numpy {report['numpy']}, "
           f"torch {report['torch'] or 'not installed'}")
     print(f"{report['machine']}; {report['rounds']} interleaved rounds, medians"

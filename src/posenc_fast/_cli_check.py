@@ -595,7 +595,7 @@ def run(args: argparse.Namespace) -> int:
     info = pf.build_info()
     available = cases(pf)
     print(f"posenc_fast {info['version']} ({info['isa_in_use']}, {info['num_threads']} threads, "
-          f"openmp {'yes' if info['openmp'] else 'no'}): {args.cases} cases, seed {args.seed}, "
+          f"thread pool {'yes' if info['thread_pool'] else 'no'}): {args.cases} cases, seed {args.seed}, "
           f"{len(available)} functions, RoPE scalings: {', '.join(SCALING_METHODS[1:])}")
     names = list(available)
     rng = np.random.default_rng(args.seed)

@@ -19,10 +19,17 @@ frequency, never on the call, the row, the thread count or the variant.
 cimport cython
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
-from cython.parallel cimport prange, threadid
 from libc.string cimport memcpy
 
 from posenc_fast._kernel_table cimport *
+
+cdef extern from "posenc_pool.h" nogil:
+    ctypedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot) noexcept nogil
+    int POSENC_POOL
+    int POSENC_POOL_MAX_WORKERS
+    void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, void* ctx)
+    void posenc_pool_hold(int hold)
+    long long posenc_pool_worker_items()
 
 cnp.import_array()
 
@@ -41,9 +48,20 @@ def set_bfloat16_typenum(int typenum):
     posenc_set_bf16_typenum(typenum)
 
 
-def openmp_enabled():
-    """Return True if this module was compiled with OpenMP."""
-    return bool(POSENC_OPENMP)
+def thread_pool_enabled():
+    """Return True if large calls can run on the thread pool (csrc/posenc_pool.h)."""
+    return bool(POSENC_POOL)
+
+
+def hold_workers(bint hold):
+    """Test hook: hold the pool's workers back after they join a call (a worker without a core)."""
+    with nogil:
+        posenc_pool_hold(hold)
+
+
+def worker_items():
+    """Test hook: how many work items the pool's workers have run since import."""
+    return posenc_pool_worker_items()
 
 
 def simd_level():
@@ -61,6 +79,10 @@ def set_thread_limit(int n, Py_ssize_t min_elements_per_thread):
     global _thread_limit, _min_elements_per_thread
     _thread_limit = max(1, n)
     _min_elements_per_thread = max(<Py_ssize_t>1, min_elements_per_thread)
+
+
+# Elements per pool work item where items would otherwise be single short rows.
+cdef Py_ssize_t _ELEMENTS_PER_ITEM = 1 << 14
 
 
 cdef inline int _threads_for(Py_ssize_t elements) noexcept nogil:

@@ -56,6 +56,39 @@ cdef struct CacheTable:
     int dtype
 
 
+cdef struct CacheJob:
+    # _write_all's call, for the pool.
+    const long long* slot_of
+    const long long* row_of
+    const char* q
+    char* out_q
+    const char* k
+    const char* v
+    char* k_cache
+    char* v_cache
+    const CacheTable* table
+    float* scratch          # a float32 row per thread, or NULL
+    Py_ssize_t dim
+    Py_ssize_t ntokens
+    const CacheWrite* w
+    const RowCall* q_call
+    const RowCall* k_call
+
+
+cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    cdef const CacheJob* job = <const CacheJob*>job_
+    cdef const CacheTable* table = job.table
+    cdef Py_ssize_t t
+    for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.ntokens)):
+        _write_token(t, job.slot_of[t], job.q, job.out_q, job.k, job.v, job.k_cache, job.v_cache,
+                     table.cos + job.row_of[t] * table.cos_stride,
+                     table.sin + job.row_of[t] * table.sin_stride,
+                     NULL if job.scratch == NULL else job.scratch + slot * job.dim,
+                     job.w, job.q_call, job.k_call)
+    if job.q_call.stream or job.k_call.stream:
+        posenc_sfence()
+
+
 cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
                     cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
                     const long long* row_of, const CacheTable* table, bint half) except -1:
@@ -64,7 +97,6 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     cdef Py_ssize_t nchunks = (ntokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
     cdef int data = _dtype(q), cache = _dtype(k_cache)
     cdef int threads = _threads_for(size)
-    cdef Py_ssize_t chunk, t, tid
     cdef CacheWrite w
     cdef RowCall q_call, k_call
     cdef const char* qp = _data(q)
@@ -97,27 +129,10 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     if w.narrow != NULL:
         scratch_rows = cnp.PyArray_EMPTY(2, [threads, dim], cnp.NPY_FLOAT32, 0)
         scratch = <float*>_data(scratch_rows)
+    cdef CacheJob job = CacheJob(slot_of, row_of, qp, op, kp, vp, kc, vc, table, scratch, dim,
+                                 ntokens, &w, &q_call, &k_call)
     with nogil:
-        if threads == 1:  # no parallel region: it costs a microsecond
-            for t in range(ntokens):
-                _write_token(t, slot_of[t], qp, op, kp, vp, kc, vc,
-                             table.cos + row_of[t] * table.cos_stride,
-                             table.sin + row_of[t] * table.sin_stride,
-                             scratch, &w, &q_call, &k_call)
-            if q_call.stream or k_call.stream:
-                posenc_sfence()
-        else:
-            for chunk in prange(nchunks, num_threads=threads, schedule="static"):
-                tid = threadid()
-                for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK,
-                                                             ntokens)):
-                    _write_token(t, slot_of[t], qp, op, kp, vp, kc, vc,
-                                 table.cos + row_of[t] * table.cos_stride,
-                                 table.sin + row_of[t] * table.sin_stride,
-                                 NULL if scratch == NULL else scratch + tid * dim,
-                                 &w, &q_call, &k_call)
-                if q_call.stream or k_call.stream:
-                    posenc_sfence()
+        posenc_parallel_for(nchunks, threads, _write_chunk, &job)
     return 0
 
 

@@ -152,18 +152,30 @@ cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* item
     return POSENC_FAST_OK
 
 
-cdef void _rotate_table_chunk(Py_ssize_t chunk, Py_ssize_t nrows, const char* x, char* out,
-                              const char* cos, const char* sin, Py_ssize_t table_row_bytes,
-                              const RowPlan* plan, const RowCall* call) noexcept nogil:
+cdef struct TableJob:
+    # A caller's-table rotation (_capi_rotate), for the pool.
+    Py_ssize_t nrows
+    const char* x
+    char* out
+    const char* cos
+    const char* sin
+    Py_ssize_t table_row_bytes
+    const RowPlan* plan
+    const RowCall* call
+
+
+cdef void _rotate_table_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     # Rows chunk*POSENC_ROW_CHUNK ... of a caller's-table rotation.
-    cdef Py_ssize_t r, s
+    cdef const TableJob* job = <const TableJob*>job_
+    cdef const RowPlan* plan = job.plan
+    cdef Py_ssize_t r, s, row_bytes = job.call.row_bytes
     cdef long long t
-    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, nrows)):
+    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
         s = (r // plan.inner) % plan.seq
         t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
-        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, cos + t * table_row_bytes,
-                    sin + t * table_row_bytes, call)
-    if call.stream:
+        _rotate_row(job.x + r * row_bytes, job.out + r * row_bytes, job.cos + t * job.table_row_bytes,
+                    job.sin + t * job.table_row_bytes, job.call)
+    if job.call.stream:
         posenc_sfence()
 
 
@@ -202,18 +214,11 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
                      layout == POSENC_FAST_HALF, inverse, rows.x == rows.out, nbytes)
     if call.rotate == NULL:  # no kernel for this (data, table) pair
         return POSENC_FAST_ERR_DTYPE
-    nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    threads = _threads_for(nrows * rows.dim)
-    if threads == 1:  # no parallel region: it costs a microsecond
-        for chunk in range(nchunks):
-            _rotate_table_chunk(chunk, nrows, <const char*>rows.x, <char*>rows.out,
-                                <const char*>table.cos, <const char*>table.sin,
-                                table.stride * table_itemsize, &plan, &call)
-    else:
-        for chunk in prange(nchunks, num_threads=threads, schedule="static"):
-            _rotate_table_chunk(chunk, nrows, <const char*>rows.x, <char*>rows.out,
-                                <const char*>table.cos, <const char*>table.sin,
-                                table.stride * table_itemsize, &plan, &call)
+    cdef TableJob job = TableJob(nrows, <const char*>rows.x, <char*>rows.out,
+                                 <const char*>table.cos, <const char*>table.sin,
+                                 table.stride * table_itemsize, &plan, &call)
+    posenc_parallel_for((nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK,
+                        _threads_for(nrows * rows.dim), _rotate_table_chunk, &job)
     return POSENC_FAST_OK
 
 
@@ -286,13 +291,9 @@ cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64
                            * npairs * sizeof(double))
     if work == NULL:
         return POSENC_FAST_ERR_MEMORY
-    fill = K.cos_sin[d]
-    nchunks = (n + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS
-    posenc_trig_steps_init(&steps, freqs, work, npairs)
-    for b in prange(nchunks, num_threads=threads, schedule="static"):
-        fill(positions, b * POSENC_TRIG_CHUNK_ROWS, min((b + 1) * POSENC_TRIG_CHUNK_ROWS, n),
-             &steps, work + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threadid())
-             * npairs, scale, cos, stride, sin, stride)
+    cdef TrigJob job = TrigJob(K.cos_sin[d], NULL, positions, n, npairs, NULL, work, scale, cos,
+                               stride, sin, stride, False)
+    _fill_trig(&job, freqs, threads)
     free(work)
     return POSENC_FAST_OK
 
@@ -340,13 +341,9 @@ cdef int _capi_fill_sinusoidal(posenc_fast_dtype dtype, void* out, const double*
         free(freqs)
         free(work)
         return POSENC_FAST_ERR_RANGE
-    fill = K.sinusoidal[d]
-    nchunks = (n + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS
-    posenc_trig_steps_init(&steps, freqs, work, nfreqs)
-    for b in prange(nchunks, num_threads=threads, schedule="static"):
-        fill(positions, b * POSENC_TRIG_CHUNK_ROWS, min((b + 1) * POSENC_TRIG_CHUNK_ROWS, n),
-             &steps, work + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threadid())
-             * nfreqs, out, dim, layout == POSENC_FAST_SPLIT)
+    cdef TrigJob job = TrigJob(NULL, K.sinusoidal[d], positions, n, nfreqs, NULL, work, 1.0, out,
+                               dim, NULL, 0, layout == POSENC_FAST_SPLIT)
+    _fill_trig(&job, freqs, threads)
     free(freqs)
     free(work)
     return POSENC_FAST_OK

@@ -61,16 +61,39 @@ cdef inline void _alibi_row(const AlibiCall* call, const char* x, char* out, dou
                 out + split * call.itemsize, slope, q_pos - split, -1.0, k_len - split)
 
 
+cdef struct AlibiJob:
+    # _alibi_rows' call, for the pool: items of rows_per_item rows.
+    const AlibiCall* call
+    const char* x
+    char* out
+    Py_ssize_t nrows
+    Py_ssize_t rows_per_item
+    Py_ssize_t k_len
+    const double* slopes
+    Py_ssize_t heads
+    Py_ssize_t q_len
+    int64_t offset
+    bint causal
+
+
+cdef void _alibi_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
+    cdef const AlibiJob* job = <const AlibiJob*>job_
+    cdef Py_ssize_t r, row_bytes = job.k_len * job.call.itemsize
+    for r in range(item * job.rows_per_item, min((item + 1) * job.rows_per_item, job.nrows)):
+        _alibi_row(job.call, job.x + r * row_bytes if job.x != NULL else NULL,
+                   job.out + r * row_bytes, job.slopes[(r // job.q_len) % job.heads],
+                   <double>(job.offset + r % job.q_len), job.causal, job.k_len)
+
+
 cdef void _alibi_rows(const AlibiCall* call, const char* x, char* out, Py_ssize_t nrows,
                       Py_ssize_t k_len, const double* slopes, Py_ssize_t heads,
                       Py_ssize_t q_len, int64_t offset, bint causal,
                       int num_threads) noexcept nogil:
     # Rows of k_len values, C-contiguous; x is NULL (fill) or may be out.
-    cdef Py_ssize_t r, i, row_bytes = k_len * call.itemsize
-    for r in prange(nrows, num_threads=num_threads, schedule="static"):
-        i = r % q_len
-        _alibi_row(call, x + r * row_bytes if x != NULL else NULL, out + r * row_bytes,
-                   slopes[(r // q_len) % heads], <double>(offset + i), causal, k_len)
+    cdef Py_ssize_t per_item = max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // max(k_len, <Py_ssize_t>1))
+    cdef AlibiJob job = AlibiJob(call, x, out, nrows, per_item, k_len, slopes, heads, q_len,
+                                 offset, causal)
+    posenc_parallel_for((nrows + per_item - 1) // per_item, num_threads, _alibi_item, &job)
 
 
 def alibi_fill_rows(cnp.ndarray out not None, cnp.ndarray slopes not None, Py_ssize_t q_len,
@@ -167,14 +190,31 @@ def t5_bucket_vector(int64_t dstart, bint bidirectional, int64_t num_buckets, fl
             out[t] = first + bucket
 
 
+cdef struct DiagonalJob:
+    # diagonal_rows' call, for the pool.
+    const int64_t* vector
+    int64_t* out
+    Py_ssize_t q_len
+    Py_ssize_t k_len
+    Py_ssize_t rows_per_item
+
+
+cdef void _diagonal_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
+    cdef const DiagonalJob* job = <const DiagonalJob*>job_
+    cdef Py_ssize_t i
+    for i in range(item * job.rows_per_item, min((item + 1) * job.rows_per_item, job.q_len)):
+        memcpy(job.out + i * job.k_len, job.vector + job.q_len - 1 - i, job.k_len * sizeof(int64_t))
+
+
 def diagonal_rows(const int64_t[::1] vector, int64_t[:, ::1] out, int num_threads):
     """out[i, :] = vector[q_len - 1 - i : q_len - 1 - i + k_len] for out of shape (q_len, k_len).
 
     `vector` has q_len + k_len - 1 entries.
     """
-    cdef Py_ssize_t q_len = out.shape[0], k_len = out.shape[1], i
-    if q_len == 0 or k_len == 0:
+    cdef DiagonalJob job = DiagonalJob(&vector[0], &out[0, 0], out.shape[0], out.shape[1],
+                                       max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // max(out.shape[1], 1)))
+    if job.q_len == 0 or job.k_len == 0:
         return
     with nogil:
-        for i in prange(q_len, num_threads=num_threads, schedule="static"):
-            memcpy(&out[i, 0], &vector[q_len - 1 - i], k_len * sizeof(int64_t))
+        posenc_parallel_for((job.q_len + job.rows_per_item - 1) // job.rows_per_item, num_threads,
+                            _diagonal_item, &job)

@@ -37,18 +37,29 @@ cdef inline void _rotate_position(const char* x, char* out, Py_ssize_t nrows, lo
                           call)
 
 
-cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char* x, char* out,
-                              const char* table, const RowPlan* plan,
-                              const RowCall* call) noexcept nogil:
+cdef struct PlannedJob:
+    # _rotate_planned's call, for the pool.
+    Py_ssize_t block_size
+    const char* x
+    char* out
+    const char* table
+    const RowPlan* plan
+    const RowCall* call
+
+
+cdef void _rotate_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
     # Work item = (block of block_size positions, outer index): the cache
     # rows of a block (half an L2) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream.
+    cdef const PlannedJob* job = <const PlannedJob*>job_
+    cdef const RowPlan* plan = job.plan
+    cdef const RowCall* call = job.call
     cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, r
-    for s in range(block * block_size, min((block + 1) * block_size, plan.seq)):
+    for s in range(block * job.block_size, min((block + 1) * job.block_size, plan.seq)):
         r = (o * plan.seq + s) * plan.inner  # the first of the plan.inner rows (o, s, :)
-        _rotate_position(x + r * call.row_bytes, out + r * call.row_bytes, plan.inner,
-                         plan.base + (plan.positions[s] if plan.positions != NULL else s), table,
-                         call)
+        _rotate_position(job.x + r * call.row_bytes, job.out + r * call.row_bytes, plan.inner,
+                         plan.base + (plan.positions[s] if plan.positions != NULL else s),
+                         job.table, call)
     if call.stream:
         posenc_sfence()
 
@@ -56,7 +67,8 @@ cdef inline void _rotate_item(Py_ssize_t item, Py_ssize_t block_size, const char
 cdef void _rotate_planned(const char* x, char* out, const char* table, const RowPlan* plan,
                           const RowCall* call, int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
-    cdef Py_ssize_t block, nitems, item
+    cdef Py_ssize_t block
+    cdef PlannedJob job
     if num_threads == 1 and plan.seq == 1:  # one position (decode): one call for all its rows
         _rotate_position(x, out, plan.outer * plan.inner,
                          plan.base + (plan.positions[0] if plan.positions != NULL else 0), table,
@@ -65,13 +77,9 @@ cdef void _rotate_planned(const char* x, char* out, const char* table, const Row
             posenc_sfence()
         return
     block = _positions_per_block(call.npairs, call.table_itemsize)
-    nitems = (plan.seq + block - 1) // block * plan.outer
-    if num_threads == 1:  # no parallel region: it costs a microsecond
-        for item in range(nitems):
-            _rotate_item(item, block, x, out, table, plan, call)
-    else:
-        for item in prange(nitems, num_threads=num_threads, schedule="static"):
-            _rotate_item(item, block, x, out, table, plan, call)
+    job = PlannedJob(block, x, out, table, plan, call)
+    posenc_parallel_for((plan.seq + block - 1) // block * plan.outer, num_threads, _rotate_item,
+                        &job)
 
 
 cdef inline bint _fits(long long a, long long b) noexcept nogil:

@@ -80,6 +80,30 @@ cdef inline void _rotate_position_rows(const char* x, char* out, Py_ssize_t nrow
             memcpy(out + r * call.row_bytes + tail, x + r * call.row_bytes + tail, call.tail_bytes)
 
 
+cdef struct RowsJob:
+    # rotate_rows' call, for the pool.
+    const Py_ssize_t* rows
+    const char* x
+    char* out
+    const char* cos
+    const char* sin
+    Py_ssize_t cos_stride
+    Py_ssize_t sin_stride
+    Py_ssize_t nrows
+    const RowCall* call
+
+
+cdef void _rotate_rows_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    cdef const RowsJob* job = <const RowsJob*>job_
+    cdef Py_ssize_t r, t, row_bytes = job.call.row_bytes
+    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
+        t = job.rows[r]
+        _rotate_row(job.x + r * row_bytes, job.out + r * row_bytes,
+                    job.cos + t * job.cos_stride, job.sin + t * job.sin_stride, job.call)
+    if job.call.stream:
+        posenc_sfence()
+
+
 def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                 cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
                 cnp.ndarray row_table not None, bint half_layout, bint inverse,
@@ -95,7 +119,6 @@ def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
     cdef Py_ssize_t cstride = cnp.PyArray_STRIDE(cos_table, 0)
     cdef Py_ssize_t sstride = cnp.PyArray_STRIDE(sin_table, 0)
-    cdef Py_ssize_t chunk, r, t
     cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
     cdef char* xp = _data(x)
     cdef char* op = _data(out)
@@ -108,11 +131,6 @@ def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:
         return
+    cdef RowsJob job = RowsJob(rows, xp, op, cbase, sbase, cstride, sstride, nrows, &call)
     with nogil:
-        for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):
-            for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, nrows)):
-                t = rows[r]
-                _rotate_row(xp + r * call.row_bytes, op + r * call.row_bytes,
-                            cbase + t * cstride, sbase + t * sstride, &call)
-            if call.stream:
-                posenc_sfence()
+        posenc_parallel_for(nchunks, num_threads, _rotate_rows_chunk, &job)

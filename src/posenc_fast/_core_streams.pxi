@@ -33,6 +33,46 @@ cdef inline void _gather_pairs(char* row, const char* table, Py_ssize_t stride,
                    table + stream_rows[pair_streams[j]] * stride + j * itemsize, itemsize)
 
 
+cdef struct StreamsJob:
+    # rotate_rows_streams' call, for the pool.
+    const Py_ssize_t* tokens
+    const Py_ssize_t* streams
+    const Py_ssize_t* pairs
+    Py_ssize_t nstreams
+    Py_ssize_t npairs
+    Py_ssize_t itemsize
+    const char* x
+    char* out
+    const char* cos
+    const char* sin
+    Py_ssize_t cos_stride
+    Py_ssize_t sin_stride
+    char* scratch
+    Py_ssize_t scratch_bytes
+    Py_ssize_t nrows
+    const RowCall* call
+
+
+cdef void _streams_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    cdef const StreamsJob* job = <const StreamsJob*>job_
+    cdef char* row = job.scratch + slot * job.scratch_bytes
+    cdef Py_ssize_t r, token, last = -1, half = job.npairs * job.itemsize
+    cdef Py_ssize_t row_bytes = job.call.row_bytes
+    cdef const Py_ssize_t* token_streams
+    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
+        token = job.tokens[r]
+        if token != last:  # rows of one token (its heads) share the gathered row
+            token_streams = job.streams + token * job.nstreams
+            _gather_pairs(row, job.cos, job.cos_stride, token_streams, job.pairs, job.npairs,
+                          job.itemsize)
+            _gather_pairs(row + half, job.sin, job.sin_stride, token_streams, job.pairs,
+                          job.npairs, job.itemsize)
+            last = token
+        _rotate_row(job.x + r * row_bytes, job.out + r * row_bytes, row, row + half, job.call)
+    if job.call.stream:
+        posenc_sfence()
+
+
 def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                        cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
                        cnp.ndarray row_token not None, cnp.ndarray token_rows not None,
@@ -54,8 +94,6 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef Py_ssize_t sstride = cnp.PyArray_STRIDE(sin_table, 0)
     cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_table)
     cdef Py_ssize_t scratch_bytes = 2 * npairs * itemsize
-    cdef Py_ssize_t chunk, r, token, last
-    cdef char* row
     cdef const Py_ssize_t* tokens = <const Py_ssize_t*>_data(row_token)
     cdef const Py_ssize_t* streams = <const Py_ssize_t*>_data(token_rows)
     cdef const Py_ssize_t* pairs = <const Py_ssize_t*>_data(pair_streams)
@@ -71,22 +109,10 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     if nrows == 0 or dim == 0:
         return
     num_threads = max(1, min(num_threads, <int>nchunks))
-    # One (cos row, sin row) per thread; threadid() picks it.
+    # One (cos row, sin row) per thread; the pool's slot picks it.
     scratch = cnp.PyArray_EMPTY(1, [num_threads * scratch_bytes], cnp.NPY_UINT8, 0)
-    cdef char* sp = _data(scratch)
+    cdef StreamsJob job = StreamsJob(tokens, streams, pairs, nstreams, npairs, itemsize, xp, op,
+                                     cbase, sbase, cstride, sstride, _data(scratch),
+                                     scratch_bytes, nrows, &call)
     with nogil:
-        for chunk in prange(nchunks, num_threads=num_threads, schedule="static"):
-            row = sp + threadid() * scratch_bytes
-            last = -1
-            for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, nrows)):
-                token = tokens[r]
-                if token != last:  # rows of one token (its heads) share the gathered row
-                    _gather_pairs(row, cbase, cstride, streams + token * nstreams, pairs,
-                                  npairs, itemsize)
-                    _gather_pairs(row + npairs * itemsize, sbase, sstride,
-                                  streams + token * nstreams, pairs, npairs, itemsize)
-                    last = token
-                _rotate_row(xp + r * call.row_bytes, op + r * call.row_bytes,
-                            row, row + npairs * itemsize, &call)
-            if call.stream:
-                posenc_sfence()
+        posenc_parallel_for(nchunks, num_threads, _streams_chunk, &job)

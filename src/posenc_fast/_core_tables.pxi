@@ -2,6 +2,44 @@
 # csrc/posenc_trig.h), and adding a table row to every row of x.
 
 
+cdef struct TrigJob:
+    # A cos/sin (cos_sin set) or sinusoidal (sinusoidal set) fill, for the pool.
+    posenc_cos_sin_fn cos_sin
+    posenc_sinusoidal_fn sinusoidal
+    const double* positions
+    Py_ssize_t nrows
+    Py_ssize_t nfreqs
+    const posenc_trig_steps* steps
+    double* work            # trig_work_rows(threads) rows of nfreqs
+    double scale
+    void* out               # cos_sin: the cos rows
+    Py_ssize_t out_stride   # cos_sin: elements; sinusoidal: dim
+    void* sin_out
+    Py_ssize_t sin_stride
+    bint split
+
+
+cdef void _trig_chunk(void* job_, Py_ssize_t b, int slot) noexcept nogil:
+    cdef const TrigJob* job = <const TrigJob*>job_
+    cdef Py_ssize_t first = b * POSENC_TRIG_CHUNK_ROWS
+    cdef Py_ssize_t stop = min(first + POSENC_TRIG_CHUNK_ROWS, job.nrows)
+    cdef double* w = job.work + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * slot) * job.nfreqs
+    if job.cos_sin != NULL:
+        job.cos_sin(job.positions, first, stop, job.steps, w, job.scale, job.out, job.out_stride,
+                    job.sin_out, job.sin_stride)
+    else:
+        job.sinusoidal(job.positions, first, stop, job.steps, w, job.out, job.out_stride, job.split)
+
+
+cdef void _fill_trig(TrigJob* job, const double* freqs, int num_threads) noexcept nogil:
+    # job without its steps: the shared rows of job.work are set up here.
+    cdef posenc_trig_steps steps
+    posenc_trig_steps_init(&steps, freqs, job.work, job.nfreqs)
+    job.steps = &steps
+    posenc_parallel_for((job.nrows + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS,
+                        num_threads, _trig_chunk, job)
+
+
 def trig_work_rows(int num_threads):
     """Rows of the float64 scratch array the trig kernels need for `num_threads`."""
     return POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * num_threads
@@ -16,26 +54,16 @@ def cos_sin_rows(cnp.ndarray positions not None, cnp.ndarray freqs not None, dou
     unit stride along their last axis; their row stride is free.  `work`:
     contiguous float64 of shape (trig_work_rows(num_threads), len(freqs)).
     """
-    cdef Py_ssize_t nrows = positions.shape[0], n = freqs.shape[0], b
-    cdef Py_ssize_t nchunks = (nrows + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS
     cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_out)
-    cdef Py_ssize_t cos_stride = cnp.PyArray_STRIDE(cos_out, 0) // itemsize
-    cdef Py_ssize_t sin_stride = cnp.PyArray_STRIDE(sin_out, 0) // itemsize
-    cdef posenc_cos_sin_fn fill = K.cos_sin[_dtype(cos_out)]
-    cdef const double* p = <const double*>_data(positions)
+    cdef TrigJob job = TrigJob(K.cos_sin[_dtype(cos_out)], NULL, <const double*>_data(positions),
+                               positions.shape[0], freqs.shape[0], NULL, <double*>_data(work),
+                               scale, _data(cos_out), cnp.PyArray_STRIDE(cos_out, 0) // itemsize,
+                               _data(sin_out), cnp.PyArray_STRIDE(sin_out, 0) // itemsize, False)
     cdef const double* f = <const double*>_data(freqs)
-    cdef double* w = <double*>_data(work)
-    cdef char* co = _data(cos_out)
-    cdef char* so = _data(sin_out)
-    cdef posenc_trig_steps steps
-    if nrows == 0 or n == 0:
+    if job.nrows == 0 or job.nfreqs == 0:
         return
     with nogil:
-        posenc_trig_steps_init(&steps, f, w, n)
-        for b in prange(nchunks, num_threads=num_threads, schedule="static"):
-            fill(p, b * POSENC_TRIG_CHUNK_ROWS, min((b + 1) * POSENC_TRIG_CHUNK_ROWS, nrows),
-                 &steps, w + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threadid()) * n,
-                 scale, co, cos_stride, so, sin_stride)
+        _fill_trig(&job, f, num_threads)
 
 
 def sinusoidal_rows(cnp.ndarray positions not None, cnp.ndarray freqs not None,
@@ -45,22 +73,35 @@ def sinusoidal_rows(cnp.ndarray positions not None, cnp.ndarray freqs not None,
 
     `out`: C-contiguous (rows, dim); `work` as for `cos_sin_rows`.
     """
-    cdef Py_ssize_t nrows = positions.shape[0], n = freqs.shape[0], dim = out.shape[1], b
-    cdef Py_ssize_t nchunks = (nrows + POSENC_TRIG_CHUNK_ROWS - 1) // POSENC_TRIG_CHUNK_ROWS
-    cdef posenc_sinusoidal_fn fill = K.sinusoidal[_dtype(out)]
-    cdef const double* p = <const double*>_data(positions)
+    cdef TrigJob job = TrigJob(NULL, K.sinusoidal[_dtype(out)], <const double*>_data(positions),
+                               positions.shape[0], freqs.shape[0], NULL, <double*>_data(work),
+                               1.0, _data(out), out.shape[1], NULL, 0, split)
     cdef const double* f = <const double*>_data(freqs)
-    cdef double* w = <double*>_data(work)
-    cdef char* o = _data(out)
-    cdef posenc_trig_steps steps
-    if nrows == 0 or n == 0:
+    if job.nrows == 0 or job.nfreqs == 0:
         return
     with nogil:
-        posenc_trig_steps_init(&steps, f, w, n)
-        for b in prange(nchunks, num_threads=num_threads, schedule="static"):
-            fill(p, b * POSENC_TRIG_CHUNK_ROWS, min((b + 1) * POSENC_TRIG_CHUNK_ROWS, nrows),
-                 &steps, w + (POSENC_TRIG_SHARED_ROWS + POSENC_TRIG_THREAD_ROWS * threadid()) * n,
-                 o, dim, split)
+        _fill_trig(&job, f, num_threads)
+
+
+cdef struct AddJob:
+    # add_table_rows' call, for the pool.
+    posenc_add_fn add
+    const Py_ssize_t* rows
+    const char* x
+    char* out
+    const char* table
+    Py_ssize_t table_stride
+    Py_ssize_t nrows
+    Py_ssize_t dim
+    Py_ssize_t row_bytes
+
+
+cdef void _add_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    cdef const AddJob* job = <const AddJob*>job_
+    cdef Py_ssize_t r
+    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
+        job.add(job.x + r * job.row_bytes, job.out + r * job.row_bytes,
+                job.table + job.rows[r] * job.table_stride, job.dim)
 
 
 def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray table not None,
@@ -70,18 +111,15 @@ def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray
     x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; `table`
     needs unit stride along its last axis; row_table: contiguous intp.
     """
-    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], r
-    cdef Py_ssize_t row_bytes = dim * cnp.PyArray_ITEMSIZE(x)
-    cdef Py_ssize_t table_stride = cnp.PyArray_STRIDE(table, 0)
     cdef bint in_place = _data(x) == _data(out)
     cdef int d = _dtype(x), t = _dtype(table)
     cdef posenc_add_fn add = K.add_in_place[d][t] if in_place else K.add[d][t]
-    cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
-    cdef char* xp = _data(x)
-    cdef char* op = _data(out)
-    cdef char* tp = _data(table)
-    if nrows == 0 or dim == 0:
+    cdef AddJob job = AddJob(add,
+                             <const Py_ssize_t*>_data(row_table), _data(x), _data(out),
+                             _data(table), cnp.PyArray_STRIDE(table, 0), x.shape[0], x.shape[1],
+                             x.shape[1] * cnp.PyArray_ITEMSIZE(x))
+    if job.nrows == 0 or job.dim == 0:
         return
     with nogil:
-        for r in prange(nrows, num_threads=num_threads, schedule="static"):
-            add(xp + r * row_bytes, op + r * row_bytes, tp + rows[r] * table_stride, dim)
+        posenc_parallel_for((job.nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, num_threads,
+                            _add_chunk, &job)

@@ -81,15 +81,28 @@ cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char*
         posenc_sfence()
 
 
-cdef inline void _rotate_walk_item(Py_ssize_t item, Py_ssize_t heads, Py_ssize_t inner,
-                                   Py_ssize_t block, Py_ssize_t nblocks, const char* x,
-                                   char* out, const char* c, const char* s,
-                                   const CacheWalk* walk, const RowCall* call) noexcept nogil:
+cdef struct WalkJob:
+    # _rotate_walk's call, for the pool.
+    Py_ssize_t heads
+    Py_ssize_t inner
+    Py_ssize_t block
+    Py_ssize_t nblocks
+    const char* x
+    char* out
+    const char* c
+    const char* s
+    const CacheWalk* walk
+    const RowCall* call
+
+
+cdef void _rotate_walk_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
     # Item = (outer index, block, head), head fastest: one contiguous range of rows.
-    cdef Py_ssize_t head = item % heads, rest = item // heads
-    cdef Py_ssize_t start = (rest // nblocks * heads + head) * inner, b = rest % nblocks
-    _rotate_walk_rows(x, out, c, s, walk, start + b * block, start + min((b + 1) * block, inner),
-                      call)
+    cdef const WalkJob* job = <const WalkJob*>job_
+    cdef Py_ssize_t head = item % job.heads, rest = item // job.heads
+    cdef Py_ssize_t start = (rest // job.nblocks * job.heads + head) * job.inner
+    cdef Py_ssize_t b = rest % job.nblocks
+    _rotate_walk_rows(job.x, job.out, job.c, job.s, job.walk, start + b * job.block,
+                      start + min((b + 1) * job.block, job.inner), job.call)
 
 
 cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
@@ -102,7 +115,7 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
     # serve every head in turn, as in _rotate_item.  Without such an axis the
     # rows are taken in order, in chunks.
     cdef Py_ssize_t outer = 1, heads = 1, inner = walk.rows, block = POSENC_ROW_CHUNK
-    cdef Py_ssize_t nblocks, item
+    cdef Py_ssize_t nblocks
     cdef int k, j
     cdef bint varies_after = False
     for k in range(walk.naxes - 1, -1, -1):
@@ -117,12 +130,8 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
             block = _positions_per_block(walk.npairs, table_itemsize)
             break
     nblocks = (inner + block - 1) // block
-    if num_threads == 1:
-        for item in range(outer * nblocks * heads):
-            _rotate_walk_item(item, heads, inner, block, nblocks, x, out, c, s, walk, call)
-    else:
-        for item in prange(outer * nblocks * heads, num_threads=num_threads, schedule="static"):
-            _rotate_walk_item(item, heads, inner, block, nblocks, x, out, c, s, walk, call)
+    cdef WalkJob job = WalkJob(heads, inner, block, nblocks, x, out, c, s, walk, call)
+    posenc_parallel_for(outer * nblocks * heads, num_threads, _rotate_walk_item, &job)
 
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,

@@ -8,7 +8,7 @@ from ._version import __version__
 
 
 def build_info() -> dict[str, Any]:
-    """Return the build facts: version, compiler, instruction sets, OpenMP, threads.
+    """Return the build facts: version, compiler, instruction sets, thread pool, threads.
 
     Returns
     -------
@@ -18,7 +18,8 @@ def build_info() -> dict[str, Any]:
         variant loaded, overridable with ``POSENC_FAST_ISA``), ``isa_reason``
         (why that one, e.g. "avx512: supported, measured faster on AMD Zen 5
         and later (...)"), ``cpu`` (vendor, family, model), ``simd`` (the
-        widest SIMD level that variant was compiled for); ``openmp``;
+        widest SIMD level that variant was compiled for); ``thread_pool``
+        (True where large calls can use worker threads: the pthread pool);
         ``num_threads``.
     """
     kernels = _dispatch.kernels
@@ -31,6 +32,6 @@ def build_info() -> dict[str, Any]:
         "isa_reason": _dispatch.ISA_REASON,
         "cpu": "{} family {:#x} model {:#x}".format(*_cpu.cpu_identity()),
         "simd": kernels.simd_level(),
-        "openmp": kernels.openmp_enabled(),
+        "thread_pool": kernels.thread_pool_enabled(),
         "num_threads": get_num_threads(),
     }
