@@ -2,7 +2,6 @@
 # the table of row kernels, the canonical cos/sin walk and the build constants.
 
 cdef extern from "posenc_kernels.h" nogil:
-    int POSENC_OPENMP
     const char* POSENC_SIMD
     enum:
         POSENC_F32

@@ -12,12 +12,6 @@
 #include <string.h>
 #include <math.h>
 
-#if defined(_OPENMP)
-#define POSENC_OPENMP 1
-#else
-#define POSENC_OPENMP 0
-#endif
-
 #if defined(__AVX512F__)
 #define POSENC_SIMD "avx512"
 #elif defined(__AVX2__)
