@@ -26,7 +26,6 @@ from posenc_fast._kernel_table cimport *
 cdef extern from "posenc_pool.h" nogil:
     ctypedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot) noexcept nogil
     int POSENC_POOL
-    int POSENC_POOL_MAX_WORKERS
     void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, void* ctx)
     void posenc_pool_hold(int hold)
     long long posenc_pool_worker_items()

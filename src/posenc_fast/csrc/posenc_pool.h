@@ -36,8 +36,9 @@ typedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot);
 #include <pthread.h>
 #include <sched.h>
 
-/* Workers the pool starts at most (the thread limit is clamped to it + 1). */
-#define POSENC_POOL_MAX_WORKERS 1023
+/* Workers the pool starts at most: _threads.MAX_KERNEL_THREADS - 1 (started
+   on first use, only as many as a call asks for). */
+#define POSENC_POOL_MAX_WORKERS 32767
 /* Polls of the in-flight counter between sched_yield() calls while the caller
    waits for the items workers are running. */
 #define POSENC_POOL_SPINS 64
