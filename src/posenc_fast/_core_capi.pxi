@@ -181,8 +181,8 @@ cdef void _rotate_table_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept n
 
 cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* table,
                       posenc_fast_layout layout, int inverse) noexcept nogil:
-    cdef int d, t, status, threads
-    cdef Py_ssize_t itemsize, table_itemsize, nrows, nchunks, chunk
+    cdef int d, t, status
+    cdef Py_ssize_t itemsize, table_itemsize, nrows
     cdef int64_t nbytes, table_bytes
     cdef RowPlan plan
     cdef RowCall call
@@ -262,12 +262,10 @@ cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64
                             int64_t npairs, double scale) noexcept nogil:
     # cos_sin_rows on pointers.
     cdef int d
-    cdef Py_ssize_t itemsize, b, nchunks
+    cdef Py_ssize_t itemsize
     cdef int64_t nbytes
     cdef int threads
     cdef double* work
-    cdef posenc_trig_steps steps
-    cdef posenc_cos_sin_fn fill
     if cos == NULL or sin == NULL or positions == NULL or freqs == NULL:
         return POSENC_FAST_ERR_NULL
     d = _kernel_dtype(dtype, &itemsize)
@@ -303,12 +301,10 @@ cdef int _capi_fill_sinusoidal(posenc_fast_dtype dtype, void* out, const double*
                                posenc_fast_layout layout) noexcept nogil:
     # sinusoidal_rows on pointers, the frequencies of absolute._sinusoidal_freqs.
     cdef int d, threads
-    cdef Py_ssize_t itemsize, b, i, nchunks, nfreqs
+    cdef Py_ssize_t itemsize, i, nfreqs
     cdef int64_t count, nbytes
     cdef double* freqs
     cdef double* work
-    cdef posenc_trig_steps steps
-    cdef posenc_sinusoidal_fn fill
     if out == NULL or positions == NULL:
         return POSENC_FAST_ERR_NULL
     d = _kernel_dtype(dtype, &itemsize)
