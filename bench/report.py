@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -265,6 +266,9 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=3000,
                         help="--contention: at most this many calls per thread setting and "
                              "row (default 3000; each row stops after 6 s, 1 s with --quick)")
+    parser.add_argument("--only", metavar="REGEX",
+                        help="measure only the goals whose 'regime key shape' matches REGEX "
+                             "(e.g. 'cache.*w1', 'alibi'; the threads row is 'threads')")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.calls < 1:
@@ -274,6 +278,9 @@ def main(argv=None) -> int:
     small = args.small or cases.small_from_environment()
     default_threads = pf.get_num_threads()
     tty = sys.stderr.isatty()
+
+    def chosen(name):
+        return args.only is None or re.search(args.only, name) is not None
 
     def progress(text):
         if tty:
@@ -293,9 +300,10 @@ def main(argv=None) -> int:
         else:
             rows = [measure_goal(goal, small=small, rounds=rounds, target_ns=target_ns,
                                  progress=step(f"{goal.key} {goal.dtype} {goal.shape or ''}"))
-                    for goal in GOALS]
-            rows.append(measure_threads(CORES, small=small, rounds=rounds, target_ns=target_ns,
-                                        progress=step("threads")))
+                    for goal in GOALS if chosen(f"{goal.regime} {goal.key} {goal.shape or ''}")]
+            if chosen("threads"):
+                rows.append(measure_threads(CORES, small=small, rounds=rounds,
+                                            target_ns=target_ns, progress=step("threads")))
     if tty:
         sys.stderr.write("\r" + " " * 100 + "\r")
     report = {
