@@ -165,6 +165,41 @@ def _one_position_calls():
                    lambda d=dtype, lay=layout: _shifted_one_position(d, lay))
 
 
+def _half_bit_pattern_calls():
+    # Added before the AVX-512 half-type rows: every float16/bfloat16 bit
+    # pattern (subnormals, NaN payloads, inf, pairs that overflow) through the
+    # rotation in cache and past the streaming threshold, out of place and in place.
+    # No pair of two NaNs: which payload a NaN op NaN keeps depends on the
+    # order of the operands, which the compiler may swap (a + b is b + a).
+    order = np.random.default_rng(18).permutation(1 << 16)
+    for dtype, name in ((np.float16, "f16"), (ml_dtypes.bfloat16, "bf16")):
+        every = np.arange(1 << 16, dtype=np.uint16)[order].view(dtype)
+        for layout in ("half", "interleaved"):
+            rope = pf.RotaryEmbedding(128, layout=layout)
+            for size, shape in (("small", (2, 4, 64, 128)), ("big", (1, 8, 9000, 128))):
+                x = _without_nan_pairs(np.resize(every, shape), layout)
+                tag = f"{name}-{layout}-{size}"
+                yield (f"rope.bit-patterns-{tag}",
+                       lambda r=rope, x=x: r.apply(x, offset=1000).view(np.uint16))
+
+                def in_place(r=rope, x=x):
+                    y = x.copy()
+                    r.apply(y, offset=3, inverse=True, out=y)
+                    return y.view(np.uint16)
+                yield f"rope.bit-patterns-in-place-{tag}", in_place
+
+
+def _without_nan_pairs(x, layout):
+    # x with the second of every NaN pair set to 1.
+    x = x.copy()
+    if layout == "half":
+        a, b = x[..., :64], x[..., 64:]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    b[np.isnan(a.astype(np.float32)) & np.isnan(b.astype(np.float32))] = 1
+    return x
+
+
 def _shifted_one_position(dtype, layout):
     # x and out at every element offset within 64 bytes, out of place and in place.
     rope = pf.RotaryEmbedding(128, layout=layout)
@@ -187,6 +222,7 @@ def calls():
     yield from _int_calls()
     yield from _half_calls()
     yield from _one_position_calls()
+    yield from _half_bit_pattern_calls()
 
 
 def compute() -> dict:
