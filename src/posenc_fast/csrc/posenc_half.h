@@ -129,17 +129,74 @@ static inline void posenc_narrow_bf16(const float* POSENC_R src, posenc_bf16* PO
     for (Py_ssize_t i = 0; i < n; i++) dst[i] = posenc_store_bf16(src[i]);
 }
 
-/* 8 values at a time in AVX2 registers, for the fused half-layout rotation
-   (posenc_kernels.h): the same conversions as above, lane by lane; two
-   vectors packed into 32 bytes to store. */
-#if defined(__AVX2__)
-#define POSENC_V_BF16 1
-static inline __m256 posenc_v_load_bf16(const posenc_bf16* p) {
+/* ---- half rows in vector registers ----------------------------------------
+   For the fused half-layout rotation (posenc_kernels.h): POSENC_HV_LANES
+   floats per vector (16 with AVX-512, 8 with AVX2), loaded from half values,
+   rotated, rounded as above lane by lane, and two vectors packed into
+   posenc_hv_packed (2 * POSENC_HV_LANES half values) to store.  The AVX-512
+   rounding stays integer code (vcvtne2ps2bf16 flushes subnormals to zero). */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define POSENC_HV_LANES 16
+#define POSENC_HV_BF16 1
+#define POSENC_HV_F16 1
+typedef __m512 posenc_hv;
+typedef __m512i posenc_hv_packed;
+#define posenc_hv_load_f32 _mm512_loadu_ps
+#define posenc_hv_mul _mm512_mul_ps
+#define posenc_hv_add _mm512_add_ps
+#define posenc_hv_sub _mm512_sub_ps
+static inline posenc_hv posenc_hv_load_bf16(const posenc_bf16* p) {
+    __m256i h = _mm256_loadu_si256((const __m256i*)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+/* The bfloat16 bit patterns of v, rounded to nearest even, in the high
+   16 bits of each 32-bit lane (a NaN: its high bits, the quiet bit set). */
+static inline __m512i posenc_hv_round_bf16(posenc_hv v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
+}
+static inline posenc_hv_packed posenc_hv_pack2_bf16(posenc_hv v0, posenc_hv v1) {
+    const __m512i high_words = _mm512_set_epi16(  /* the odd 16-bit lanes of v0, then of v1 */
+        63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+        31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(posenc_hv_round_bf16(v0), high_words,
+                                     posenc_hv_round_bf16(v1));
+}
+static inline posenc_hv posenc_hv_load_f16(const posenc_f16* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+static inline posenc_hv_packed posenc_hv_pack2_f16(posenc_hv v0, posenc_hv v1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(v0, 0)),  /* 0: to nearest even */
+                              _mm512_cvtps_ph(v1, 0), 1);
+}
+static inline void posenc_hv_store(void* p, posenc_hv_packed v) {
+    _mm512_storeu_si512(p, v);
+}
+/* Non-temporal stores to a 16-byte aligned p. */
+static inline void posenc_hv_stream(void* p, posenc_hv_packed v) {
+    _mm_stream_si128((__m128i*)p, _mm512_castsi512_si128(v));
+    _mm_stream_si128((__m128i*)p + 1, _mm512_extracti32x4_epi32(v, 1));
+    _mm_stream_si128((__m128i*)p + 2, _mm512_extracti32x4_epi32(v, 2));
+    _mm_stream_si128((__m128i*)p + 3, _mm512_extracti32x4_epi32(v, 3));
+}
+#elif defined(__AVX2__)
+#define POSENC_HV_LANES 8
+#define POSENC_HV_BF16 1
+typedef __m256 posenc_hv;
+typedef __m256i posenc_hv_packed;
+#define posenc_hv_load_f32 _mm256_loadu_ps
+#define posenc_hv_mul _mm256_mul_ps
+#define posenc_hv_add _mm256_add_ps
+#define posenc_hv_sub _mm256_sub_ps
+static inline posenc_hv posenc_hv_load_bf16(const posenc_bf16* p) {
     __m128i h = _mm_loadu_si128((const __m128i*)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-/* The 8 bfloat16 bit patterns of v, rounded to nearest even, in 32-bit lanes. */
-static inline __m256i posenc_v_round_bf16(__m256 v) {
+/* The bfloat16 bit patterns of v, rounded to nearest even, in 32-bit lanes. */
+static inline __m256i posenc_hv_round_bf16(posenc_hv v) {
     __m256i u = _mm256_castps_si256(v), high = _mm256_srli_epi32(u, 16);
     __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
     __m256i rounded = _mm256_srli_epi32(
@@ -148,20 +205,39 @@ static inline __m256i posenc_v_round_bf16(__m256 v) {
     __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
     return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(nan));
 }
-/* 16 values (v0 then v1) packed into 16-bit lanes: packus works within
-   128-bit lanes, the permute puts them in order. */
-static inline __m256i posenc_v_pack2_bf16(__m256 v0, __m256 v1) {
+/* packus works within 128-bit lanes, the permute puts them in order. */
+static inline posenc_hv_packed posenc_hv_pack2_bf16(posenc_hv v0, posenc_hv v1) {
     return _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(posenc_v_round_bf16(v0), posenc_v_round_bf16(v1)), 0xD8);
+        _mm256_packus_epi32(posenc_hv_round_bf16(v0), posenc_hv_round_bf16(v1)), 0xD8);
 }
-#endif
-#if defined(__AVX2__) && defined(__F16C__)
-#define POSENC_V_F16 1
-static inline __m256 posenc_v_load_f16(const posenc_f16* p) {
+#if defined(__F16C__)
+#define POSENC_HV_F16 1
+static inline posenc_hv posenc_hv_load_f16(const posenc_f16* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
 }
-static inline __m256i posenc_v_pack2_f16(__m256 v0, __m256 v1) {
+static inline posenc_hv_packed posenc_hv_pack2_f16(posenc_hv v0, posenc_hv v1) {
     return _mm256_set_m128i(_mm256_cvtps_ph(v1, 0), _mm256_cvtps_ph(v0, 0));  /* 0: to nearest even */
+}
+#endif
+static inline void posenc_hv_store(void* p, posenc_hv_packed v) {
+    _mm256_storeu_si256((__m256i*)p, v);
+}
+static inline void posenc_hv_stream(void* p, posenc_hv_packed v) {
+    _mm_stream_si128((__m128i*)p, _mm256_castsi256_si128(v));
+    _mm_stream_si128((__m128i*)p + 1, _mm256_extracti128_si256(v, 1));
+}
+#endif
+#if defined(POSENC_HV_LANES)
+/* One vector of pairs (a, b) rotated by (c, s): the scalar loops' operations. */
+POSENC_ALWAYS_INLINE void posenc_hv_rotate(posenc_hv a, posenc_hv b, posenc_hv c, posenc_hv s,
+                                          int inverse, posenc_hv* ra, posenc_hv* rb) {
+    if (inverse) {
+        *ra = posenc_hv_add(posenc_hv_mul(a, c), posenc_hv_mul(b, s));
+        *rb = posenc_hv_sub(posenc_hv_mul(b, c), posenc_hv_mul(a, s));
+    } else {
+        *ra = posenc_hv_sub(posenc_hv_mul(a, c), posenc_hv_mul(b, s));
+        *rb = posenc_hv_add(posenc_hv_mul(b, c), posenc_hv_mul(a, s));
+    }
 }
 #endif
 /* ---- float32, float64: their own arithmetic types ---- */
