@@ -133,7 +133,8 @@ static inline void posenc_narrow_bf16(const float* POSENC_R src, posenc_bf16* PO
    For the fused half-layout rotation (posenc_kernels.h): POSENC_HV_LANES
    floats per vector (16 with AVX-512, 8 with AVX2), loaded from half values,
    rotated, rounded as above lane by lane, and two vectors packed into
-   posenc_hv_packed (2 * POSENC_HV_LANES half values) to store.  The AVX-512
+   posenc_hv_packed (2 * POSENC_HV_LANES half values) to store; interleaved
+   pairs through load_pairs/pack_pairs (float16's: posenc_kernels.h).  The AVX-512
    rounding stays integer code (vcvtne2ps2bf16 flushes subnormals to zero). */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define POSENC_HV_LANES 16
@@ -164,6 +165,17 @@ static inline posenc_hv_packed posenc_hv_pack2_bf16(posenc_hv v0, posenc_hv v1) 
         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     return _mm512_permutex2var_epi16(posenc_hv_round_bf16(v0), high_words,
                                      posenc_hv_round_bf16(v1));
+}
+/* Interleaved pairs: 2 * POSENC_HV_LANES bfloat16 values as 32-bit lanes,
+   the first of a pair in the low half: widened by a shift and a mask. */
+static inline void posenc_hv_load_pairs_bf16(const posenc_bf16* p, posenc_hv* a, posenc_hv* b) {
+    __m512i x = _mm512_loadu_si512(p);
+    *a = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *b = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+static inline posenc_hv_packed posenc_hv_pack_pairs_bf16(posenc_hv ra, posenc_hv rb) {
+    return _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(posenc_hv_round_bf16(ra), 16),
+                                   posenc_hv_round_bf16(rb));
 }
 static inline posenc_hv posenc_hv_load_f16(const posenc_f16* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
@@ -209,6 +221,15 @@ static inline __m256i posenc_hv_round_bf16(posenc_hv v) {
 static inline posenc_hv_packed posenc_hv_pack2_bf16(posenc_hv v0, posenc_hv v1) {
     return _mm256_permute4x64_epi64(
         _mm256_packus_epi32(posenc_hv_round_bf16(v0), posenc_hv_round_bf16(v1)), 0xD8);
+}
+static inline void posenc_hv_load_pairs_bf16(const posenc_bf16* p, posenc_hv* a, posenc_hv* b) {
+    __m256i x = _mm256_loadu_si256((const __m256i*)p);
+    *a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
+}
+static inline posenc_hv_packed posenc_hv_pack_pairs_bf16(posenc_hv ra, posenc_hv rb) {
+    return _mm256_or_si256(posenc_hv_round_bf16(ra),
+                           _mm256_slli_epi32(posenc_hv_round_bf16(rb), 16));
 }
 #if defined(__F16C__)
 #define POSENC_HV_F16 1
