@@ -183,6 +183,30 @@ def test_nan_stays_nan_and_overflow_gives_inf(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("shape", [(2, 4, 64, 128), (1, 8, 9000, 128)],
+                         ids=["in-cache", "streamed"])
+def test_every_bit_pattern_is_rounded_once(dtype, layout, shape):
+    # Subnormals, infinities, NaN payloads and pairs that overflow through the
+    # vector rows, in cache and past the streaming threshold (16 MiB), into an
+    # aligned and a misaligned out and in place: bitwise the model, NaN where
+    # it has NaN (NumPy's own NaN conversions keep other payloads).
+    rope = pf.RotaryEmbedding(128, layout=layout)
+    order = np.random.default_rng(0).permutation(1 << 16)
+    x = np.resize(np.arange(1 << 16, dtype=np.uint16)[order], shape).view(dtype)
+    cos, sin = rope.cos_sin(np.arange(1000, 1000 + shape[2]), dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = model_rotate(x, cos, sin, layout)
+    nan = np.isnan(want.astype(F32))
+    misaligned = np.empty(x.size + 1, dtype)[1:].reshape(shape)
+    in_place = x.copy()
+    for got in (rope.apply(x, offset=1000), rope.apply(x, offset=1000, out=misaligned),
+                rope.apply(in_place, offset=1000, out=in_place)):
+        assert np.array_equal(bits(got)[~nan], bits(want)[~nan])
+        assert np.isnan(got.astype(F32)[nan]).all()
+
+
+@pytest.mark.parametrize("dtype", HALVES)
 def test_out_of_another_dtype_is_refused_and_untouched(dtype):
     # ValueError, as for every other dtype mismatch of `out` (the contract since 0.1).
     x = half_data((2, 8), dtype)
