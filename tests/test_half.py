@@ -184,14 +184,15 @@ def test_nan_stays_nan_and_overflow_gives_inf(dtype):
 
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("shape", [(2, 4, 64, 128), (1, 8, 9000, 128)],
+@pytest.mark.parametrize("shape, rotary_dim", [((2, 4, 64, 128), 112), ((1, 8, 9000, 128), 128)],
                          ids=["in-cache", "streamed"])
-def test_every_bit_pattern_is_rounded_once(dtype, layout, shape):
+def test_every_bit_pattern_is_rounded_once(dtype, layout, shape, rotary_dim):
     # Subnormals, infinities, NaN payloads and pairs that overflow through the
     # vector rows, in cache and past the streaming threshold (16 MiB), into an
     # aligned and a misaligned out and in place: bitwise the model, NaN where
-    # it has NaN (NumPy's own NaN conversions keep other payloads).
-    rope = pf.RotaryEmbedding(128, layout=layout)
+    # it has NaN (NumPy's own NaN conversions keep other payloads).  56 pairs:
+    # whole packs of vectors, one vector more and scalar pairs, in every variant.
+    rope = pf.RotaryEmbedding(128, layout=layout, rotary_dim=rotary_dim)
     order = np.random.default_rng(0).permutation(1 << 16)
     x = np.resize(np.arange(1 << 16, dtype=np.uint16)[order], shape).view(dtype)
     cos, sin = rope.cos_sin(np.arange(1000, 1000 + shape[2]), dtype=np.float32)

@@ -187,6 +187,10 @@ static inline posenc_hv_packed posenc_hv_pack2_f16(posenc_hv v0, posenc_hv v1) {
 static inline void posenc_hv_store(void* p, posenc_hv_packed v) {
     _mm512_storeu_si512(p, v);
 }
+/* The first POSENC_HV_LANES half values of v. */
+static inline void posenc_hv_store_low(void* p, posenc_hv_packed v) {
+    _mm256_storeu_si256((__m256i*)p, _mm512_castsi512_si256(v));
+}
 /* Non-temporal stores to a 16-byte aligned p. */
 static inline void posenc_hv_stream(void* p, posenc_hv_packed v) {
     _mm_stream_si128((__m128i*)p, _mm512_castsi512_si128(v));
@@ -242,6 +246,9 @@ static inline posenc_hv_packed posenc_hv_pack2_f16(posenc_hv v0, posenc_hv v1) {
 #endif
 static inline void posenc_hv_store(void* p, posenc_hv_packed v) {
     _mm256_storeu_si256((__m256i*)p, v);
+}
+static inline void posenc_hv_store_low(void* p, posenc_hv_packed v) {
+    _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(v));
 }
 static inline void posenc_hv_stream(void* p, posenc_hv_packed v) {
     _mm_stream_si128((__m128i*)p, _mm256_castsi256_si128(v));
