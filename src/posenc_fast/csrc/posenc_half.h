@@ -130,12 +130,13 @@ static inline void posenc_narrow_bf16(const float* POSENC_R src, posenc_bf16* PO
 }
 
 /* ---- half rows in vector registers ----------------------------------------
-   For the fused half-layout rotation (posenc_kernels.h): POSENC_HV_LANES
-   floats per vector (16 with AVX-512, 8 with AVX2), loaded from half values,
-   rotated, rounded as above lane by lane, and two vectors packed into
-   posenc_hv_packed (2 * POSENC_HV_LANES half values) to store; interleaved
-   pairs through load_pairs/pack_pairs (float16's: posenc_kernels.h).  The AVX-512
-   rounding stays integer code (vcvtne2ps2bf16 flushes subnormals to zero). */
+   For the rotation rows (posenc_kernels.h): POSENC_HV_LANES floats per
+   vector (16 with AVX-512, 8 with AVX2) loaded from half values, rotated,
+   rounded as above lane by lane, two vectors packed into posenc_hv_packed
+   (2 * POSENC_HV_LANES half values) to store; interleaved pairs through
+   load_pairs/pack_pairs (float16's: posenc_kernels.h).  bfloat16 rounds with
+   integer operations in every variant: AVX512_BF16's vcvtne2ps2bf16 flushes
+   subnormals to zero and would need a fix-up and a variant of its own. */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define POSENC_HV_LANES 16
 #define POSENC_HV_BF16 1
