@@ -182,8 +182,8 @@ static inline posenc_hv posenc_hv_load_f16(const posenc_f16* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 }
 static inline posenc_hv_packed posenc_hv_pack2_f16(posenc_hv v0, posenc_hv v1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(v0, 0)),  /* 0: to nearest even */
-                              _mm512_cvtps_ph(v1, 0), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(v0, 0)),
+                              _mm512_cvtps_ph(v1, 0), 1);  /* 0: to nearest even */
 }
 static inline void posenc_hv_store(void* p, posenc_hv_packed v) {
     _mm512_storeu_si512(p, v);
