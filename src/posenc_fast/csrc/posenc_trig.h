@@ -20,10 +20,12 @@
 #define POSENC_TRIG_SHARED_ROWS 4
 #define POSENC_TRIG_THREAD_ROWS 4
 /* Rows per parallel work item of the table kernels.  Each item starts from
-   scratch (libm at its multiple of 1024) and ends with a store fence: W5 one
-   thread, float32, ratio to a fill (CPU time, median of 40): 512 rows
-   (131072,128) 2.36x (8192,1024) 1.66x; 4096 rows 2.23x, 1.54x. */
-#define POSENC_TRIG_CHUNK_ROWS 4096
+   scratch (libm at its multiple of 1024) and ends with a store fence.  W5 one
+   thread, float32, (131072,128) and (8192,1024), ratio to a fill (CPU time,
+   medians of 40, two builds each): 512 rows 1.68x 1.31x; 1024 rows 1.62-1.70x
+   1.27-1.31x; 4096 rows 1.66x 1.30x.  1024: as fast, and 8 items for
+   (8192,1024) where 4096 would leave threads idle. */
+#define POSENC_TRIG_CHUNK_ROWS 1024
 /* Rows per pass over the columns of a streamed float32 table: W5 (131072,128)
    and (8192,1024), one thread, ratio to a fill (CPU time, medians of 30):
    1: 2.08x 1.73x; 2: 1.83x 1.50x; 3: 1.81x 1.41x; 4: 1.76x 1.36x;
