@@ -214,6 +214,23 @@ def test_threads_give_bitwise_equal_tables(threads, length):
         pf.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shift", [0, 4, 16, 48])
+def test_streamed_table_equals_small_tables(layout, shift):
+    # A float32 table of 16 MiB or more is written by non-temporal stores
+    # (where out is 16-byte aligned: shift 4 is not); its rows are the
+    # canonical values all the same, equal to those of small tables.
+    length, dim = 32768 + 40, 128
+    buffer = np.empty(length * dim * 4 + 128, dtype=np.uint8)
+    start = -buffer.ctypes.data % 64 + shift
+    out = buffer[start:start + length * dim * 4].view(np.float32).reshape(length, dim)
+    pf.sinusoidal_table(length, dim, layout=layout, out=out)
+    for first in (0, 31, 1000, 4095, 4096, 20000, 32768):
+        rows = pf.sinusoidal_table(40, dim, offset=first, layout=layout)
+        np.testing.assert_array_equal(out[first:first + 40], rows)
+    check_table(out[-40:], np.arange(length - 40, length), dim, 10000.0, layout)
+
+
 # --- bad input -------------------------------------------------------------
 
 

@@ -290,7 +290,7 @@ cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64
     if work == NULL:
         return POSENC_FAST_ERR_MEMORY
     cdef TrigJob job = TrigJob(K.cos_sin[d], NULL, positions, n, npairs, NULL, work, scale, cos,
-                               stride, sin, stride, False)
+                               stride, sin, stride, False, False)
     _fill_trig(&job, freqs, threads)
     free(work)
     return POSENC_FAST_OK
@@ -338,7 +338,8 @@ cdef int _capi_fill_sinusoidal(posenc_fast_dtype dtype, void* out, const double*
         free(work)
         return POSENC_FAST_ERR_RANGE
     cdef TrigJob job = TrigJob(NULL, K.sinusoidal[d], positions, n, nfreqs, NULL, work, 1.0, out,
-                               dim, NULL, 0, layout == POSENC_FAST_SPLIT)
+                               dim, NULL, 0, layout == POSENC_FAST_SPLIT,
+                               nbytes >= POSENC_STREAM_BYTES)
     _fill_trig(&job, freqs, threads)
     free(freqs)
     free(work)

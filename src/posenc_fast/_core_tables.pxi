@@ -17,6 +17,7 @@ cdef struct TrigJob:
     void* sin_out
     Py_ssize_t sin_stride
     bint split
+    bint stream             # sinusoidal: a table of POSENC_STREAM_BYTES or more
 
 
 cdef void _trig_chunk(void* job_, Py_ssize_t b, int slot) noexcept nogil:
@@ -28,7 +29,8 @@ cdef void _trig_chunk(void* job_, Py_ssize_t b, int slot) noexcept nogil:
         job.cos_sin(job.positions, first, stop, job.steps, w, job.scale, job.out, job.out_stride,
                     job.sin_out, job.sin_stride)
     else:
-        job.sinusoidal(job.positions, first, stop, job.steps, w, job.out, job.out_stride, job.split)
+        job.sinusoidal(job.positions, first, stop, job.steps, w, job.out, job.out_stride, job.split,
+                       job.stream)
 
 
 cdef void _fill_trig(TrigJob* job, const double* freqs, int num_threads) noexcept nogil:
@@ -58,7 +60,8 @@ def cos_sin_rows(cnp.ndarray positions not None, cnp.ndarray freqs not None, dou
     cdef TrigJob job = TrigJob(K.cos_sin[_dtype(cos_out)], NULL, <const double*>_data(positions),
                                positions.shape[0], freqs.shape[0], NULL, <double*>_data(work),
                                scale, _data(cos_out), cnp.PyArray_STRIDE(cos_out, 0) // itemsize,
-                               _data(sin_out), cnp.PyArray_STRIDE(sin_out, 0) // itemsize, False)
+                               _data(sin_out), cnp.PyArray_STRIDE(sin_out, 0) // itemsize, False,
+                               False)
     cdef const double* f = <const double*>_data(freqs)
     if job.nrows == 0 or job.nfreqs == 0:
         return
@@ -75,7 +78,8 @@ def sinusoidal_rows(cnp.ndarray positions not None, cnp.ndarray freqs not None,
     """
     cdef TrigJob job = TrigJob(NULL, K.sinusoidal[_dtype(out)], <const double*>_data(positions),
                                positions.shape[0], freqs.shape[0], NULL, <double*>_data(work),
-                               1.0, _data(out), out.shape[1], NULL, 0, split)
+                               1.0, _data(out), out.shape[1], NULL, 0, split,
+                               cnp.PyArray_NBYTES(out) >= POSENC_STREAM_BYTES)
     cdef const double* f = <const double*>_data(freqs)
     if job.nrows == 0 or job.nfreqs == 0:
         return

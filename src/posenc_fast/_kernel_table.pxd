@@ -49,7 +49,7 @@ cdef extern from "posenc_kernels.h" nogil:
     ctypedef void (*posenc_sinusoidal_fn)(const double* positions, Py_ssize_t first,
                                           Py_ssize_t stop, const posenc_trig_steps* steps,
                                           double* thread_work, void* out, Py_ssize_t dim,
-                                          int split)
+                                          int split, int stream)
     ctypedef void (*posenc_convert_fn)(const void* src, void* dst, Py_ssize_t n)
     ctypedef void (*posenc_alibi_fn)(const void* x, void* out, double slope, double start,
                                      double step, const double* ramp, Py_ssize_t n)

@@ -19,8 +19,21 @@
    per thread (c, s, ca, sa). */
 #define POSENC_TRIG_SHARED_ROWS 4
 #define POSENC_TRIG_THREAD_ROWS 4
-/* Rows per parallel work item of the table kernels. */
-#define POSENC_TRIG_CHUNK_ROWS 512
+/* Rows per parallel work item of the table kernels.  Each item starts from
+   scratch (libm at its multiple of 1024) and ends with a store fence.  W5 one
+   thread, float32, (131072,128) and (8192,1024), ratio to a fill (CPU time,
+   medians of 30-40 rounds; one build per value, so between-run noise of up to
+   0.4x under the hog): 512 rows 1.68-1.84x 1.22-1.31x, hog 1.71x 1.26x;
+   1024 rows 1.62-1.70x 1.14-1.31x, hog 1.67-1.75x 1.23-1.60x; 4096 rows
+   1.60-1.66x 1.13-1.30x, hog 1.68x 1.23x.  No clear winner: 1024 keeps 8
+   items for (8192,1024) where 4096 would leave threads idle. */
+#define POSENC_TRIG_CHUNK_ROWS 1024
+/* Rows per pass over the columns of a streamed float32 table: W5 (131072,128)
+   and (8192,1024), one thread, ratio to a fill (CPU time, medians of 30),
+   quiet / under the hog: 1: 1.88x 1.40x / 2.14x 1.59x; 2: 1.70x 1.22x /
+   1.77x 1.38x; 4: 1.65x 1.17x / 1.67x 1.23x; 8: 2.04x 1.63x / 2.07x 1.73x
+   (an earlier build, quiet: 3: 1.81x 1.41x; 32: 2.16x 1.82x). */
+#define POSENC_TRIG_STREAM_ROWS 4
 /* 2**52: integers up to it are exact in float64, with room for +1. */
 #define POSENC_MAX_EXACT_INTEGER 4503599627370496.0
 /* 2**-27: the largest rounding error of p*w that posenc_exact corrects to
@@ -126,6 +139,14 @@ static inline void posenc_canonical_from_scratch(long long k, const posenc_trig_
    32: the row is a single rotation by w (callers fuse it with the store). */
 static inline int posenc_next_in_block(const posenc_trig_state* state, double p) {
     return state->valid && p == state->last + 1.0 && (((long long)p) & 31) != 0;
+}
+
+/* How many of p[0..n-1] make one run, p[0] being next in block: each one
+   past the previous, none a multiple of 32 (at most 31). */
+static inline Py_ssize_t posenc_block_run(const double* p, Py_ssize_t n) {
+    Py_ssize_t m = 1;
+    while (m < n && p[m] == p[m - 1] + 1.0 && (((long long)p[m]) & 31) != 0) m++;
+    return m;
 }
 
 /* Fill state->c / state->s for position p: a new 32-row block of the
