@@ -9,6 +9,7 @@ smaller head); composite configs shrink each sub-config the same way.
 
 import importlib
 import inspect
+import re
 
 import pytest
 import torch
@@ -27,14 +28,38 @@ SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=12
              n_shared_experts=1, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
              qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1,
              first_k_dense_replace=1, num_expert_group=1, depth=1, embed_dim=64, num_heads=4, num_layers=2,
-             d_model=128, encoder_layers=1, decoder_layers=1)
+             d_model=128, encoder_layers=1, decoder_layers=1, num_experts_per_token=2, encoder_attention_heads=4,
+             decoder_attention_heads=4)
 EXACT = ("hidden_size", "head_dim")
-# hybrids whose attention layers are picked by index or period: changes that keep one among the tiny layers
-HYBRID_CHANGES = {
+# keys a default config may leave None though its model needs them (real checkpoints set them)
+REQUIRED = ("head_dim", "num_key_value_heads", "n_routed_experts", "num_experts_per_tok")
+# a width named so and equal to a hidden size of the config tree is that hidden size (an adapter's input,
+# a codebook dim, a head's condition): it shrinks with it
+TIED_WIDTH = re.compile(r"(_dim|hidden_size|_input_size)$")
+# Model types whose default config needs more than smaller sizes: the changes, and why
+MODEL_CHANGES = {
+    # hybrids whose attention layers are picked by index or period: one among the tiny layers
     "bamba": {"attn_layer_indices": [1]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "recurrent_gemma": {"num_hidden_layers": 3},  # block_types cycles recurrent, recurrent, attention
     "zamba2": {"hybrid_layer_ids": [1], "use_mem_rope": True},  # its default config applies no RoPE
+    # the default has only mamba layers (slow on the CPU) and no RoPE; Granite 4.0's dense models use "rope"
+    "granitemoehybrid": {"num_hidden_layers": 1, "layer_types": ["full_attention"], "position_embedding_type": "rope"},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # the default leaves them None
+    # to_dict doubles the layer list (an "mlp" after each); one input, recurrent and output layer
+    "dory": {"num_hidden_layers": 6, "n_input_layers": 2, "n_recurrent_layers": 2, "n_output_layers": 2,
+             "layer_types": ["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention", "mlp"]},
+    # MoE and sparse-attention settings the default config leaves None
+    "dots1": {"n_shared_experts": 1},
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
+    "step3p5": {"sliding_window": 16},
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
+                       "indexer_compress_ratio": 4},  # its mask builder asks for one even with no sliding layers
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
+    "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
+    # the image-token ids these VLMs look up in their vocabulary map
+    "chameleon": {"vocabulary_map": {"<image>": 127}},
+    "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},
 }
 LAYER_TYPES = ("layer_types", "layers_block_type", "block_types")  # per-layer lists that name a layer's kind
 SEQ = 24
@@ -46,13 +71,31 @@ def model_module(model_type):
     return f"transformers.models.{name}.modeling_{name}"
 
 
-def shrink(config):
+def _hidden_sizes(config):
+    """Every hidden_size in the config tree (the root and its sub-configs, nested)."""
+    sizes = {config["hidden_size"]} if _is_int(config.get("hidden_size")) else set()
+    for value in config.values():
+        if isinstance(value, dict) and "model_type" in value:
+            sizes |= _hidden_sizes(value)
+    return sizes
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shrink(config, hidden_sizes=None):
     """The config changes (a dict, nested for sub-configs) that make the default `config` dict tiny."""
+    hidden_sizes = _hidden_sizes(config) if hidden_sizes is None else hidden_sizes
     changes = {}
     for key, value in SIZES.items():
-        if key in config and (isinstance(config[key], int) and not isinstance(config[key], bool)
-                              or key == "head_dim" and config[key] is None):
+        if key in config and (_is_int(config[key]) or key in REQUIRED and config[key] is None):
             changes[key] = value if key in EXACT or config[key] is None else min(config[key], value)
+    if "num_key_value_heads" in changes and config["num_key_value_heads"] in (None, config.get("num_attention_heads")):
+        changes["num_key_value_heads"] = changes["num_attention_heads"]  # multi-head attention stays so
+    for key, value in config.items():
+        if key not in SIZES and _is_int(value) and value in hidden_sizes and TIED_WIDTH.search(key):
+            changes[key] = SIZES["hidden_size"]
     if config.get("qk_rope_head_dim"):  # MLA: no grouped keys; head_dim is the rope part, or rope + nope
         whole = config.get("head_dim") == config["qk_rope_head_dim"] + config.get("qk_nope_head_dim", 0)
         if "head_dim" in changes:
@@ -71,11 +114,13 @@ def shrink(config):
     vocab = changes.get("vocab_size", config.get("vocab_size"))
     if isinstance(config.get("pad_token_id"), int) and vocab and config["pad_token_id"] >= vocab:
         changes["pad_token_id"] = 0
+    if "vocab_size" in changes and config.get("blank_token_id") == config["vocab_size"] - 1:
+        changes["blank_token_id"] = vocab - 1  # CTC's blank is the last class
     _shrink_mrope_section(config, changes)
-    changes.update(HYBRID_CHANGES.get(config.get("model_type"), {}))
+    changes.update(MODEL_CHANGES.get(config.get("model_type"), {}))
     for key, value in config.items():
         if isinstance(value, dict) and "model_type" in value:
-            changes[key] = shrink(value)
+            changes[key] = {"model_type": value["model_type"], **shrink(value, hidden_sizes)}
     return changes
 
 
