@@ -179,6 +179,57 @@ def tiny_model(model_type):
     return model_class(config).eval()
 
 
+def _noise(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+
+
+def _image(config):
+    """A 4 x 4-patch image, (batch, channels, height, width)."""
+    side = 4 * config.patch_size
+    return _noise(BATCH, getattr(config, "num_channels", 3), side, side)
+
+
+def _patches(config, name="pixel_values", temporal=1):
+    """A 4 x 4-patch image as the Qwen-VL vision towers take it: flattened patches and their (t, h, w) grid."""
+    return {name: _noise(16 * temporal, 3 * temporal * config.patch_size ** 2), "grid_thw": torch.tensor([[temporal, 4, 4]])}
+
+
+def _mel(config, frames=64):
+    """Log-mel features, (batch, mel bins, frames)."""
+    return _noise(BATCH, config.num_mel_bins, frames)
+
+
+# model type -> its forward's inputs, from its config and the token ids (the default: input_ids alone)
+INPUTS = {
+    "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
+    "lasr_ctc": lambda config, ids: {"input_features": _mel(config.encoder_config).transpose(1, 2)},
+    "lasr_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
+    "moonshine": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
+    "pixtral": lambda config, ids: {"pixel_values": _image(config)},
+    "t5gemma": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
+    "t5gemma2": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
+    "timesfm2_5": lambda config, ids: {"past_values": _noise(BATCH, 4 * config.patch_length)},
+    # 64 frames become 8 audio embeddings, added to the embeddings of 8 tokens
+    "voxtral_realtime": lambda config, ids: {"input_ids": ids[:, :8], "input_features": _mel(config.audio_config)},
+    "voxtral_realtime_encoder": lambda config, ids: {"input_features": _mel(config)},
+    # vision towers that, given an image, call no function install patches (listed in NOT_RUN)
+    "cosmos3_edge_vision": lambda config, ids: _patches(config),
+    "glm_image_vision": lambda config, ids: _patches(config),
+    "hunyuan_vl_vision": lambda config, ids: _patches(config),
+    "hy_v4_vl_vision": lambda config, ids: _patches(config),
+    "minimax_m3_vl_vision": lambda config, ids: _patches(config, temporal=config.temporal_patch_size),
+    "muse_glimmer_vision": lambda config, ids: _patches(config, temporal=config.patch_temporal),
+    "phi4_multimodal_vision": lambda config, ids: {"pixel_values": _image(config)},
+    "step3p5_vision": lambda config, ids: {"pixel_values": _image(config)},
+}
+
+
+def model_inputs(model_type, model, ids):
+    """The keyword arguments of one forward pass of the tiny `model_type` `model` (`ids`: token ids)."""
+    make = INPUTS.get(model_type)
+    return {"input_ids": ids} if make is None else make(model.config, ids)
+
+
 def position_ids(model):
     """None for one position stream; for mRoPE, realistic (streams, batch, seq) position ids.
 

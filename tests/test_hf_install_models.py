@@ -4,10 +4,12 @@ Skipped unless torch and transformers are installed.  Nothing is downloaded:
 each model type of the installed transformers whose modeling module is in
 ``hf.SUPPORTED_FAMILIES`` gets a tiny model from its shrunk default config
 (``hf_tiny.py``), one forward pass with and one without ``install`` on the
-same token ids (mRoPE models with distinct t/h/w position ids), and the
-logits must agree to float32 rounding with every rotation taken by the
+same token ids (mRoPE models with distinct t/h/w position ids; the image,
+audio or series of ``hf_tiny.INPUTS`` for models that take no tokens), and
+the logits must agree to float32 rounding with every rotation taken by the
 kernel.  A model type that cannot be run this way is in NOT_RUN with the
-reason, and must still fail to run (so the list cannot go stale); its
+reason, and must still fail to run or call no patched function (so the list
+cannot go stale); its
 function keeps the function-level check of ``test_hf_install.py``.
 """
 
@@ -35,6 +37,8 @@ def model_types():
 
 _INPUTS = "its forward needs {} (vision/audio/codec inputs of model-specific shapes, not token ids)"
 _NO_FORWARD = "no forward of its own (an image/audio tokenizer: encode/decode only)"
+_VISION = ("a vision tower: given an image (hf_tiny.INPUTS) it runs but calls no function install patches "
+           "(its attention applies apply_rotary_pos_emb_vision, or no RoPE)")
 _NO_ROPE = "its attention applies no RoPE (the module defines apply_rotary_pos_emb but never calls it)"
 _SLOW = "its tiny model takes about 30 s (BLT's patcher and byte-level encoders do not shrink with these keys)"
 _CONFIG = "its shrunk default config is refused: {}"
@@ -52,7 +56,7 @@ NOT_RUN = {
     "cohere_compass": _FAILS.format("KeyError: 'full_attention'"),
     "cohere_compass_text": _FAILS.format("KeyError: 'full_attention'"),
     "cohere_compass_vision": _INPUTS.format("hidden_states, grid_thw"),
-    "cosmos3_edge_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "cosmos3_edge_vision": _VISION,
     "csm": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "dbrx": _FAILS.format("AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta'"),
     "deepseek_ocr2_encoder": _INPUTS.format("inputs_embeds, num_patches"),
@@ -70,36 +74,32 @@ NOT_RUN = {
     "exaone4_5_vision": _INPUTS.format("hidden_states, grid_thw"),
     "glm4v_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
     "glm4v_vision": _INPUTS.format("hidden_states, grid_thw"),
-    "glm_image_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "glm_image_vision": _VISION,
     "glm_image_vqmodel": _NO_FORWARD,
     "glm_ocr_vision": _INPUTS.format("hidden_states, grid_thw"),
-    "glmasr_encoder": _INPUTS.format("input_features"),
     "granite4_vision": _FAILS.format("TypeError: object of type 'NoneType' has no len()"),
     "granite_docling_vision": _INPUTS.format("pixel_values"),
     "hunyuan_vl": _FAILS.format("TypeError: object of type 'NoneType' has no len()"),
     "hunyuan_vl_text": _FAILS.format("TypeError: object of type 'NoneType' has no len()"),
-    "hunyuan_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
-    "hy_v4_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "hunyuan_vl_vision": _VISION,
+    "hy_v4_vl_vision": _VISION,
     "idefics": _INPUTS.format("pixel_values"),
     "idefics_perciever": _FAILS.format("LookupError: no model class for idefics_perciever"),
     "idefics_vision": _FAILS.format("LookupError: no model class for idefics_vision"),
     "jamba": _NO_ROPE,
     "kyutai_speech_to_text": _FAILS.format("AssertionError: Padding_idx must be within num_embeddings"),
-    "lasr_ctc": _INPUTS.format("input_features"),
-    "lasr_encoder": _INPUTS.format("input_features"),
     "lightglue": _INPUTS.format("pixel_values"),
     "mimi": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "mimi_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "mimi_encoder": _INPUTS.format("input_values"),
-    "minimax_m3_vl_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "minimax_m3_vl_vision": _VISION,
     "mllama_vision_model": _INPUTS.format("pixel_values, aspect_ratio_ids, aspect_ratio_mask"),
     "molmo2_adapter": _INPUTS.format("image_features, pooled_patches_idx"),
     "molmo2_vision": _INPUTS.format("pixel_values"),
-    "moonshine": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
     "moonshine_streaming": _FAILS.format("AttributeError: 'MoonshineStreamingConfig' object has no attribute 'num_key_value_heads'"),
     "moonshine_streaming_encoder": _INPUTS.format("input_values"),
     "moshi_depth": _FAILS.format("IndexError: index 7 is out of range"),
-    "muse_glimmer_vision": _INPUTS.format("pixel_values, grid_thw"),
+    "muse_glimmer_vision": _VISION,
     "muse_spark_audio": _INPUTS.format("input_values"),
     "muse_spark_vision": _INPUTS.format("pixel_values, grid_thw"),
     "nemo_speechlm": _INPUTS.format("input_features (its text model, Nemotron-H, applies no RoPE)"),
@@ -119,8 +119,7 @@ NOT_RUN = {
     "parakeet_rnnt": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
     "parakeet_tdt": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
     "phi4_multimodal_audio": _INPUTS.format("hidden_states, mask"),
-    "phi4_multimodal_vision": _INPUTS.format("pixel_values"),
-    "pixtral": _INPUTS.format("pixel_values"),
+    "phi4_multimodal_vision": _VISION,
     "pocket_tts_audio_tokenizer": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "pocket_tts_audio_tokenizer_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "pocket_tts_audio_tokenizer_encoder": _INPUTS.format("input_values"),
@@ -143,19 +142,14 @@ NOT_RUN = {
     "qwen3_vl_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
     "qwen3_vl_vision": _INPUTS.format("hidden_states, grid_thw"),
     "qwen4_exp_vision": _INPUTS.format("hidden_states, grid_thw"),
-    "step3p5_vision": _INPUTS.format("pixel_values"),
+    "step3p5_vision": _VISION,
     "t5_gemma_module": _FAILS.format("LookupError: no model class for t5_gemma_module"),
-    "t5gemma": _INPUTS.format("decoder_input_ids (encoder-decoder)"),
-    "t5gemma2": _INPUTS.format("decoder_input_ids (encoder-decoder)"),
     "t5gemma2_decoder": _FAILS.format("AttributeError: 'T5Gemma2DecoderConfig' object has no attribute 'dropout_rate'"),
     "t5gemma2_encoder": _FAILS.format("AttributeError: 'T5Gemma2TextConfig' object has no attribute 'dropout_rate'"),
     "t5gemma2_text": _FAILS.format("AttributeError: 'T5Gemma2TextConfig' object has no attribute 'dropout_rate'"),
-    "timesfm2_5": _INPUTS.format("past_values"),
     "unlimited_ocr_sam_vision_model": _INPUTS.format("pixel_values"),
     "unlimited_ocr_vision": _INPUTS.format("pixel_values"),
     "unlimited_ocr_vision_encoder": _INPUTS.format("patch_embeds"),
-    "voxtral_realtime": _INPUTS.format("input_features"),
-    "voxtral_realtime_encoder": _INPUTS.format("input_features"),
     "voxtral_realtime_text": _FAILS.format("AttributeError: module transformers has no attribute VoxtralRealtimeTextModel"),
     "xcodec2": _INPUTS.format("input_values, input_features"),
 }
@@ -169,15 +163,18 @@ def restore_transformers():
     hf.uninstall()
 
 
-def logits(model, ids, positions):
-    kwargs = {"input_ids": ids}
+def logits(model, inputs, positions):
+    kwargs = dict(inputs)
     parameters = inspect.signature(model.forward).parameters
     if positions is not None:
         kwargs["position_ids"] = positions
     if "use_cache" in parameters:
         kwargs["use_cache"] = False
     output = model(**kwargs)
-    return output.logits if "logits" in output else output.last_hidden_state
+    for name in ("logits", "last_hidden_state"):
+        if output.get(name) is not None:
+            return output[name]
+    return output[0]
 
 
 def run(model_type, kernel_calls):
@@ -187,15 +184,16 @@ def run(model_type, kernel_calls):
         model = hf_tiny.tiny_model(model_type)
     vocab = min(128, getattr(model.config.get_text_config(decoder=True), "vocab_size", None) or 128)
     ids = torch.randint(1, vocab, (hf_tiny.BATCH, hf_tiny.SEQ), generator=torch.Generator().manual_seed(2))
+    inputs = hf_tiny.model_inputs(model_type, model, ids)
     positions = hf_tiny.position_ids(model)
     rule = MODEL_RULES.get(model.config.get_text_config(decoder=True).model_type)
     if rule is not None and rule.streams and positions is None:
         raise LookupError(f"{model_type} has mRoPE ({rule.streams}) but no position streams were built")
     with torch.no_grad():
-        expected = logits(model, ids, positions)
+        expected = logits(model, inputs, positions)
         with hf.install(model) as installation:
             kernel_calls.clear()
-            got = logits(model, ids, positions)
+            got = logits(model, inputs, positions)
     assert hf_tiny.model_module(model_type) in installation.modules
     return expected, got
 
