@@ -221,6 +221,11 @@ INPUTS = {
     "muse_glimmer_vision": lambda config, ids: _patches(config, temporal=config.patch_temporal),
     "phi4_multimodal_vision": lambda config, ids: {"pixel_values": _image(config)},
     "step3p5_vision": lambda config, ids: {"pixel_values": _image(config)},
+    **{model_type: lambda config, ids: _patches(config, "hidden_states", getattr(config, "temporal_patch_size", 1))
+       for model_type in ("cohere_compass_vision", "ernie4_5_vl_moe_vision", "exaone4_5_vision", "glm_ocr_vision",
+                          "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision",
+                          "qwen3_5_moe_vision", "qwen3_5_vision", "qwen3_omni_moe_vision_encoder",
+                          "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision")},
 }
 
 
