@@ -32,10 +32,10 @@ SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=12
              decoder_attention_heads=4)
 EXACT = ("hidden_size", "head_dim")
 # keys a default config may leave None though its model needs them (real checkpoints set them)
-REQUIRED = ("head_dim", "num_key_value_heads", "n_routed_experts", "num_experts_per_tok")
+REQUIRED = ("head_dim", "vocab_size", "num_key_value_heads", "n_routed_experts", "num_experts_per_tok")
 # a width named so and equal to a hidden size of the config tree is that hidden size (an adapter's input,
-# a codebook dim, a head's condition): it shrinks with it
-TIED_WIDTH = re.compile(r"(_dim|hidden_size|_input_size)$")
+# a codebook dim, a head's condition, a depthwise convolution's groups): it shrinks with it
+TIED_WIDTH = re.compile(r"(_dim|hidden_size|_input_size|_groups)$")
 # Model types whose default config needs more than smaller sizes: the changes, and why
 MODEL_CHANGES = {
     # hybrids whose attention layers are picked by index or period: one among the tiny layers
@@ -53,6 +53,8 @@ MODEL_CHANGES = {
     "dots1": {"n_shared_experts": 1},
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
     "step3p5": {"sliding_window": 16},
+    # ESM-2's checkpoints use rotary positions (the default: absolute); its default leaves the special ids None
+    "esm": {"position_embedding_type": "rotary", "pad_token_id": 1, "mask_token_id": 2},
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
                        "indexer_compress_ratio": 4},  # its mask builder asks for one even with no sliding layers
     "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
@@ -114,7 +116,7 @@ def shrink(config, hidden_sizes=None):
     vocab = changes.get("vocab_size", config.get("vocab_size"))
     if isinstance(config.get("pad_token_id"), int) and vocab and config["pad_token_id"] >= vocab:
         changes["pad_token_id"] = 0
-    if "vocab_size" in changes and config.get("blank_token_id") == config["vocab_size"] - 1:
+    if "vocab_size" in changes and _is_int(config["vocab_size"]) and config.get("blank_token_id") == config["vocab_size"] - 1:
         changes["blank_token_id"] = vocab - 1  # CTC's blank is the last class
     _shrink_mrope_section(config, changes)
     changes.update(MODEL_CHANGES.get(config.get("model_type"), {}))
@@ -194,6 +196,11 @@ def _patches(config, name="pixel_values", temporal=1):
     return {name: _noise(16 * temporal, 3 * temporal * config.patch_size ** 2), "grid_thw": torch.tensor([[temporal, 4, 4]])}
 
 
+def _audio(config):
+    """8 frames of a codec's audio: (batch, channels, samples), 1920 samples (24 kHz, 12.5 Hz) a frame."""
+    return _noise(BATCH, getattr(config, "audio_channels", 1), 1920 * 8)
+
+
 def _mel(config, frames=64):
     """Log-mel features, (batch, mel bins, frames)."""
     return _noise(BATCH, config.num_mel_bins, frames)
@@ -204,15 +211,24 @@ INPUTS = {
     "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
     "lasr_ctc": lambda config, ids: {"input_features": _mel(config.encoder_config).transpose(1, 2)},
     "lasr_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
+    "mimi": lambda config, ids: {"input_values": _audio(config)},
+    "mimi_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
+    "mimi_encoder": lambda config, ids: {"input_values": _audio(config)},
     "moonshine": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
     "pixtral": lambda config, ids: {"pixel_values": _image(config)},
+    "pocket_tts_audio_tokenizer": lambda config, ids: {"input_values": _audio(config)},
+    "pocket_tts_audio_tokenizer_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
+    "pocket_tts_audio_tokenizer_encoder": lambda config, ids: {"input_values": _audio(config)},
     "t5gemma": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
     "t5gemma2": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
     "timesfm2_5": lambda config, ids: {"past_values": _noise(BATCH, 4 * config.patch_length)},
     # 64 frames become 8 audio embeddings, added to the embeddings of 8 tokens
     "voxtral_realtime": lambda config, ids: {"input_ids": ids[:, :8], "input_features": _mel(config.audio_config)},
     "voxtral_realtime_encoder": lambda config, ids: {"input_features": _mel(config)},
-    # vision towers that, given an image, call no function install patches (listed in NOT_RUN)
+    # models that, given their inputs, call no function install patches (listed in NOT_RUN)
+    "nemotron_asr_streaming_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
+    "parakeet_ctc": lambda config, ids: {"input_features": _mel(config.encoder_config).transpose(1, 2)},
+    "parakeet_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
     "cosmos3_edge_vision": lambda config, ids: _patches(config),
     "glm_image_vision": lambda config, ids: _patches(config),
     "hunyuan_vl_vision": lambda config, ids: _patches(config),

@@ -57,7 +57,6 @@ NOT_RUN = {
     "cohere_compass_text": _FAILS.format("KeyError: 'full_attention'"),
     "cohere_compass_vision": _VISION,
     "cosmos3_edge_vision": _VISION,
-    "csm": _FAILS.format("ValueError: in_channels must be divisible by groups"),
     "dbrx": _FAILS.format("AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta'"),
     "deepseek_ocr2_encoder": _INPUTS.format("inputs_embeds, num_patches"),
     "deepseek_ocr2_sam_vision_model": _INPUTS.format("pixel_values"),
@@ -69,7 +68,6 @@ NOT_RUN = {
     "efficientloftr": _CONFIG.format("hidden_size should be equal to the last value in out_features. hidden_size = 128, out_features = 256"),
     "emu3_vqgan": _NO_FORWARD,
     "ernie4_5_vl_moe_vision": _VISION,
-    "esm": _FAILS.format("TypeError: empty(): argument 'size' (position 1) must be tuple of ints, but found element of type No"),
     "esmfold2": _CONFIG.format("The atom_encoder.output_dim (128) is not single_inputs_size (451) - (2 * num_res_types + 1) = 384"),
     "exaone4_5_vision": _VISION,
     "glm4v_moe_vision": _INPUTS.format("hidden_states, grid_thw"),
@@ -89,9 +87,6 @@ NOT_RUN = {
     "jamba": _NO_ROPE,
     "kyutai_speech_to_text": _FAILS.format("AssertionError: Padding_idx must be within num_embeddings"),
     "lightglue": _INPUTS.format("pixel_values"),
-    "mimi": _FAILS.format("ValueError: in_channels must be divisible by groups"),
-    "mimi_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
-    "mimi_encoder": _INPUTS.format("input_values"),
     "minimax_m3_vl_vision": _VISION,
     "mllama_vision_model": _INPUTS.format("pixel_values, aspect_ratio_ids, aspect_ratio_mask"),
     "molmo2_adapter": _INPUTS.format("image_features, pooled_patches_idx"),
@@ -108,21 +103,18 @@ NOT_RUN = {
     "nemotron3_5_transcribe_word_timestamp": _INPUTS.format("inputs_embeds"),
     "nemotron3_diarization": _INPUTS.format("input_features"),
     "nemotron3_diarization_audio": _INPUTS.format("input_features"),
-    "nemotron_asr_streaming": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
-    "nemotron_asr_streaming_encoder": _INPUTS.format("input_features"),
+    "nemotron_asr_streaming": _INPUTS.format("input_features and decoder_input_ids (a transducer; its encoder applies no RoPE)"),
+    "nemotron_asr_streaming_encoder": _NO_ROPE,
     "nemotron_h": _NO_ROPE,
     "neomme": "its rotary module has (row, column) position streams that hf_tiny.position_ids does not build",
     "neucodec": _INPUTS.format("input_values, input_features"),
     "paddleocr_vl_vision": _INPUTS.format("pixel_values"),
-    "parakeet_ctc": _INPUTS.format("input_features"),
-    "parakeet_encoder": _INPUTS.format("input_features"),
-    "parakeet_rnnt": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
-    "parakeet_tdt": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
+    "parakeet_ctc": _NO_ROPE,
+    "parakeet_encoder": _NO_ROPE,
+    "parakeet_rnnt": _INPUTS.format("input_features and decoder_input_ids (a transducer; its encoder applies no RoPE)"),
+    "parakeet_tdt": _INPUTS.format("input_features and decoder_input_ids (a transducer; its encoder applies no RoPE)"),
     "phi4_multimodal_audio": _INPUTS.format("hidden_states, mask"),
     "phi4_multimodal_vision": _VISION,
-    "pocket_tts_audio_tokenizer": _FAILS.format("ValueError: in_channels must be divisible by groups"),
-    "pocket_tts_audio_tokenizer_decoder": _FAILS.format("ValueError: in_channels must be divisible by groups"),
-    "pocket_tts_audio_tokenizer_encoder": _INPUTS.format("input_values"),
     "qwen2_5_omni": _NO_FORWARD,
     "qwen2_5_omni_audio_encoder": _INPUTS.format("input_features, feature_lens"),
     "qwen2_5_omni_bigvgan": _INPUTS.format("mel_spectrogram"),
@@ -171,7 +163,7 @@ def logits(model, inputs, positions):
     if "use_cache" in parameters:
         kwargs["use_cache"] = False
     output = model(**kwargs)
-    for name in ("logits", "last_hidden_state"):
+    for name in ("logits", "last_hidden_state", "audio_values"):
         if output.get(name) is not None:
             return output[name]
     return output[0]
