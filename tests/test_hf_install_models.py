@@ -149,6 +149,15 @@ NOT_RUN = {
 MODEL_TYPES = model_types()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from threads; one leaves the other cores to the neighbours."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def restore_transformers():
     yield
