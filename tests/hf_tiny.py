@@ -257,9 +257,9 @@ def position_ids(model):
     Text, a 4 x 4 image, text: t stays put over the image while h and w walk
     its rows and columns; text after it continues from the largest position.
     """
-    rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")
-              and getattr(m, "mrope_section", None) is not None]
-    streams = hf_walk.position_streams(rotary[0]) if rotary else 1
+    streams = max((hf_walk.position_streams(m) for m in model.modules()
+                   if type(m).__name__.endswith("RotaryEmbedding") and getattr(m, "mrope_section", 0) is not None),
+                  default=1)  # NeoMME's (row, column) module has no mrope_section
     if streams == 1:
         return None
     text, side = 4, 4

@@ -106,7 +106,6 @@ NOT_RUN = {
     "nemotron_asr_streaming": _INPUTS.format("input_features and decoder_input_ids (a transducer; its encoder applies no RoPE)"),
     "nemotron_asr_streaming_encoder": _NO_ROPE,
     "nemotron_h": _NO_ROPE,
-    "neomme": "its rotary module has (row, column) position streams that hf_tiny.position_ids does not build",
     "neucodec": _INPUTS.format("input_values, input_features"),
     "paddleocr_vl_vision": _INPUTS.format("pixel_values"),
     "parakeet_ctc": _NO_ROPE,
