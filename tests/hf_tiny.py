@@ -59,6 +59,10 @@ MODEL_CHANGES = {
                        "indexer_compress_ratio": 4},  # its mask builder asks for one even with no sliding layers
     "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
     "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
+    # its default has no RoPE for its layer type; the rotary module's own default mrope_section [24, 20, 20],
+    # scaled to the tiny head
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                   "mrope_section": [6, 5, 5]}}},
     # the image-token ids these VLMs look up in their vocabulary map
     "chameleon": {"vocabulary_map": {"<image>": 127}},
     "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},

@@ -53,8 +53,6 @@ NOT_RUN = {
     "blt_local_encoder": _FAILS.format("AttributeError: 'NoneType' object has no attribute 'unsqueeze'"),
     "blt_patcher": _FAILS.format("AttributeError: 'tuple' object has no attribute 'last_hidden_state'"),
     "chameleon_vqgan": _NO_FORWARD,
-    "cohere_compass": _FAILS.format("KeyError: 'full_attention'"),
-    "cohere_compass_text": _FAILS.format("KeyError: 'full_attention'"),
     "cohere_compass_vision": _VISION,
     "cosmos3_edge_vision": _VISION,
     "dbrx": _FAILS.format("AttributeError: 'DbrxAttentionConfig' object has no attribute 'rope_theta'"),
