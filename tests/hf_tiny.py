@@ -63,6 +63,8 @@ MODEL_CHANGES = {
     # scaled to the tiny head
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                                    "mrope_section": [6, 5, 5]}}},
+    # the audio padding id is the embedding's last row: text vocabulary + codebooks x codebook vocabulary
+    "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
     # the image-token ids these VLMs look up in their vocabulary map
     "chameleon": {"vocabulary_map": {"<image>": 127}},
     "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},
@@ -213,6 +215,8 @@ def _mel(config, frames=64):
 # model type -> its forward's inputs, from its config and the token ids (the default: input_ids alone)
 INPUTS = {
     "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
+    # a text token and the 32 codebooks' audio codes at each step
+    "kyutai_speech_to_text": lambda config, ids: {"input_ids": ids[..., None] + torch.arange(1 + config.num_codebooks)},
     "lasr_ctc": lambda config, ids: {"input_features": _mel(config.encoder_config).transpose(1, 2)},
     "lasr_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
     "mimi": lambda config, ids: {"input_values": _audio(config)},

@@ -83,7 +83,6 @@ NOT_RUN = {
     "idefics_perciever": _FAILS.format("LookupError: no model class for idefics_perciever"),
     "idefics_vision": _FAILS.format("LookupError: no model class for idefics_vision"),
     "jamba": _NO_ROPE,
-    "kyutai_speech_to_text": _FAILS.format("AssertionError: Padding_idx must be within num_embeddings"),
     "lightglue": _INPUTS.format("pixel_values"),
     "minimax_m3_vl_vision": _VISION,
     "mllama_vision_model": _INPUTS.format("pixel_values, aspect_ratio_ids, aspect_ratio_mask"),
