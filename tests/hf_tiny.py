@@ -214,6 +214,9 @@ def _mel(config, frames=64):
 
 # model type -> its forward's inputs, from its config and the token ids (the default: input_ids alone)
 INPUTS = {
+    **{model_type: lambda config, ids: {"inputs_embeds": _noise(BATCH, SEQ, config.hidden_size)}
+       for model_type in ("blt_global_transformer", "nemotron3_5_transcribe_word_timestamp",
+                          "qwen3_omni_moe_talker_code_predictor")},  # models that take embeddings, not ids
     "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
     # a text token and the 32 codebooks' audio codes at each step
     "kyutai_speech_to_text": lambda config, ids: {"input_ids": ids[..., None] + torch.arange(1 + config.num_codebooks)},
