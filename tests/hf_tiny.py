@@ -212,6 +212,11 @@ def _mel(config, frames=64):
     return _noise(BATCH, config.num_mel_bins, frames)
 
 
+def _frames(config, frames=64):
+    """Log-mel features, (batch, frames, mel bins)."""
+    return _mel(config, frames).transpose(1, 2)
+
+
 # model type -> its forward's inputs, from its config and the token ids (the default: input_ids alone)
 INPUTS = {
     **{model_type: lambda config, ids: {"inputs_embeds": _noise(BATCH, SEQ, config.hidden_size)}
@@ -219,13 +224,20 @@ INPUTS = {
                           "qwen3_omni_moe_talker_code_predictor")},  # models that take embeddings, not ids
     "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
     # a text token and the 32 codebooks' audio codes at each step
+    "idefics": lambda config, ids: {  # one image per sample, seen by every token
+        "input_ids": ids, "image_attention_mask": torch.ones(BATCH, SEQ, 1, dtype=torch.long),
+        "pixel_values": _noise(BATCH, 1, 3, config.vision_config.image_size, config.vision_config.image_size)},
     "kyutai_speech_to_text": lambda config, ids: {"input_ids": ids[..., None] + torch.arange(1 + config.num_codebooks)},
-    "lasr_ctc": lambda config, ids: {"input_features": _mel(config.encoder_config).transpose(1, 2)},
-    "lasr_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
+    "lasr_ctc": lambda config, ids: {"input_features": _frames(config.encoder_config)},
+    "lasr_encoder": lambda config, ids: {"input_features": _frames(config)},
     "mimi": lambda config, ids: {"input_values": _audio(config)},
     "mimi_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
     "mimi_encoder": lambda config, ids: {"input_values": _audio(config)},
     "moonshine": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
+    "nemotron3_5_transcribe_asr_audio": lambda config, ids: {"input_features": _frames(config)},
+    "nemotron3_5_transcribe_audio": lambda config, ids: {"input_features": _frames(config.asr_config)},
+    "nemotron3_diarization": lambda config, ids: {"input_features": _frames(config.audio_config)},
+    "nemotron3_diarization_audio": lambda config, ids: {"input_features": _frames(config)},
     "pixtral": lambda config, ids: {"pixel_values": _image(config)},
     "pocket_tts_audio_tokenizer": lambda config, ids: {"input_values": _audio(config)},
     "pocket_tts_audio_tokenizer_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
@@ -237,9 +249,13 @@ INPUTS = {
     "voxtral_realtime": lambda config, ids: {"input_ids": ids[:, :8], "input_features": _mel(config.audio_config)},
     "voxtral_realtime_encoder": lambda config, ids: {"input_features": _mel(config)},
     # models that, given their inputs, call no function install patches (listed in NOT_RUN)
-    "nemotron_asr_streaming_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
-    "parakeet_ctc": lambda config, ids: {"input_features": _mel(config.encoder_config).transpose(1, 2)},
-    "parakeet_encoder": lambda config, ids: {"input_features": _mel(config).transpose(1, 2)},
+    "nemotron_asr_streaming_encoder": lambda config, ids: {"input_features": _frames(config)},
+    "parakeet_ctc": lambda config, ids: {"input_features": _frames(config.encoder_config)},
+    "parakeet_encoder": lambda config, ids: {"input_features": _frames(config)},
+    "moonshine_streaming_encoder": lambda config, ids: {"input_values": _noise(BATCH, 4000)},
+    "qwen2_5_omni_audio_encoder": lambda config, ids: {  # one clip of 200 frames, (mel bins, frames)
+        "input_features": _noise(config.num_mel_bins, 200), "feature_lens": torch.tensor([200]),
+        "aftercnn_lens": torch.tensor([100])},
     "cosmos3_edge_vision": lambda config, ids: _patches(config),
     "glm_image_vision": lambda config, ids: _patches(config),
     "hunyuan_vl_vision": lambda config, ids: _patches(config),
