@@ -222,6 +222,11 @@ INPUTS = {
     **{model_type: lambda config, ids: {"inputs_embeds": _noise(BATCH, SEQ, config.hidden_size)}
        for model_type in ("blt_global_transformer", "nemotron3_5_transcribe_word_timestamp",
                           "qwen3_omni_moe_talker_code_predictor")},  # models that take embeddings, not ids
+    # Dia: text ids in, a code per audio channel out
+    "dia": lambda config, ids: {"input_ids": ids,
+                                "decoder_input_ids": ids[..., None].expand(-1, -1, config.decoder_config.num_channels)},
+    "dia_decoder": lambda config, ids: {"input_ids": ids[..., None].expand(-1, -1, config.num_channels),
+                                        "encoder_hidden_states": _noise(BATCH, SEQ, config.cross_hidden_size)},
     "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
     # a text token and the 32 codebooks' audio codes at each step
     "idefics": lambda config, ids: {  # one image per sample, seen by every token
@@ -252,6 +257,7 @@ INPUTS = {
     "nemotron_asr_streaming_encoder": lambda config, ids: {"input_features": _frames(config)},
     "parakeet_ctc": lambda config, ids: {"input_features": _frames(config.encoder_config)},
     "parakeet_encoder": lambda config, ids: {"input_features": _frames(config)},
+    "muse_spark_audio": lambda config, ids: {"input_values": _noise(BATCH, 96 * 100)},  # a multiple of 96 samples
     "moonshine_streaming_encoder": lambda config, ids: {"input_values": _noise(BATCH, 4000)},
     "qwen2_5_omni_audio_encoder": lambda config, ids: {  # one clip of 200 frames, (mel bins, frames)
         "input_features": _noise(config.num_mel_bins, 200), "feature_lens": torch.tensor([200]),
@@ -264,6 +270,11 @@ INPUTS = {
     "muse_glimmer_vision": lambda config, ids: _patches(config, temporal=config.patch_temporal),
     "phi4_multimodal_vision": lambda config, ids: {"pixel_values": _image(config)},
     "step3p5_vision": lambda config, ids: {"pixel_values": _image(config)},
+    "dots3_note_vision_encoder": lambda config, ids: _patches(config),
+    "granite_docling_vision": lambda config, ids: {  # its position embedding is for the whole 512 x 512 image
+        "pixel_values": _noise(BATCH, 3, config.image_size, config.image_size)},
+    "molmo2_vision": lambda config, ids: {  # the 27 x 27 patches of its 378 x 378 image, flattened
+        "pixel_values": _noise(BATCH, (config.image_size[0] // config.patch_size) ** 2, 3 * config.patch_size ** 2)},
     **{model_type: lambda config, ids: _patches(config, "hidden_states", getattr(config, "temporal_patch_size", 1))
        for model_type in ("cohere_compass_vision", "ernie4_5_vl_moe_vision", "exaone4_5_vision", "glm_ocr_vision",
                           "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision",
