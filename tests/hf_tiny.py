@@ -198,8 +198,9 @@ def _image(config):
 
 
 def _patches(config, name="pixel_values", temporal=1):
-    """A 4 x 4-patch image as the Qwen-VL vision towers take it: flattened patches and their (t, h, w) grid."""
-    return {name: _noise(16 * temporal, 3 * temporal * config.patch_size ** 2), "grid_thw": torch.tensor([[temporal, 4, 4]])}
+    """A 4 x 4-patch image as the Qwen-VL vision towers take it: flattened patches (each `temporal` frames
+    deep, the image repeated) and their (t, h, w) grid."""
+    return {name: _noise(16, 3 * temporal * config.patch_size ** 2), "grid_thw": torch.tensor([[1, 4, 4]])}
 
 
 def _audio(config):
@@ -276,7 +277,8 @@ INPUTS = {
     "molmo2_vision": lambda config, ids: {  # the 27 x 27 patches of its 378 x 378 image, flattened
         "pixel_values": _noise(BATCH, (config.image_size[0] // config.patch_size) ** 2, 3 * config.patch_size ** 2)},
     **{model_type: lambda config, ids: _patches(config, "hidden_states", getattr(config, "temporal_patch_size", 1))
-       for model_type in ("cohere_compass_vision", "ernie4_5_vl_moe_vision", "exaone4_5_vision", "glm_ocr_vision",
+       for model_type in ("cohere_compass_vision", "ernie4_5_vl_moe_vision", "exaone4_5_vision", "glm4v_moe_vision",
+                          "glm4v_vision", "glm_ocr_vision",
                           "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision",
                           "qwen3_5_moe_vision", "qwen3_5_vision", "qwen3_omni_moe_vision_encoder",
                           "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision")},
