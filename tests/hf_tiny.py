@@ -35,7 +35,7 @@ EXACT = ("hidden_size", "head_dim")
 REQUIRED = ("head_dim", "vocab_size", "num_key_value_heads", "n_routed_experts", "num_experts_per_tok")
 # a width named so and equal to a hidden size of the config tree is that hidden size (an adapter's input,
 # a codebook dim, a head's condition, a depthwise convolution's groups): it shrinks with it
-TIED_WIDTH = re.compile(r"(_dim|hidden_size|_input_size|_groups)$")
+TIED_WIDTH = re.compile(r"(_dim|hidden_size|_input_size|embedding_size|_groups)$")
 # Model types whose default config needs more than smaller sizes: the changes, and why
 MODEL_CHANGES = {
     # hybrids whose attention layers are picked by index or period: one among the tiny layers
@@ -53,6 +53,7 @@ MODEL_CHANGES = {
     "dots1": {"n_shared_experts": 1},
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
     "step3p5": {"sliding_window": 16},
+    "moonshine_streaming": {"num_key_value_heads": 4},  # its decoder reads it; the config class lacks it
     # ESM-2's checkpoints use rotary positions (the default: absolute); its default leaves the special ids None
     "esm": {"position_embedding_type": "rotary", "pad_token_id": 1, "mask_token_id": 2},
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
@@ -240,6 +241,7 @@ INPUTS = {
     "mimi_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
     "mimi_encoder": lambda config, ids: {"input_values": _audio(config)},
     "moonshine": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
+    "moonshine_streaming": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
     "nemotron3_5_transcribe_asr_audio": lambda config, ids: {"input_features": _frames(config)},
     "nemotron3_5_transcribe_audio": lambda config, ids: {"input_features": _frames(config.asr_config)},
     "nemotron3_diarization": lambda config, ids: {"input_features": _frames(config.audio_config)},
