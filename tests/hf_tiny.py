@@ -52,18 +52,20 @@ MODEL_CHANGES = {
     # MoE and sparse-attention settings the default config leaves None
     "dots1": {"n_shared_experts": 1},
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
-    "step3p5": {"sliding_window": 16},
-    "moonshine_streaming": {"num_key_value_heads": 4},  # its decoder reads it; the config class lacks it
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
+                       "indexer_compress_ratio": 4},
+    "step3p5": {"sliding_window": 16},  # its mask builder asks for one even with no sliding layers
+    # keys the modeling code reads but the config class does not define
+    "moonshine_streaming": {"num_key_value_heads": 4},
+    **dict.fromkeys(("t5gemma2_decoder", "t5gemma2_encoder", "t5gemma2_text"), {"dropout_rate": 0.0}),
     # ESM-2's checkpoints use rotary positions (the default: absolute); its default leaves the special ids None
     "esm": {"position_embedding_type": "rotary", "pad_token_id": 1, "mask_token_id": 2},
-    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
-                       "indexer_compress_ratio": 4},  # its mask builder asks for one even with no sliding layers
-    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
-    "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
-    # its default has no RoPE for its layer type; the rotary module's own default mrope_section [24, 20, 20],
+    # its default has no RoPE for its layer type: the rotary module's own default mrope_section [24, 20, 20],
     # scaled to the tiny head
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                                    "mrope_section": [6, 5, 5]}}},
+    "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
     # the audio padding id is the embedding's last row: text vocabulary + codebooks x codebook vocabulary
     "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
     # the image-token ids these VLMs look up in their vocabulary map
@@ -252,6 +254,8 @@ INPUTS = {
     "pocket_tts_audio_tokenizer_encoder": lambda config, ids: {"input_values": _audio(config)},
     "t5gemma": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
     "t5gemma2": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
+    "t5gemma2_decoder": lambda config, ids: {"input_ids": ids,
+                                             "encoder_hidden_states": _noise(BATCH, SEQ, config.hidden_size)},
     "timesfm2_5": lambda config, ids: {"past_values": _noise(BATCH, 4 * config.patch_length)},
     # 64 frames become 8 audio embeddings, added to the embeddings of 8 tokens
     "voxtral_realtime": lambda config, ids: {"input_ids": ids[:, :8], "input_features": _mel(config.audio_config)},
