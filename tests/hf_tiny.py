@@ -154,22 +154,24 @@ def _shrink_mrope_section(config, changes):
     changes["rope_parameters"] = {**params, "mrope_section": scaled}
 
 
-def tiny_config(model_type):
+def tiny_config(model_type, **extra):
+    """The shrunk default config of `model_type`, with the top-level keys `extra` set."""
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
     base = hf_walk.CONFIG_OVERRIDES.get(model_type, {})  # defaults the walk also corrects
     changes = shrink(config_class(**base).to_dict())
     for key, value in base.items():
         changes[key] = {**value, **changes[key]} if isinstance(changes.get(key), dict) else changes.get(key, value)
-    return config_class(**changes)
+    return config_class(**changes, **extra)
 
 
 _AUTO = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
          "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
 
 
-def tiny_model(model_type):
-    """A tiny random model of `model_type`, in eval mode (seeded: the same weights every time)."""
-    config = tiny_config(model_type)
+def tiny_model(model_type, **extra):
+    """A tiny random model of `model_type`, in eval mode (seeded: the same weights every time);
+    `extra`: top-level config keys."""
+    config = tiny_config(model_type, **extra)
     model_class = None
     for mapping in _AUTO:
         name = getattr(modeling_auto, mapping).get(model_type)
@@ -295,6 +297,27 @@ def model_inputs(model_type, model, ids):
     """The keyword arguments of one forward pass of the tiny `model_type` `model` (`ids`: token ids)."""
     make = INPUTS.get(model_type)
     return {"input_ids": ids} if make is None else make(model.config, ids)
+
+
+# the special tokens of an image, above the ids of random text (tokens below IMAGE_TOKENS["vision_start_token_id"])
+IMAGE_TOKENS = dict(vision_start_token_id=122, vision_end_token_id=123, image_token_id=124, video_token_id=125)
+
+
+def image_inputs(model, text):
+    """A VLM's inputs for `text` (token ids) with a 4 x 4-patch image after its 4th token.
+
+    The model builds the image's t/h/w positions itself from ``image_grid_thw``
+    and ``mm_token_type_ids``; its config must have the `IMAGE_TOKENS` ids.
+    """
+    vision = model.config.vision_config
+    merged = 16 // vision.spatial_merge_size ** 2  # the image's tokens once the merger joins patches
+    tokens = [IMAGE_TOKENS["vision_start_token_id"]] + [IMAGE_TOKENS["image_token_id"]] * merged + [
+        IMAGE_TOKENS["vision_end_token_id"]]
+    ids = torch.cat((text[:, :4], torch.tensor(tokens).expand(len(text), -1), text[:, 4:]), dim=1)
+    patches = _patches(vision, temporal=getattr(vision, "temporal_patch_size", 1))
+    return {"input_ids": ids, "pixel_values": torch.cat([patches["pixel_values"]] * len(text)),
+            "image_grid_thw": patches["grid_thw"].expand(len(text), -1),
+            "mm_token_type_ids": (ids == IMAGE_TOKENS["image_token_id"]).long()}
 
 
 def position_ids(model):

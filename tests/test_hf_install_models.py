@@ -203,5 +203,27 @@ def test_logits_unchanged(model_type, kernel_calls):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
+# VLMs whose language model computes its mRoPE positions from an image's grid: checked with an image too
+# (Qwen3-VL and Qwen3.5 not yet: their tiny vision tower's features do not match the text width)
+IMAGE_MODEL_TYPES = ("glm4v", "glm4v_moe", "qwen2_5_vl", "qwen2_vl")
+
+
+@pytest.mark.parametrize("model_type", IMAGE_MODEL_TYPES)
+def test_logits_unchanged_with_an_image(model_type, kernel_calls):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_tiny.tiny_model(model_type, **hf_tiny.IMAGE_TOKENS)
+    text = torch.randint(1, hf_tiny.IMAGE_TOKENS["vision_start_token_id"], (hf_tiny.BATCH, hf_tiny.SEQ),
+                         generator=torch.Generator().manual_seed(2))
+    inputs = hf_tiny.image_inputs(model, text)
+    with torch.no_grad():
+        expected = logits(model, inputs, None)
+        with hf.install(model):
+            kernel_calls.clear()
+            got = logits(model, inputs, None)
+    assert kernel_calls and all(kernel_calls)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
 def test_not_run_lists_only_model_types_it_walks():
     assert set(NOT_RUN) <= set(MODEL_TYPES)
