@@ -81,3 +81,12 @@ def test_every_rule_is_walked():
         config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
         walked.add(config.get_text_config(decoder=True).model_type)
     assert set(pf._hf_models.MODEL_RULES) - walked == set()
+
+
+@pytest.mark.parametrize("model_type", ["bailing_hybrid", "glm_moe_dsa", "longcat_flash", "mistral_large4_text"])
+def test_families_that_always_interleave_ignore_rope_interleave(model_type):
+    config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().to_dict()
+    for flag in (False, True):  # their attention calls apply_rotary_pos_emb_interleave whatever the flag says
+        assert pf.RotaryEmbedding.from_hf_config({**config, "rope_interleave": flag}).layout == "interleaved"
+    deepseek = hf_walk.configuration_auto.CONFIG_MAPPING["deepseek_v3"]().to_dict()
+    assert pf.RotaryEmbedding.from_hf_config({**deepseek, "rope_interleave": False}).layout == "half"
