@@ -3,8 +3,12 @@
 Used by ``test_hf_install_models.py``; needs torch and transformers.  A
 default config is shrunk by changing only the sizes it has (layers,
 hidden size, heads, vocabulary, experts, MLA ranks), keeping one layer of
-each layer type and its rotary settings valid (mRoPE sections scaled to the
-smaller head); composite configs shrink each sub-config the same way.
+each layer type, its rotary settings valid (mRoPE sections scaled to the
+smaller head) and its own constraints (widths tied to a hidden size,
+multi-head attention without grouped keys); composite configs shrink each
+sub-config the same way.  MODEL_CHANGES completes the default configs that
+do not run as they are; INPUTS builds the inputs of models that take no
+token ids (features, images, audio, embeddings).
 """
 
 import importlib
@@ -21,7 +25,7 @@ from posenc_fast import hf
 from posenc_fast._hf_models import MODEL_RULES
 
 HEAD_DIM = 32
-# config key -> its tiny value (an existing value is only ever made smaller, head_dim excepted)
+# config key -> its tiny value (an existing value is only ever made smaller, head_dim and None excepted)
 SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2, head_dim=HEAD_DIM, vocab_size=128, moe_intermediate_size=64,
              num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
@@ -102,7 +106,8 @@ def shrink(config, hidden_sizes=None):
     for key, value in SIZES.items():
         if key in config and (_is_int(config[key]) or key in REQUIRED and config[key] is None):
             changes[key] = value if key in EXACT or config[key] is None else min(config[key], value)
-    if "num_key_value_heads" in changes and config["num_key_value_heads"] in (None, config.get("num_attention_heads")):
+    heads = config.get("num_attention_heads")
+    if "num_key_value_heads" in changes and config["num_key_value_heads"] in (None, heads):
         changes["num_key_value_heads"] = changes["num_attention_heads"]  # multi-head attention stays so
     for key, value in config.items():
         if key not in SIZES and _is_int(value) and value in hidden_sizes and TIED_WIDTH.search(key):
@@ -125,7 +130,7 @@ def shrink(config, hidden_sizes=None):
     vocab = changes.get("vocab_size", config.get("vocab_size"))
     if isinstance(config.get("pad_token_id"), int) and vocab and config["pad_token_id"] >= vocab:
         changes["pad_token_id"] = 0
-    if "vocab_size" in changes and _is_int(config["vocab_size"]) and config.get("blank_token_id") == config["vocab_size"] - 1:
+    if _is_int(config.get("vocab_size")) and config.get("blank_token_id") == config["vocab_size"] - 1:
         changes["blank_token_id"] = vocab - 1  # CTC's blank is the last class
     _shrink_mrope_section(config, changes)
     changes.update(MODEL_CHANGES.get(config.get("model_type"), {}))
@@ -234,10 +239,10 @@ INPUTS = {
     "dia_decoder": lambda config, ids: {"input_ids": ids[..., None].expand(-1, -1, config.num_channels),
                                         "encoder_hidden_states": _noise(BATCH, SEQ, config.cross_hidden_size)},
     "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
-    # a text token and the 32 codebooks' audio codes at each step
     "idefics": lambda config, ids: {  # one image per sample, seen by every token
         "input_ids": ids, "image_attention_mask": torch.ones(BATCH, SEQ, 1, dtype=torch.long),
         "pixel_values": _noise(BATCH, 1, 3, config.vision_config.image_size, config.vision_config.image_size)},
+    # a text token and the 32 codebooks' audio codes at each step
     "kyutai_speech_to_text": lambda config, ids: {"input_ids": ids[..., None] + torch.arange(1 + config.num_codebooks)},
     "lasr_ctc": lambda config, ids: {"input_features": _frames(config.encoder_config)},
     "lasr_encoder": lambda config, ids: {"input_features": _frames(config)},
