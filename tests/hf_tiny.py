@@ -3,12 +3,17 @@
 Used by ``test_hf_install_models.py``; needs torch and transformers.  A
 default config is shrunk by changing only the sizes it has (layers,
 hidden size, heads, vocabulary, experts, MLA ranks), keeping one layer of
-each layer type and its rotary settings valid (mRoPE sections scaled to the
-smaller head); composite configs shrink each sub-config the same way.
+each layer type, its rotary settings valid (mRoPE sections scaled to the
+smaller head) and its own constraints (widths tied to a hidden size,
+multi-head attention without grouped keys); composite configs shrink each
+sub-config the same way.  MODEL_CHANGES completes the default configs that
+do not run as they are; INPUTS builds the inputs of models that take no
+token ids (features, images, audio, embeddings).
 """
 
 import importlib
 import inspect
+import re
 
 import pytest
 import torch
@@ -20,21 +25,56 @@ from posenc_fast import hf
 from posenc_fast._hf_models import MODEL_RULES
 
 HEAD_DIM = 32
-# config key -> its tiny value (an existing value is only ever made smaller, head_dim excepted)
+# config key -> its tiny value (an existing value is only ever made smaller, head_dim and None excepted)
 SIZES = dict(num_hidden_layers=2, hidden_size=4 * HEAD_DIM, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2, head_dim=HEAD_DIM, vocab_size=128, moe_intermediate_size=64,
              num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
              n_shared_experts=1, shared_expert_intermediate_size=64, kv_lora_rank=32, q_lora_rank=32,
              qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, n_group=1, topk_group=1,
              first_k_dense_replace=1, num_expert_group=1, depth=1, embed_dim=64, num_heads=4, num_layers=2,
-             d_model=128, encoder_layers=1, decoder_layers=1)
+             d_model=128, encoder_layers=1, decoder_layers=1, num_experts_per_token=2, encoder_attention_heads=4,
+             decoder_attention_heads=4)
 EXACT = ("hidden_size", "head_dim")
-# hybrids whose attention layers are picked by index or period: changes that keep one among the tiny layers
-HYBRID_CHANGES = {
+# keys a default config may leave None though its model needs them (real checkpoints set them)
+REQUIRED = ("head_dim", "vocab_size", "num_key_value_heads", "n_routed_experts", "num_experts_per_tok")
+# a width named so and equal to a hidden size of the config tree is that hidden size (an adapter's input,
+# a codebook dim, a head's condition, a depthwise convolution's groups): it shrinks with it
+TIED_WIDTH = re.compile(r"(_dim|hidden_size|_input_size|embedding_size|_groups)$")
+# Model types whose default config needs more than smaller sizes: the changes, and why
+MODEL_CHANGES = {
+    # hybrids whose attention layers are picked by index or period: one among the tiny layers
     "bamba": {"attn_layer_indices": [1]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "recurrent_gemma": {"num_hidden_layers": 3},  # block_types cycles recurrent, recurrent, attention
     "zamba2": {"hybrid_layer_ids": [1], "use_mem_rope": True},  # its default config applies no RoPE
+    # the default has only mamba layers (slow on the CPU) and no RoPE; Granite 4.0's dense models use "rope"
+    "granitemoehybrid": {"num_hidden_layers": 1, "layer_types": ["full_attention"], "position_embedding_type": "rope"},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # the default leaves them None
+    # to_dict doubles the layer list (an "mlp" after each); one input, recurrent and output layer
+    "dory": {"num_hidden_layers": 6, "n_input_layers": 2, "n_recurrent_layers": 2, "n_output_layers": 2,
+             "layer_types": ["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention", "mlp"]},
+    # MoE and sparse-attention settings the default config leaves None
+    "dots1": {"n_shared_experts": 1},
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 64},
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
+                       "indexer_compress_ratio": 4},
+    "step3p5": {"sliding_window": 16},  # its mask builder asks for one even with no sliding layers
+    # keys the modeling code reads but the config class does not define
+    "moonshine_streaming": {"num_key_value_heads": 4},
+    **dict.fromkeys(("t5gemma2_decoder", "t5gemma2_encoder", "t5gemma2_text"), {"dropout_rate": 0.0}),
+    # ESM-2's checkpoints use rotary positions (the default: absolute); its default leaves the special ids None
+    "esm": {"position_embedding_type": "rotary", "pad_token_id": 1, "mask_token_id": 2},
+    # its default has no RoPE for its layer type: the rotary module's own default mrope_section [24, 20, 20],
+    # scaled to the tiny head
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                   "mrope_section": [6, 5, 5]}}},
+    "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
+    # the audio padding id is the embedding's last row: text vocabulary + codebooks x codebook vocabulary
+    "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
+    # the image-token ids these VLMs look up in their vocabulary map
+    "chameleon": {"vocabulary_map": {"<image>": 127}},
+    "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},
 }
 LAYER_TYPES = ("layer_types", "layers_block_type", "block_types")  # per-layer lists that name a layer's kind
 SEQ = 24
@@ -46,13 +86,32 @@ def model_module(model_type):
     return f"transformers.models.{name}.modeling_{name}"
 
 
-def shrink(config):
+def _hidden_sizes(config):
+    """Every hidden_size in the config tree (the root and its sub-configs, nested)."""
+    sizes = {config["hidden_size"]} if _is_int(config.get("hidden_size")) else set()
+    for value in config.values():
+        if isinstance(value, dict) and "model_type" in value:
+            sizes |= _hidden_sizes(value)
+    return sizes
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shrink(config, hidden_sizes=None):
     """The config changes (a dict, nested for sub-configs) that make the default `config` dict tiny."""
+    hidden_sizes = _hidden_sizes(config) if hidden_sizes is None else hidden_sizes
     changes = {}
     for key, value in SIZES.items():
-        if key in config and (isinstance(config[key], int) and not isinstance(config[key], bool)
-                              or key == "head_dim" and config[key] is None):
+        if key in config and (_is_int(config[key]) or key in REQUIRED and config[key] is None):
             changes[key] = value if key in EXACT or config[key] is None else min(config[key], value)
+    heads = config.get("num_attention_heads")
+    if "num_key_value_heads" in changes and config["num_key_value_heads"] in (None, heads):
+        changes["num_key_value_heads"] = changes["num_attention_heads"]  # multi-head attention stays so
+    for key, value in config.items():
+        if key not in SIZES and _is_int(value) and value in hidden_sizes and TIED_WIDTH.search(key):
+            changes[key] = SIZES["hidden_size"]
     if config.get("qk_rope_head_dim"):  # MLA: no grouped keys; head_dim is the rope part, or rope + nope
         whole = config.get("head_dim") == config["qk_rope_head_dim"] + config.get("qk_nope_head_dim", 0)
         if "head_dim" in changes:
@@ -71,11 +130,13 @@ def shrink(config):
     vocab = changes.get("vocab_size", config.get("vocab_size"))
     if isinstance(config.get("pad_token_id"), int) and vocab and config["pad_token_id"] >= vocab:
         changes["pad_token_id"] = 0
+    if _is_int(config.get("vocab_size")) and config.get("blank_token_id") == config["vocab_size"] - 1:
+        changes["blank_token_id"] = vocab - 1  # CTC's blank is the last class
     _shrink_mrope_section(config, changes)
-    changes.update(HYBRID_CHANGES.get(config.get("model_type"), {}))
+    changes.update(MODEL_CHANGES.get(config.get("model_type"), {}))
     for key, value in config.items():
         if isinstance(value, dict) and "model_type" in value:
-            changes[key] = shrink(value)
+            changes[key] = {"model_type": value["model_type"], **shrink(value, hidden_sizes)}
     return changes
 
 
@@ -98,22 +159,24 @@ def _shrink_mrope_section(config, changes):
     changes["rope_parameters"] = {**params, "mrope_section": scaled}
 
 
-def tiny_config(model_type):
+def tiny_config(model_type, **extra):
+    """The shrunk default config of `model_type`, with the top-level keys `extra` set."""
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
     base = hf_walk.CONFIG_OVERRIDES.get(model_type, {})  # defaults the walk also corrects
     changes = shrink(config_class(**base).to_dict())
     for key, value in base.items():
         changes[key] = {**value, **changes[key]} if isinstance(changes.get(key), dict) else changes.get(key, value)
-    return config_class(**changes)
+    return config_class(**changes, **extra)
 
 
 _AUTO = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
          "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_MAPPING_NAMES")
 
 
-def tiny_model(model_type):
-    """A tiny random model of `model_type`, in eval mode (seeded: the same weights every time)."""
-    config = tiny_config(model_type)
+def tiny_model(model_type, **extra):
+    """A tiny random model of `model_type`, in eval mode (seeded: the same weights every time);
+    `extra`: top-level config keys."""
+    config = tiny_config(model_type, **extra)
     model_class = None
     for mapping in _AUTO:
         name = getattr(modeling_auto, mapping).get(model_type)
@@ -134,15 +197,143 @@ def tiny_model(model_type):
     return model_class(config).eval()
 
 
+def _noise(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+
+
+def _image(config):
+    """A 4 x 4-patch image, (batch, channels, height, width)."""
+    side = 4 * config.patch_size
+    return _noise(BATCH, getattr(config, "num_channels", 3), side, side)
+
+
+def _patches(config, name="pixel_values", temporal=1):
+    """A 4 x 4-patch image as the Qwen-VL vision towers take it: flattened patches (each `temporal` frames
+    deep, the image repeated) and their (t, h, w) grid."""
+    return {name: _noise(16, 3 * temporal * config.patch_size ** 2), "grid_thw": torch.tensor([[1, 4, 4]])}
+
+
+def _audio(config):
+    """8 frames of a codec's audio: (batch, channels, samples), 1920 samples (24 kHz, 12.5 Hz) a frame."""
+    return _noise(BATCH, getattr(config, "audio_channels", 1), 1920 * 8)
+
+
+def _mel(config, frames=64):
+    """Log-mel features, (batch, mel bins, frames)."""
+    return _noise(BATCH, config.num_mel_bins, frames)
+
+
+def _frames(config, frames=64):
+    """Log-mel features, (batch, frames, mel bins)."""
+    return _mel(config, frames).transpose(1, 2)
+
+
+# model type -> its forward's inputs, from its config and the token ids (the default: input_ids alone)
+INPUTS = {
+    **{model_type: lambda config, ids: {"inputs_embeds": _noise(BATCH, SEQ, config.hidden_size)}
+       for model_type in ("blt_global_transformer", "nemotron3_5_transcribe_word_timestamp",
+                          "qwen3_omni_moe_talker_code_predictor")},  # models that take embeddings, not ids
+    # Dia: text ids in, a code per audio channel out
+    "dia": lambda config, ids: {"input_ids": ids,
+                                "decoder_input_ids": ids[..., None].expand(-1, -1, config.decoder_config.num_channels)},
+    "dia_decoder": lambda config, ids: {"input_ids": ids[..., None].expand(-1, -1, config.num_channels),
+                                        "encoder_hidden_states": _noise(BATCH, SEQ, config.cross_hidden_size)},
+    "glmasr_encoder": lambda config, ids: {"input_features": _mel(config)},
+    "idefics": lambda config, ids: {  # one image per sample, seen by every token
+        "input_ids": ids, "image_attention_mask": torch.ones(BATCH, SEQ, 1, dtype=torch.long),
+        "pixel_values": _noise(BATCH, 1, 3, config.vision_config.image_size, config.vision_config.image_size)},
+    # a text token and the 32 codebooks' audio codes at each step
+    "kyutai_speech_to_text": lambda config, ids: {"input_ids": ids[..., None] + torch.arange(1 + config.num_codebooks)},
+    "lasr_ctc": lambda config, ids: {"input_features": _frames(config.encoder_config)},
+    "lasr_encoder": lambda config, ids: {"input_features": _frames(config)},
+    "mimi": lambda config, ids: {"input_values": _audio(config)},
+    "mimi_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
+    "mimi_encoder": lambda config, ids: {"input_values": _audio(config)},
+    "moonshine": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
+    "moonshine_streaming": lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids},
+    "nemotron3_5_transcribe_asr_audio": lambda config, ids: {"input_features": _frames(config)},
+    "nemotron3_5_transcribe_audio": lambda config, ids: {"input_features": _frames(config.asr_config)},
+    "nemotron3_diarization": lambda config, ids: {"input_features": _frames(config.audio_config)},
+    "nemotron3_diarization_audio": lambda config, ids: {"input_features": _frames(config)},
+    "pixtral": lambda config, ids: {"pixel_values": _image(config)},
+    "pocket_tts_audio_tokenizer": lambda config, ids: {"input_values": _audio(config)},
+    "pocket_tts_audio_tokenizer_decoder": lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)},
+    "pocket_tts_audio_tokenizer_encoder": lambda config, ids: {"input_values": _audio(config)},
+    "t5gemma": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
+    "t5gemma2": lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids},
+    "t5gemma2_decoder": lambda config, ids: {"input_ids": ids,
+                                             "encoder_hidden_states": _noise(BATCH, SEQ, config.hidden_size)},
+    "timesfm2_5": lambda config, ids: {"past_values": _noise(BATCH, 4 * config.patch_length)},
+    # 64 frames become 8 audio embeddings, added to the embeddings of 8 tokens
+    "voxtral_realtime": lambda config, ids: {"input_ids": ids[:, :8], "input_features": _mel(config.audio_config)},
+    "voxtral_realtime_encoder": lambda config, ids: {"input_features": _mel(config)},
+    # models that, given their inputs, call no function install patches (listed in NOT_RUN)
+    "nemotron_asr_streaming_encoder": lambda config, ids: {"input_features": _frames(config)},
+    "parakeet_ctc": lambda config, ids: {"input_features": _frames(config.encoder_config)},
+    "parakeet_encoder": lambda config, ids: {"input_features": _frames(config)},
+    "muse_spark_audio": lambda config, ids: {"input_values": _noise(BATCH, 96 * 100)},  # a multiple of 96 samples
+    "moonshine_streaming_encoder": lambda config, ids: {"input_values": _noise(BATCH, 4000)},
+    "qwen2_5_omni_audio_encoder": lambda config, ids: {  # one clip of 200 frames, (mel bins, frames)
+        "input_features": _noise(config.num_mel_bins, 200), "feature_lens": torch.tensor([200]),
+        "aftercnn_lens": torch.tensor([100])},
+    "cosmos3_edge_vision": lambda config, ids: _patches(config),
+    "glm_image_vision": lambda config, ids: _patches(config),
+    "hunyuan_vl_vision": lambda config, ids: _patches(config),
+    "hy_v4_vl_vision": lambda config, ids: _patches(config),
+    "minimax_m3_vl_vision": lambda config, ids: _patches(config, temporal=config.temporal_patch_size),
+    "muse_glimmer_vision": lambda config, ids: _patches(config, temporal=config.patch_temporal),
+    "phi4_multimodal_vision": lambda config, ids: {"pixel_values": _image(config)},
+    "step3p5_vision": lambda config, ids: {"pixel_values": _image(config)},
+    "dots3_note_vision_encoder": lambda config, ids: _patches(config),
+    "granite_docling_vision": lambda config, ids: {  # its position embedding is for the whole 512 x 512 image
+        "pixel_values": _noise(BATCH, 3, config.image_size, config.image_size)},
+    "molmo2_vision": lambda config, ids: {  # the 27 x 27 patches of its 378 x 378 image, flattened
+        "pixel_values": _noise(BATCH, (config.image_size[0] // config.patch_size) ** 2, 3 * config.patch_size ** 2)},
+    **{model_type: lambda config, ids: _patches(config, "hidden_states", getattr(config, "temporal_patch_size", 1))
+       for model_type in ("cohere_compass_vision", "ernie4_5_vl_moe_vision", "exaone4_5_vision", "glm4v_moe_vision",
+                          "glm4v_vision", "glm_ocr_vision",
+                          "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision",
+                          "qwen3_5_moe_vision", "qwen3_5_vision", "qwen3_omni_moe_vision_encoder",
+                          "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision")},
+}
+
+
+def model_inputs(model_type, model, ids):
+    """The keyword arguments of one forward pass of the tiny `model_type` `model` (`ids`: token ids)."""
+    make = INPUTS.get(model_type)
+    return {"input_ids": ids} if make is None else make(model.config, ids)
+
+
+# the special tokens of an image, above the ids of random text (tokens below IMAGE_TOKENS["vision_start_token_id"])
+IMAGE_TOKENS = dict(vision_start_token_id=122, vision_end_token_id=123, image_token_id=124, video_token_id=125)
+
+
+def image_inputs(model, text):
+    """A VLM's inputs for `text` (token ids) with a 4 x 4-patch image after its 4th token.
+
+    The model builds the image's t/h/w positions itself from ``image_grid_thw``
+    and ``mm_token_type_ids``; its config must have the `IMAGE_TOKENS` ids.
+    """
+    vision = model.config.vision_config
+    merged = 16 // vision.spatial_merge_size ** 2  # the image's tokens once the merger joins patches
+    tokens = [IMAGE_TOKENS["vision_start_token_id"]] + [IMAGE_TOKENS["image_token_id"]] * merged + [
+        IMAGE_TOKENS["vision_end_token_id"]]
+    ids = torch.cat((text[:, :4], torch.tensor(tokens).expand(len(text), -1), text[:, 4:]), dim=1)
+    patches = _patches(vision, temporal=getattr(vision, "temporal_patch_size", 1))
+    return {"input_ids": ids, "pixel_values": torch.cat([patches["pixel_values"]] * len(text)),
+            "image_grid_thw": patches["grid_thw"].expand(len(text), -1),
+            "mm_token_type_ids": (ids == IMAGE_TOKENS["image_token_id"]).long()}
+
+
 def position_ids(model):
     """None for one position stream; for mRoPE, realistic (streams, batch, seq) position ids.
 
     Text, a 4 x 4 image, text: t stays put over the image while h and w walk
     its rows and columns; text after it continues from the largest position.
     """
-    rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")
-              and getattr(m, "mrope_section", None) is not None]
-    streams = hf_walk.position_streams(rotary[0]) if rotary else 1
+    streams = max((hf_walk.position_streams(m) for m in model.modules()
+                   if type(m).__name__.endswith("RotaryEmbedding") and getattr(m, "mrope_section", 0) is not None),
+                  default=1)  # NeoMME's (row, column) module has no mrope_section
     if streams == 1:
         return None
     text, side = 4, 4

@@ -159,8 +159,9 @@ def _model_rotation(module, config, rotary_out, q, k):
     """q and k (batch, heads, seq, dim) rotated by the model's own function, as its attention calls it."""
     if isinstance(rotary_out, torch.Tensor):  # complex freqs_cis (Llama 4, DeepSeek-V2)
         function, tables = module.apply_rotary_emb, (rotary_out,)
-    elif getattr(config, "rope_interleave", False) and hasattr(module, "apply_rotary_pos_emb_interleave"):
-        function, tables = module.apply_rotary_pos_emb_interleave, rotary_out  # MLA's choice
+    elif hasattr(module, "apply_rotary_pos_emb_interleave") and (
+            getattr(config, "rope_interleave", False) or not hasattr(module, "apply_rotary_pos_emb")):
+        function, tables = module.apply_rotary_pos_emb_interleave, rotary_out  # MLA's choice, or its only one
     else:
         function, tables = module.apply_rotary_pos_emb, rotary_out
     names = list(inspect.signature(function).parameters)

@@ -38,7 +38,7 @@ def _rule_text(model_type):
 def _install_text(model_type):
     """What hf.install patches in the model type's modeling module, and whether its logits were checked."""
     module = hf_walk.configuration_auto.model_type_to_module_name(model_type)
-    tables = (("yes", ROTARY_FUNCTIONS), ("`rope_interleave` path", INTERLEAVE_FUNCTIONS))
+    tables = (("yes", ROTARY_FUNCTIONS), ("`apply_rotary_pos_emb_interleave`", INTERLEAVE_FUNCTIONS))
     patched = [name for name, table in tables if module in table]
     if not patched:
         return "no"

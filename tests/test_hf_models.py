@@ -19,12 +19,9 @@ _ODD_HEAD = "its default config's head_dim is odd (2048 // 28 = 73): its own rot
 _FULL_WIDTH = ("its default config has no mrope_section (its rotary module fails); sections over the full "
                "width are not one rotation per pair in general: refused by from_hf_config")
 _PER_LAYER_HEAD = "head_dim differs per layer (per_layer_config): not read"
-_OTHER_ROTATION = "its attention rotates with a function other than apply_rotary_pos_emb(q, k, cos, sin)"
 _KEYS = "no rule: its config names the head sizes differently (encoder/decoder, n_embd, d_model)"
 
 OUT_OF_SCOPE = {
-    "bailing_hybrid": _OTHER_ROTATION, "glm_moe_dsa": _OTHER_ROTATION, "longcat_flash": _OTHER_ROTATION,
-    "mistral_large4": _OTHER_ROTATION, "mistral_large4_text": _OTHER_ROTATION,
     "mlcd": "vision tower (2-D rotary)", "mlcd_vision_model": "vision tower (2-D rotary)",
     "efficientloftr": "vision (2-D rotary)", "eomt_dinov3": "vision (2-D rotary)",
     "qwen2_5_omni_dit": "speech DiT rotary, not a text model",
@@ -84,3 +81,12 @@ def test_every_rule_is_walked():
         config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
         walked.add(config.get_text_config(decoder=True).model_type)
     assert set(pf._hf_models.MODEL_RULES) - walked == set()
+
+
+@pytest.mark.parametrize("model_type", ["bailing_hybrid", "glm_moe_dsa", "longcat_flash", "mistral_large4_text"])
+def test_families_that_always_interleave_ignore_rope_interleave(model_type):
+    config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().to_dict()
+    for flag in (False, True):  # their attention calls apply_rotary_pos_emb_interleave whatever the flag says
+        assert pf.RotaryEmbedding.from_hf_config({**config, "rope_interleave": flag}).layout == "interleaved"
+    deepseek = hf_walk.configuration_auto.CONFIG_MAPPING["deepseek_v3"]().to_dict()
+    assert pf.RotaryEmbedding.from_hf_config({**deepseek, "rope_interleave": False}).layout == "half"

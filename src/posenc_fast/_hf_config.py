@@ -330,7 +330,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       pairs with a fixed base of 10000 and no scaling.
     - Multi-head latent attention (DeepSeek-V3 and others) rotates the
       ``qk_rope_head_dim`` features, interleaved unless ``rope_interleave``
-      is false; those features are the whole array it rotates, so
+      is false (for the families that read it); those features are the whole array it rotates, so
       ``dim == rotary_dim``.
     - Models that rotate the whole head (Llama and most others) ignore
       ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
@@ -376,7 +376,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     if rule.mla:
         # the attention rotates q_rot / k_rot, the qk_rope_head_dim features, only
         dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64 if model_type == "deepseek_v3" else None)
-        interleave = cfg.get("rope_interleave")
+        interleave = cfg.get("rope_interleave") if rule.reads_rope_interleave else None
         layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
     else:
         dim = _head_dim(cfg, model_type, rule, where)

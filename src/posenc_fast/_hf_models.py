@@ -37,7 +37,10 @@ class ModelRule(NamedTuple):
     """The config key its ``head_dim`` is stored under (``attribute_map``)."""
     mla: bool = False
     """Multi-head latent attention: rotates the ``qk_rope_head_dim`` features; ``rope_interleave``
-    (when the config has it) picks the layout."""
+    (when the config has it and `reads_rope_interleave`) picks the layout."""
+    reads_rope_interleave: bool = True
+    """False: its attention always calls ``apply_rotary_pos_emb_interleave``, whatever the config's
+    ``rope_interleave`` says."""
     streams: str | None = None
     """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
     (``_hf_config._pair_streams``): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
@@ -66,6 +69,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "aria_text": ModelRule("aria/modeling_aria.py"),
     "axk1": ModelRule("axk1/modeling_axk1.py", "interleaved", mla=True),
     "axk2": ModelRule("axk2/modeling_axk2.py", mla=True),
+    "bailing_hybrid": ModelRule("bailing_hybrid/modeling_bailing_hybrid.py", "interleaved", mla=True, reads_rope_interleave=False),
     "bamba": ModelRule("bamba/modeling_bamba.py", whole_head=False),
     "bitnet": ModelRule("bitnet/modeling_bitnet.py"),
     "blt_global_transformer": ModelRule("blt/modeling_blt.py", "interleaved"),
@@ -115,6 +119,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "glm4v_moe_text": ModelRule("glm4v_moe/modeling_glm4v_moe.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glm4v_text": ModelRule("glm4v/modeling_glm4v.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glm_image_text": ModelRule("glm_image/modeling_glm_image.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
+    "glm_moe_dsa": ModelRule("glm_moe_dsa/modeling_glm_moe_dsa.py", "interleaved", mla=True, reads_rope_interleave=False),
     "glm_ocr_text": ModelRule("glm_ocr/modeling_glm_ocr.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glmasr_encoder": ModelRule("glmasr/modeling_glmasr.py", whole_head=False),
     "gpt_neox": ModelRule("gpt_neox/modeling_gpt_neox.py", whole_head=False),
@@ -152,6 +157,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "lfm2_moe": ModelRule("lfm2_moe/modeling_lfm2_moe.py"),
     "llama": ModelRule("llama/modeling_llama.py"),
     "llama4_text": ModelRule("llama4/modeling_llama4.py", "interleaved"),
+    "longcat_flash": ModelRule("longcat_flash/modeling_longcat_flash.py", "interleaved", mla=True, reads_rope_interleave=False),
     "mellum": ModelRule("mellum/modeling_mellum.py"),
     "mimi": ModelRule("mimi/modeling_mimi.py"),
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
@@ -165,6 +171,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "ministral3": ModelRule("ministral3/modeling_ministral3.py"),
     "mistral": ModelRule("mistral/modeling_mistral.py"),
     "mistral4": ModelRule("mistral4/modeling_mistral4.py", "interleaved", whole_head=False, mla=True),
+    "mistral_large4_text": ModelRule("mistral_large4/modeling_mistral_large4.py", "interleaved", mla=True, reads_rope_interleave=False),
     "mixtral": ModelRule("mixtral/modeling_mixtral.py"),
     "mllama_text_model": ModelRule("mllama/modeling_mllama.py"),
     "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
@@ -452,7 +459,8 @@ def _interleave(module: str) -> RotaryFunction:
     return RotaryFunction(f"{module}/modeling_{module}.py", "interleaved", deinterleaves=True)
 
 
-# Module -> its apply_rotary_pos_emb_interleave (DeepSeek-V3's, for MLA configs with rope_interleave).
+# Module -> its apply_rotary_pos_emb_interleave (DeepSeek-V3's: for MLA configs with rope_interleave, or the
+# only rotation of the modules whose rule has reads_rope_interleave=False).
 INTERLEAVE_FUNCTIONS: dict[str, RotaryFunction] = {module: _interleave(module) for module in (
     "axk1", "axk2", "bailing_hybrid", "deepseek_v3", "deepseek_v32", "dots3_note", "glm4_moe_lite",
     "glm_moe_dsa", "longcat_flash", "mistral4", "mistral_large4", "youtu")}

@@ -285,7 +285,8 @@ def install(model=None) -> Installation:
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
     its partial, interleaved, float32 and mRoPE variants), and MLA's
     ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used when the config
-    sets ``rope_interleave``).  Their attention
+    sets ``rope_interleave``, and always by Bailing-hybrid, GLM-MoE-DSA,
+    LongCat-Flash and Mistral-Large-4).  Their attention
     ``forward`` looks the function up as a module global on every call, so
     models already built are affected too.  Results are those of the
     module's own function (bit for bit in float32/float64 on the CPU); other
