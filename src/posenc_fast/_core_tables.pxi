@@ -136,4 +136,3 @@ def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray
     with nogil:
         posenc_parallel_for((job.nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, num_threads,
                             _add_chunk, &job)
-
