@@ -79,6 +79,22 @@ def test_table_is_read_without_copy_when_rows_are_strided():
                                   x + big[np.arange(6), :16])
 
 
+@pytest.mark.parametrize("strided_table", [False, True])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_runs_of_consecutive_rows(strided_table, in_place):
+    # Rows reading consecutive table rows are added as one run; runs end at a
+    # jump, a repeat, a step back and at the 256-row work items, and a table
+    # whose rows do not follow each other in memory is read row by row.
+    seq = 700
+    positions = np.concatenate([np.arange(300), [5, 5, 6, 299, 298], np.arange(400, 795)])
+    big = random((800, 40), np.float32, seed=5)
+    table = big[:, 3:37] if strided_table else np.ascontiguousarray(big[:, 3:37])
+    x = random((2, seq, 34), np.float32, seed=6)
+    want = (x.astype(np.float64) + table[positions]).astype(np.float32)
+    got = pf.add_position_table(x, table, positions, out=x if in_place else None)
+    np.testing.assert_array_equal(got, want)
+
+
 @given(batch=st.integers(0, 3), seq=st.integers(0, 9), dim=st.integers(0, 20),
        max_len=st.integers(14, 40), offset=st.integers(0, 5), double=st.booleans(),
        seed=st.integers(0, 2**16))

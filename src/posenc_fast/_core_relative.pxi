@@ -77,12 +77,18 @@ cdef struct AlibiJob:
 
 
 cdef void _alibi_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
+    # Row r is query q of head h: counted along the rows, not divided per row.
     cdef const AlibiJob* job = <const AlibiJob*>job_
-    cdef Py_ssize_t r, row_bytes = job.k_len * job.call.itemsize
-    for r in range(item * job.rows_per_item, min((item + 1) * job.rows_per_item, job.nrows)):
+    cdef Py_ssize_t r = item * job.rows_per_item, row_bytes = job.k_len * job.call.itemsize
+    cdef Py_ssize_t q = r % job.q_len, h = (r // job.q_len) % job.heads
+    for r in range(r, min(r + job.rows_per_item, job.nrows)):
         _alibi_row(job.call, job.x + r * row_bytes if job.x != NULL else NULL,
-                   job.out + r * row_bytes, job.slopes[(r // job.q_len) % job.heads],
-                   <double>(job.offset + r % job.q_len), job.causal, job.k_len)
+                   job.out + r * row_bytes, job.slopes[h], <double>(job.offset + q), job.causal,
+                   job.k_len)
+        q += 1
+        if q == job.q_len:
+            q = 0
+            h = h + 1 if h + 1 < job.heads else 0
 
 
 cdef void _alibi_rows(const AlibiCall* call, const char* x, char* out, Py_ssize_t nrows,

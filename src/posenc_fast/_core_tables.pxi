@@ -98,14 +98,26 @@ cdef struct AddJob:
     Py_ssize_t nrows
     Py_ssize_t dim
     Py_ssize_t row_bytes
+    bint contiguous         # table rows follow each other in memory
 
 
 cdef void _add_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    # A run of rows that read consecutive table rows (the default positions)
+    # is one call: add_position_table (8,2048,1024) float32 in place ran 1.75x
+    # an in-place pass with a call per row, 1.35x with a call per run (AVX2
+    # 2.01x -> 1.42x).  Blocks of table rows kept in L2 while every batch
+    # passes over them (64 KiB - 1 MiB) ran 1.5-1.7x, not faster.
     cdef const AddJob* job = <const AddJob*>job_
-    cdef Py_ssize_t r
-    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
+    cdef Py_ssize_t r = chunk * POSENC_ROW_CHUNK, stop = min(r + POSENC_ROW_CHUNK, job.nrows)
+    cdef Py_ssize_t run
+    while r < stop:
+        run = 1
+        if job.contiguous:
+            while r + run < stop and job.rows[r + run] == job.rows[r] + run:
+                run += 1
         job.add(job.x + r * job.row_bytes, job.out + r * job.row_bytes,
-                job.table + job.rows[r] * job.table_stride, job.dim)
+                job.table + job.rows[r] * job.table_stride, run * job.dim)
+        r += run
 
 
 def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray table not None,
@@ -121,7 +133,8 @@ def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray
     cdef AddJob job = AddJob(add,
                              <const Py_ssize_t*>_data(row_table), _data(x), _data(out),
                              _data(table), cnp.PyArray_STRIDE(table, 0), x.shape[0], x.shape[1],
-                             x.shape[1] * cnp.PyArray_ITEMSIZE(x))
+                             x.shape[1] * cnp.PyArray_ITEMSIZE(x),
+                             cnp.PyArray_STRIDE(table, 0) == x.shape[1] * cnp.PyArray_ITEMSIZE(table))
     if job.nrows == 0 or job.dim == 0:
         return
     with nogil:
