@@ -8,6 +8,7 @@ the next one.
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -79,3 +80,85 @@ def test_every_parallel_path_is_exact_with_held_workers(four_threads):
     for name, call in calls.items():
         assert call().tobytes() == want[name].tobytes(), name
     _core.hold_workers(False)
+
+
+# The back-off (csrc/posenc_pool.h): after a call whose caller waited on a
+# stalled worker longer than it worked, calls run on fewer threads for a
+# while.  Driven by held workers, so every step is decided, not timed.
+FIRST, LONGEST, CLEAN = _core.POOL_BACKOFF
+SMALL = (1, 8, 256, 128)  # 1 MiB float32: 4 threads, 8 items
+
+
+def _late_call(call):
+    """Run `call` with every worker stalled on an item until its caller has judged them late."""
+    _core.hold_workers("on_item")
+    result = {}
+    caller = threading.Thread(target=lambda: result.update(got=call()), daemon=True)
+    caller.start()
+    deadline = time.monotonic() + DEADLOCK_SECONDS
+    while _core.pool_counts()["caller_waiting"] != 2:
+        assert caller.is_alive(), "the call did not wait for its stalled workers"
+        assert time.monotonic() < deadline, "the caller never judged its stalled workers late"
+        time.sleep(0.001)
+    _core.hold_workers(False)
+    caller.join(DEADLOCK_SECONDS)
+    assert not caller.is_alive(), "the call did not end after its workers were released"
+    return result["got"]
+
+
+@pytest.fixture
+def backoff(four_threads):
+    rope = pf.RotaryEmbedding(128)
+    x = np.random.default_rng(2).standard_normal(SMALL).astype(np.float32)
+    rope.apply(x)  # builds the cos/sin cache (a call of its own)
+    _core.reset_backoff()
+    yield rope, x
+    _core.hold_workers(False)
+    _core.reset_backoff()
+
+
+def test_a_late_call_backs_off_then_probes(backoff):
+    rope, x = backoff
+    pf.set_num_threads(1)
+    want = rope.apply(x)
+    pf.set_num_threads(4)
+    for period in (FIRST, 2 * FIRST):
+        inplace = x.copy()
+        before = _core.pool_counts()
+        # In place: the stalled items are computed once, by their workers, before the call returns.
+        assert _late_call(lambda: rope.apply(inplace, out=inplace)) is inplace
+        assert inplace.tobytes() == want.tobytes()
+        counts = _core.pool_counts()
+        assert counts["late"] == before["late"] + 1
+        assert (counts["period"], counts["left"], counts["cap"]) == (period, period, 1)
+        # Backed off: the next `period` calls run on the caller alone; then a probe uses threads.
+        for _ in range(period):
+            assert rope.apply(x).tobytes() == want.tobytes()
+        counts = _core.pool_counts()
+        assert counts["capped"] == before["capped"] + period
+        assert counts["worker_items"] == before["worker_items"] + 3  # the 3 stalled items only
+        assert counts["left"] == 0
+
+
+def test_the_back_off_doubles_up_to_its_longest_and_clean_calls_halve_it(backoff):
+    rope, x = backoff
+    periods = []
+    for _ in range(LONGEST.bit_length() - FIRST.bit_length() + 2):
+        _late_call(lambda: rope.apply(x))
+        periods.append(_core.pool_counts()["period"])
+        for _ in range(periods[-1]):
+            rope.apply(x)
+    assert periods == [FIRST << k for k in range(len(periods) - 1)] + [LONGEST]
+    # Calls with all their threads and no late worker (held before any item:
+    # the caller runs every item and never waits) halve the period.
+    _core.hold_workers(True)
+    halved = []
+    while _core.pool_counts()["period"] > 0:
+        before = _core.pool_counts()
+        for _ in range(CLEAN):
+            rope.apply(x)
+        counts = _core.pool_counts()
+        assert counts["capped"] == before["capped"] and counts["late"] == before["late"]
+        halved.append(counts["period"])
+    assert halved == [LONGEST >> k for k in range(1, len(halved))] + [0]
+    assert halved[-2] == FIRST

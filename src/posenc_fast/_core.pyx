@@ -29,6 +29,7 @@ cdef extern from "posenc_pool.h" nogil:
     int POSENC_POOL
     void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, void* ctx)
     int POSENC_POOL_HOLD_BEFORE_ITEMS, POSENC_POOL_HOLD_ON_ITEM
+    int POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS
     void posenc_pool_hold(int hold)
     void posenc_pool_counts(int64_t* counts)
     void posenc_pool_reset_backoff()
@@ -71,6 +72,8 @@ def hold_workers(hold):
         posenc_pool_hold(mode)
 
 
+# The pool's back-off constants: (first period, longest period, clean calls that halve it).
+POOL_BACKOFF = (POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS)
 POOL_COUNTS = ("calls", "capped", "late", "period", "left", "cap", "worker_items",
                "caller_waiting")
 
