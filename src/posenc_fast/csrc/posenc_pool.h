@@ -25,21 +25,31 @@
    never touch the next one's items, and the caller never waits for a worker
    to let go of the record.  Compiled into _core only (portable flags).
 
-   A claimed item cannot be taken back (an in-place item computed twice would
-   be wrong, and a worker must not write after the call returned), so a worker
-   that loses its core while it runs one keeps the caller waiting for up to a
-   scheduler slice (4 ms beside a CPU-bound process, 30x a 4 MiB call).  The
-   back-off below keeps that rare; it is decided by counts of calls, and its
-   only measurement is a ratio of two times of the same call.  A call is late
-   when, having run out of items, its caller waited longer than it had worked
-   (threads did not pay): the workers still running an item then are late.
-   After a late call the next `period` calls that ask for threads run on
-   that many threads less (on the caller alone with 2 threads); the call
-   after them probes with all its threads.  A late call that is not backed off doubles the period (first
-   POSENC_POOL_BACKOFF_FIRST, at most POSENC_POOL_BACKOFF_MAX); each
-   POSENC_POOL_CLEAN_CALLS calls in a row with all their threads and no late
-   worker halve it.  The results do not depend on it: every item runs once,
-   on whichever thread, with the same code. */
+   Beside a busy neighbour three things made a call wait for a worker
+   without a core (issue 19; 4 MiB calls beside a CPU-bound process had a p99
+   30-60x one thread's), and each has its remedy:
+   - waking the workers: glibc's pthread_cond_broadcast waits until the
+     waiters an earlier broadcast woke have run.  On Linux the caller wakes
+     them with a futex on the generation word instead, which never blocks.
+   - a woken worker taking the caller's core: workers run as SCHED_BATCH
+     (Linux), which never preempts a running thread on wake-up; a worker
+     takes a core that is idle, or its turn at a scheduler tick.
+   - a worker that loses its core while it runs an item.  A claimed item
+     cannot be taken back (an in-place item computed twice would be wrong,
+     and no worker may write after the call returned), so the caller waits
+     for it, up to a scheduler slice.  A back-off keeps that rare; it is
+     decided by counts of calls, and its only measurement compares two times
+     of the same call.  A call is late when, having run out of items, its
+     caller has waited longer than it worked (threads did not pay); the
+     workers still running an item then are late.  After a late call the
+     next `period` calls that ask for threads run on that many threads less
+     (on the caller alone with 2 threads); the call after them probes with
+     all its threads.  A late call that was not backed off doubles the
+     period (first POSENC_POOL_BACKOFF_FIRST, at most
+     POSENC_POOL_BACKOFF_MAX); POSENC_POOL_CLEAN_CALLS calls in a row with all
+     their threads and no late worker halve it (below the first: none).
+   None of this changes a result: every item runs once, on whichever
+   thread, with the same code. */
 #ifndef POSENC_POOL_H
 #define POSENC_POOL_H
 
@@ -59,10 +69,13 @@ typedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot);
 /* Polls of the in-flight counter between sched_yield() calls while the caller
    waits for the items workers are running. */
 #define POSENC_POOL_SPINS 64
-/* The back-off (above).  Chosen by simulating the policy against a chance p
-   of a late call (p = 0.1% .. 100%): late calls stay <= 0.15% of all calls
-   for every p, while p = 0.1% (a quiet machine's hiccups) backs off only ~3%
-   of calls; bench/report.py --contention checks it beside a busy process. */
+/* The back-off (above).  Chosen by simulating the policy against a fixed
+   chance p that a call with all its threads is late (p = 0.1%, 0.3%, 1%, 3%,
+   10%, 50%, 100%; 400000 calls): late calls stay at 0.09-0.12% of all calls
+   for every p (a p99 needs < 1%), and at p = 0.1% (a quiet machine's
+   hiccups) 3.3% of calls are backed off.  (First 16 with a halving after 128
+   clean calls let 0.28% through at p = 0.3%; first 8, longest 512: 0.2%.)
+   bench/report.py --contention measures it beside a busy process. */
 #define POSENC_POOL_BACKOFF_FIRST 32
 #define POSENC_POOL_BACKOFF_MAX 1024
 #define POSENC_POOL_CLEAN_CALLS 256
@@ -197,7 +210,8 @@ static void* posenc_pool_worker(void* unused) {
     uint32_t seen = __atomic_load_n(&posenc_pool.generation, __ATOMIC_ACQUIRE);
     (void)unused;
 #if defined(__linux__)
-    { struct sched_param param = {0}; sched_setscheduler(0, SCHED_BATCH, &param); }
+    struct sched_param batch = {0};
+    sched_setscheduler(0, SCHED_BATCH, &batch);  /* never preempt on wake-up (above) */
 #endif
     for (;;) {
         posenc_pool_sleep(seen);
