@@ -8,6 +8,7 @@ the next one.  Workers held while they run an item make the call late: the
 back-off that follows is checked call by call (``_core.pool_counts``).
 """
 
+import os
 import threading
 import time
 
@@ -164,3 +165,40 @@ def test_the_back_off_doubles_up_to_its_longest_and_clean_calls_halve_it(backoff
         halved.append(counts["period"])
     assert halved == [LONGEST >> k for k in range(1, len(halved))] + [0]
     assert halved[-2] == FIRST
+
+
+@pytest.fixture
+def one_cpu(four_threads):
+    """Every thread of this process on one CPU: a worker can only run instead of its caller."""
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs Linux thread affinity")
+    rope = pf.RotaryEmbedding(128)
+    x = np.random.default_rng(3).standard_normal(SMALL).astype(np.float32)
+    rope.apply(x)  # starts the workers and builds the cos/sin cache
+    threads = {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
+    cpu = min(os.sched_getaffinity(0))
+    for tid in threads:
+        os.sched_setaffinity(tid, {cpu})
+    yield rope, x
+    for tid, cpus in threads.items():
+        os.sched_setaffinity(tid, cpus)
+
+
+def test_a_worker_on_its_callers_cpu_leaves_the_call_to_it(one_cpu):
+    rope, _ = one_cpu
+    x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)  # calls across ticks
+    pf.set_num_threads(1)
+    want = rope.apply(x)
+    pf.set_num_threads(4)
+    _core.reset_backoff()
+    before = _core.pool_counts()
+    for _ in range(50):
+        assert rope.apply(x).tobytes() == want.tobytes()
+    counts = _core.pool_counts()
+    assert counts["worker_items"] == before["worker_items"], "a worker ran in place of its caller"
+    assert counts["calls"] - before["calls"] == 50 and counts["capped"] == before["capped"]
+    # Workers run only when the caller does not (while this thread sleeps here).
+    deadline = time.monotonic() + DEADLOCK_SECONDS
+    while _core.pool_counts()["stood_down"] == before["stood_down"]:
+        assert time.monotonic() < deadline, "no worker ever ran"
+        time.sleep(0.01)

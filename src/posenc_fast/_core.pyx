@@ -75,7 +75,7 @@ def hold_workers(hold):
 # The pool's back-off constants: (first period, longest period, clean calls that halve it).
 POOL_BACKOFF = (POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS)
 POOL_COUNTS = ("calls", "capped", "late", "period", "left", "cap", "worker_items",
-               "caller_waiting")
+               "caller_waiting", "stood_down")
 
 
 def pool_counts():
@@ -83,9 +83,11 @@ def pool_counts():
 
     calls (calls that asked for threads), capped (of them, backed off), late
     (late calls), period, left and cap (the back-off now), worker_items
-    (items run by workers), caller_waiting (1 while a caller waits for them).
+    (items run by workers), caller_waiting (1 while a caller waits for them,
+    2 once it judged them late), stood_down (workers that found themselves
+    on their caller's CPU and left the call to it).
     """
-    cdef int64_t counts[8]
+    cdef int64_t counts[9]
     posenc_pool_counts(counts)
     return {name: counts[i] for i, name in enumerate(POOL_COUNTS)}
 

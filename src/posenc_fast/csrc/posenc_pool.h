@@ -102,6 +102,7 @@ static struct {
     uint64_t claim, admit;
     int64_t done;                      /* items finished in this generation */
     int busy;                          /* a call owns the pool */
+    int caller_cpu;                    /* the CPU its caller published it on, or -1 */
     /* The call; written by its caller before the generation is published. */
     posenc_item_fn fn;
     void* ctx;
@@ -115,11 +116,21 @@ static struct {
     int held;                          /* workers held now, under lock */
     int caller_waiting;                /* the caller waits for workers: 1, 2 once late */
     int64_t worker_items;              /* items run by workers, ever */
+    int64_t stood_down;                /* workers that stood down, ever */
     pthread_mutex_t lock;              /* the wake-up without futex, and the test hooks */
     pthread_cond_t wake;
     pthread_cond_t held_changed;
 } posenc_pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
                  .held_changed = PTHREAD_COND_INITIALIZER};
+
+/* The CPU the calling thread runs on, or -1 where that is not known. */
+static inline int posenc_pool_cpu(void) {
+#if defined(__linux__)
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+}
 
 static inline int posenc_pool_cas(uint64_t* word, uint64_t expected, uint64_t wanted) {
     return __atomic_compare_exchange_n(word, &expected, wanted, 0, __ATOMIC_ACQ_REL,
@@ -154,8 +165,14 @@ static void posenc_pool_stall(void) {
    claimed: until that item is done the caller cannot begin the next call. */
 static void posenc_pool_join(uint32_t gen) {
     uint32_t left, slot = posenc_pool_take(&posenc_pool.admit, gen);
-    int hold = __atomic_load_n(&posenc_pool.hold, __ATOMIC_ACQUIRE);
+    int cpu, hold = __atomic_load_n(&posenc_pool.hold, __ATOMIC_ACQUIRE);
     if (slot == 0) return;
+    cpu = posenc_pool_cpu();
+    if (hold == 0 && cpu >= 0 && cpu == __atomic_load_n(&posenc_pool.caller_cpu, __ATOMIC_RELAXED)) {
+        /* On its caller's CPU a worker could only run instead of the caller. */
+        __atomic_fetch_add(&posenc_pool.stood_down, 1, __ATOMIC_RELAXED);
+        return;
+    }
     if (hold == POSENC_POOL_HOLD_BEFORE_ITEMS) posenc_pool_stall();
     while ((left = posenc_pool_take(&posenc_pool.claim, gen)) > 0) {
         if (hold == POSENC_POOL_HOLD_ON_ITEM) posenc_pool_stall();
@@ -308,6 +325,7 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
     posenc_pool.fn = fn;
     posenc_pool.ctx = ctx;
     posenc_pool.n = (uint32_t)n;
+    posenc_pool.caller_cpu = posenc_pool_cpu();
     __atomic_store_n(&posenc_pool.done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&posenc_pool.admit, gen << 32 | (uint64_t)workers, __ATOMIC_RELEASE);
     __atomic_store_n(&posenc_pool.claim, gen << 32 | (uint64_t)n, __ATOMIC_RELEASE);
@@ -350,7 +368,8 @@ static void posenc_pool_hold(int hold) {
 }
 
 /* The back-off's state and counts, the items workers ran, and whether a
-   caller waits for workers now: 8 values into `counts`. */
+   caller waits for workers now, and the workers that stood down: 9 values
+   into `counts`. */
 static void posenc_pool_counts(int64_t* counts) {
     const posenc_pool_policy* policy = &posenc_pool.policy;
     counts[0] = policy->calls;
@@ -361,6 +380,7 @@ static void posenc_pool_counts(int64_t* counts) {
     counts[5] = policy->cap;
     counts[6] = __atomic_load_n(&posenc_pool.worker_items, __ATOMIC_RELAXED);
     counts[7] = __atomic_load_n(&posenc_pool.caller_waiting, __ATOMIC_ACQUIRE);
+    counts[8] = __atomic_load_n(&posenc_pool.stood_down, __ATOMIC_RELAXED);
 }
 
 /* Test hook: forget the back-off (no call may run meanwhile). */
@@ -377,7 +397,7 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
 }
 static void posenc_pool_hold(int hold) { (void)hold; }
 static void posenc_pool_counts(int64_t* counts) {
-    for (int i = 0; i < 8; i++) counts[i] = 0;
+    for (int i = 0; i < 9; i++) counts[i] = 0;
 }
 static void posenc_pool_reset_backoff(void) {}
 #endif
