@@ -25,7 +25,7 @@
    never touch the next one's items, and the caller never waits for a worker
    to let go of the record.  Compiled into _core only (portable flags).
 
-   Beside a busy neighbour three things made a call wait for a worker
+   Beside a busy neighbour four things made a call wait for a worker
    without a core (issue 19; 4 MiB calls beside a CPU-bound process had a p99
    30-60x one thread's), and each has its remedy:
    - waking the workers: glibc's pthread_cond_broadcast waits until the
@@ -34,6 +34,11 @@
    - a woken worker taking the caller's core: workers run as SCHED_BATCH
      (Linux), which never preempts a running thread on wake-up; a worker
      takes a core that is idle, or its turn at a scheduler tick.
+   - that turn, on the caller's CPU: the worker would run items while its
+     caller waits for the core (on a loaded 2-core machine nearly every
+     worker item ran so, and nearly every such call was slow).  A worker
+     that finds itself on the CPU its caller published the call from leaves
+     the call to the caller.
    - a worker that loses its core while it runs an item.  A claimed item
      cannot be taken back (an in-place item computed twice would be wrong,
      and no worker may write after the call returned), so the caller waits
