@@ -173,20 +173,26 @@ def one_cpu(four_threads):
     if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
         pytest.skip("needs Linux thread affinity")
     rope = pf.RotaryEmbedding(128)
-    x = np.random.default_rng(3).standard_normal(SMALL).astype(np.float32)
-    rope.apply(x)  # starts the workers and builds the cos/sin cache
+    rope.apply(np.zeros(SHAPE, np.float32))  # starts the workers and builds the cos/sin cache
     threads = {int(tid): os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
     cpu = min(os.sched_getaffinity(0))
     for tid in threads:
-        os.sched_setaffinity(tid, {cpu})
-    yield rope, x
+        _set_affinity(tid, {cpu})
+    yield rope
     for tid, cpus in threads.items():
+        _set_affinity(tid, cpus)
+
+
+def _set_affinity(tid, cpus):
+    try:
         os.sched_setaffinity(tid, cpus)
+    except ProcessLookupError:  # a thread that has ended meanwhile
+        pass
 
 
 def test_a_worker_on_its_callers_cpu_leaves_the_call_to_it(one_cpu):
-    rope, _ = one_cpu
-    x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)  # calls across ticks
+    rope = one_cpu
+    x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32)  # 50 calls span ticks
     pf.set_num_threads(1)
     want = rope.apply(x)
     pf.set_num_threads(4)
