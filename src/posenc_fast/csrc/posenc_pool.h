@@ -279,8 +279,9 @@ static int posenc_pool_threads(posenc_pool_policy* policy, int threads) {
     policy->calls++;
     if (policy->left == 0) return threads;
     policy->left--;
+    if (threads <= policy->cap) return threads;
     policy->capped++;
-    return threads < policy->cap ? threads : policy->cap;
+    return policy->cap;
 }
 
 /* The back-off after a call on `threads` threads (`capped`: backed off) in
