@@ -19,6 +19,7 @@ frequency, never on the call, the row, the thread count or the variant.
 cimport cython
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
+from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 
 from posenc_fast._kernel_table cimport *
@@ -27,8 +28,11 @@ cdef extern from "posenc_pool.h" nogil:
     ctypedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot) noexcept nogil
     int POSENC_POOL
     void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, void* ctx)
+    int POSENC_POOL_HOLD_BEFORE_ITEMS, POSENC_POOL_HOLD_ON_ITEM
+    int POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS
     void posenc_pool_hold(int hold)
-    long long posenc_pool_worker_items()
+    void posenc_pool_counts(int64_t* counts)
+    void posenc_pool_reset_backoff()
 
 cnp.import_array()
 
@@ -52,15 +56,45 @@ def thread_pool_enabled():
     return bool(POSENC_POOL)
 
 
-def hold_workers(bint hold):
-    """Test hook: hold the pool's workers back after they join a call (a worker without a core)."""
+def hold_workers(hold):
+    """Test hook: hold the pool's workers back as if they had no core, or release them.
+
+    `hold` is False (release), True (after they join a call, before any item)
+    or "on_item" (after each claims its first item: the caller then starts
+    only once every worker admitted to the call holds one).
+    """
+    cdef int mode
+    if hold is not False and hold is not True and hold != "on_item":
+        raise ValueError(f"hold must be False, True or 'on_item', got {hold!r}")
+    mode = (POSENC_POOL_HOLD_ON_ITEM if hold == "on_item"
+            else POSENC_POOL_HOLD_BEFORE_ITEMS if hold is True else 0)
     with nogil:
-        posenc_pool_hold(hold)
+        posenc_pool_hold(mode)
 
 
-def worker_items():
-    """Test hook: how many work items the pool's workers have run since import."""
-    return posenc_pool_worker_items()
+# The pool's back-off constants: (first period, longest period, clean calls that halve it).
+POOL_BACKOFF = (POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS)
+POOL_COUNTS = ("calls", "capped", "late", "period", "left", "cap", "worker_items",
+               "caller_waiting", "stood_down")
+
+
+def pool_counts():
+    """Test hook: the pool's back-off (csrc/posenc_pool.h) and counts since import.
+
+    calls (calls that asked for threads), capped (of them, backed off), late
+    (late calls), period, left and cap (the back-off now), worker_items
+    (items run by workers), caller_waiting (1 while a caller waits for them,
+    2 once it judged them late), stood_down (workers that found themselves
+    on their caller's CPU and left the call to it).
+    """
+    cdef int64_t counts[9]
+    posenc_pool_counts(counts)
+    return {name: counts[i] for i, name in enumerate(POOL_COUNTS)}
+
+
+def reset_backoff():
+    """Test hook: forget the pool's back-off (no call may run meanwhile)."""
+    posenc_pool_reset_backoff()
 
 
 def simd_level():

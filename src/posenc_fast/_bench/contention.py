@@ -5,7 +5,9 @@ CPU-bound process at nice 0, one at nice 19), single calls at the default
 thread count and at one thread are timed in interleaved blocks
 (`timing.per_call_times`); the goal is p50 <= `P50_GOAL` and p99 <=
 `P99_GOAL` times one thread's.  The row without a neighbour is context:
-the issue's goal is stated beside a busy one.
+the issue's goal is stated beside a busy one.  Each row also counts what the
+pool's back-off did meanwhile (csrc/posenc_pool.h): late calls, and calls
+run on fewer threads than asked.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 
+from .._dispatch import kernels
 from . import cases, timing
 from .neighbours import KINDS, Neighbour
 
@@ -56,6 +59,7 @@ def measure(default_threads: int, *, calls: int, budget_s: float,
                 continue
             if progress is not None:
                 progress(f"{label}, neighbour {row['neighbour']}")
+            pool_before = kernels.pool_counts()
             with Neighbour(*neighbour) if neighbour else nullcontext() as process:
                 times = timing.per_call_times(
                     {"default": impl.run, "one": impl.run}, calls=calls, budget_s=budget_s,
@@ -64,6 +68,9 @@ def measure(default_threads: int, *, calls: int, budget_s: float,
             for name in ("default", "one"):
                 for q in (50, 99):
                     row[f"p{q}_{name}_ns"] = timing.percentile(times[name], q)
+            pool = kernels.pool_counts()
+            row.update(late_calls=pool["late"] - pool_before["late"],
+                       backed_off_calls=pool["capped"] - pool_before["capped"])
             p50 = row["p50_default_ns"] / row["p50_one_ns"]
             p99 = row["p99_default_ns"] / row["p99_one_ns"]
             row.update(calls=len(times["one"]), p50_ratio=p50, p99_ratio=p99,
