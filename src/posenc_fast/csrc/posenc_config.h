@@ -76,6 +76,10 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    other half holds the rows of x streaming through (with 1 MiB, float64 in
    place ran ~10% slower on a 1 MiB L2). */
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
+/* Bytes of cos/sin rows per block of positions of the in-cache prefill walk
+   (below POSENC_STREAM_BYTES): one head's rows of the block are one kernel
+   call, the block's cos/sin rows stay in L1 across the heads.  SWEEP PENDING. */
+#define POSENC_ROW_BLOCK_BYTES (16 * 1024)
 /* Rows by which a RotaryEmbedding's cos/sin cache grows, at least. */
 #define POSENC_CACHE_GROWTH 1024
 /* Largest cos/sin cache per dtype, in bytes. */
