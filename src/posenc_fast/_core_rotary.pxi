@@ -17,6 +17,11 @@ cdef inline Py_ssize_t _positions_per_block(Py_ssize_t npairs, Py_ssize_t itemsi
                POSENC_POSITION_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
 
+cdef inline Py_ssize_t _positions_per_row_block(Py_ssize_t npairs, Py_ssize_t itemsize) noexcept nogil:
+    # Positions whose cos/sin rows take about POSENC_ROW_BLOCK_BYTES (in L1).
+    return max(<Py_ssize_t>1, POSENC_ROW_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
+
+
 cdef struct RowPlan:
     # Rows of x as (outer, seq, inner); row (o, s, i) uses cache row
     # base + (positions[s] if positions else s).
@@ -100,12 +105,11 @@ cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowP
     # every outer index (head) in turn.  A row at a time through the kernel
     # table, or a position's heads at a time (4 KiB aliasing between x and
     # out 128 KiB apart), ran 1.6-2.5x the copy in cache.
-    cdef Py_ssize_t block = max(<Py_ssize_t>1, POSENC_ROW_BLOCK_BYTES
-                                // (2 * max(call.npairs, <Py_ssize_t>1) * call.table_itemsize))
+    cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_per_row_block(
+        call.npairs, call.table_itemsize)))
     cdef Py_ssize_t group = max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // (block * call.dim))
-    cdef BlockJob job
-    block = min(block, plan.seq)
-    job = BlockJob(block, group, (plan.outer + group - 1) // group, x, out, table, plan, call)
+    cdef BlockJob job = BlockJob(block, group, (plan.outer + group - 1) // group, x, out, table,
+                                 plan, call)
     posenc_parallel_for((plan.seq + block - 1) // block * job.ngroups, num_threads,
                         _rotate_block_item, &job)
 
