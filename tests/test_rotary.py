@@ -443,6 +443,7 @@ def test_apply_rotary_errors(kwargs, error, match):
 @pytest.mark.parametrize("x_shape, positions, seq_axis", [
     ((2, 4, 300, 64), None, -2),
     ((2, 300, 4, 64), None, -3),
+    ((2, 300, 16, 64), None, -3),  # past POSENC_PREFETCH_BYTES: still a position's heads per call
     ((7, 4, 64), np.arange(7, dtype=np.int64).reshape(7, 1) * 31, -2),
     ((3, 5, 1, 64), np.array([[[9]], [[0]], [[4000]]]), -2),
     ((2, 3, 1, 64), 77, -2),
