@@ -17,9 +17,11 @@ cdef inline Py_ssize_t _positions_per_block(Py_ssize_t npairs, Py_ssize_t itemsi
                POSENC_POSITION_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
 
-cdef inline Py_ssize_t _positions_per_row_block(Py_ssize_t npairs, Py_ssize_t itemsize) noexcept nogil:
+cdef inline Py_ssize_t _positions_per_row_block(Py_ssize_t npairs,
+                                                Py_ssize_t itemsize) noexcept nogil:
     # Positions whose cos/sin rows take about POSENC_ROW_BLOCK_BYTES (in L1).
-    return max(<Py_ssize_t>1, POSENC_ROW_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
+    return max(<Py_ssize_t>1,
+               POSENC_ROW_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
 
 cdef struct RowPlan:
@@ -102,9 +104,10 @@ cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowP
                          const RowCall* call, int num_threads) noexcept nogil:
     # Rows (outer, seq) of consecutive positions (plan.inner 1, no positions
     # array): blocks of POSENC_ROW_BLOCK_BYTES of cache rows, each serving
-    # every outer index (head) in turn.  A row at a time through the kernel
-    # table, or a position's heads at a time (4 KiB aliasing between x and
-    # out 128 KiB apart), ran 1.6-2.5x the copy in cache.
+    # every outer index (head) in turn.  In cache, a row per kernel call ran
+    # W1 1.6-2.4x its limit, a position's heads per call (cos/sin held in
+    # registers) 2.2-2.8x out of place: x's and out's rows 128 KiB apart
+    # alias in the low 12 address bits, each load waits on the stores.
     cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_per_row_block(
         call.npairs, call.table_itemsize)))
     cdef Py_ssize_t group = max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // (block * call.dim))
@@ -317,11 +320,11 @@ cdef bint _offset_value(object offset, long long* value):
     return not overflow and _fits(value[0], 0)
 
 
-def _empty_aligned(shape, dtype):
+cdef object _empty_aligned(tuple shape, object dtype):
     # An empty C-contiguous array starting on a 64-byte boundary (NumPy
-    # gives 16): a cos/sin row then never splits a cache line under a
-    # 64-byte load.  W1 (1,32,32,128) float32 in place ran 1.2x faster in C
-    # with such a table.
+    # gives 16): a cos/sin row of a multiple of 64 bytes then never splits a
+    # cache line under a 64-byte load (W1 (1,32,32,128) float32 in place
+    # 1.25-1.78x np.multiply -> 1.00-1.49x, by x's own alignment).
     import numpy
     count = 1
     for side in shape:
