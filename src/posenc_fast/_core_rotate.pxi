@@ -71,9 +71,10 @@ cdef inline void _rotate_block(const char* x, char* out, Py_ssize_t nrows, const
     # nrows consecutive rows in one kernel call, row r by the cos/sin rows
     # c, s + r * table_step bytes (0: one position's rows).
     cdef Py_ssize_t r, tail
+    if table_step != 0:  # (no division for a position's rows: a decode step's hot path)
+        table_step //= call.table_itemsize
     if call.npairs > 0:
-        call.rotate_position(x, out, nrows, call.dim, c, s, table_step // call.table_itemsize,
-                             call.npairs, call.inverse)
+        call.rotate_position(x, out, nrows, call.dim, c, s, table_step, call.npairs, call.inverse)
     if call.tail_bytes > 0:
         tail = call.row_bytes - call.tail_bytes
         for r in range(nrows):

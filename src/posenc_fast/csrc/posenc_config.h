@@ -30,7 +30,9 @@
 #define POSENC_R __restrict__
 #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
 #define POSENC_PREFETCH_LINE(address) __builtin_prefetch((const void*)(address), 0, 3)
+#define POSENC_NOINLINE __attribute__((noinline))
 #else
+#define POSENC_NOINLINE __declspec(noinline)
 #define POSENC_R __restrict
 #define POSENC_ALWAYS_INLINE static __forceinline
 #if defined(_M_X64) || defined(_M_IX86)
