@@ -320,18 +320,31 @@ cdef bint _offset_value(object offset, long long* value):
     return not overflow and _fits(value[0], 0)
 
 
-cdef object _empty_aligned(tuple shape, object dtype):
-    # An empty C-contiguous array starting on a 64-byte boundary (NumPy
-    # gives 16): a cos/sin row of a multiple of 64 bytes then never splits a
-    # cache line under a 64-byte load (W1 (1,32,32,128) float32 in place
-    # 1.25-1.78x np.multiply -> 1.00-1.49x, by x's own alignment).
+cdef object _empty_aligned(tuple shape, object dtype, Py_ssize_t offset):
+    # An empty C-contiguous array starting `offset` bytes past a 64-byte
+    # boundary (NumPy gives 16-byte alignment).  See _table_offset.
     import numpy
     count = 1
     for side in shape:
         count *= side
     buffer = numpy.empty(count * dtype.itemsize + 64, dtype=numpy.uint8)
-    start = -buffer.ctypes.data % 64
+    start = (offset - buffer.ctypes.data) % 64
     return buffer[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+cdef inline Py_ssize_t _table_offset(cnp.ndarray x, bint in_place) noexcept:
+    # Where a cos/sin cache created for a call on x starts, past a 64-byte
+    # boundary.  0 for rows in blocks (below POSENC_STREAM_BYTES): with its
+    # rows (multiples of 64 bytes) never split under 64-byte loads, W1
+    # (1,32,32,128) float32 in place ran 1.00-1.49x np.multiply, 1.25-1.78x
+    # with NumPy's 16-byte alignment (by x's own).  x's own offset for an
+    # in-place call past the caches: its rows peel to x's alignment, and the
+    # loads of a table 16 bytes off x's lines split (W1 (1,32,4096,128)
+    # float32 in place 1.30-1.31x against 1.18-1.27x).  The call that creates
+    # or grows the cache decides; results are bitwise the same either way.
+    if in_place and cnp.PyArray_NBYTES(x) >= POSENC_STREAM_BYTES:
+        return <Py_ssize_t>(<size_t>cnp.PyArray_DATA(x) % 64)
+    return 0
 
 
 @cython.final
@@ -378,8 +391,12 @@ cdef class RotaryFastPath:
         self.freqs = freqs
         self.caches = [None] * POSENC_NUM_DTYPES
 
-    cdef object _cache_for(self, int table, long long highest):
-        """The cos/sin cache of dtype `table` covering row `highest`, or None."""
+    cdef object _cache_for(self, int table, long long highest, Py_ssize_t offset=0):
+        """The cos/sin cache of dtype `table` covering row `highest`, or None.
+
+        A cache created or grown now starts `offset` bytes past a 64-byte
+        boundary (_table_offset).
+        """
         cdef Py_ssize_t itemsize = 8 if table == POSENC_F64 else 4
         cdef Py_ssize_t limit = POSENC_CACHE_BYTES // (2 * itemsize * max(self.npairs, 1))
         cdef Py_ssize_t rows, new_rows
@@ -396,15 +413,16 @@ cdef class RotaryFastPath:
             new_rows = min(limit, max(2 * rows, (highest // POSENC_CACHE_GROWTH + 1)
                                       * POSENC_CACHE_GROWTH))
             cache = self._grow_cache("float64" if table == POSENC_F64 else "float32", cache,
-                                     rows, new_rows)
+                                     rows, new_rows, offset)
             self.caches[table] = cache
             return cache
 
-    cdef object _grow_cache(self, dtype, object old, Py_ssize_t rows, Py_ssize_t new_rows):
+    cdef object _grow_cache(self, dtype, object old, Py_ssize_t rows, Py_ssize_t new_rows,
+                            Py_ssize_t offset):
         # One array (rows, 2, npairs): a position's cos and sin rows side by
         # side, so that the rotation reads one stream of table rows, not two.
         import numpy
-        table = _empty_aligned((new_rows, 2, self.npairs), numpy.dtype(dtype))
+        table = _empty_aligned((new_rows, 2, self.npairs), numpy.dtype(dtype), offset)
         if old is not None:
             table[:rows] = old
         threads = _threads_for((new_rows - rows) * self.npairs)
@@ -469,7 +487,8 @@ cdef class RotaryFastPath:
         result = _fast_out(<cnp.ndarray>x, out, ())
         if result is None:
             return None
-        cache = self._cache_for(_table_of(x), plan.highest)
+        cache = self._cache_for(_table_of(x), plan.highest,
+                                _table_offset(<cnp.ndarray>x, result is x))
         if cache is None:
             return None
         self._run(<cnp.ndarray>x, <cnp.ndarray>result, <cnp.ndarray>cache, plan, flag)
@@ -496,7 +515,8 @@ cdef class RotaryFastPath:
         k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
         if q_out is None or k_out is None:
             return None
-        q_cache = self._cache_for(_table_of(q), q_plan.highest)
+        q_cache = self._cache_for(_table_of(q), q_plan.highest,
+                                  _table_offset(<cnp.ndarray>q, q_out is q))
         k_cache = self._cache_for(_table_of(k), k_plan.highest)
         if q_cache is None or k_cache is None:
             return None
