@@ -443,6 +443,7 @@ def test_apply_rotary_errors(kwargs, error, match):
 @pytest.mark.parametrize("x_shape, positions, seq_axis", [
     ((2, 4, 300, 64), None, -2),
     ((2, 300, 4, 64), None, -3),
+    ((2, 300, 16, 64), None, -3),  # past POSENC_PREFETCH_BYTES: still a position's heads per call
     ((7, 4, 64), np.arange(7, dtype=np.int64).reshape(7, 1) * 31, -2),
     ((3, 5, 1, 64), np.array([[[9]], [[0]], [[4000]]]), -2),
     ((2, 3, 1, 64), 77, -2),
@@ -464,6 +465,28 @@ def test_compiled_fast_path_equals_general_path(layout, dtype, x_shape, position
     in_place = x.copy()
     rope.apply(in_place, positions, offset=3, seq_axis=seq_axis, out=in_place)
     np.testing.assert_array_equal(in_place, general)
+
+
+@given(heads=st.integers(1, 40), seq=st.integers(1, 300), threads=st.sampled_from([1, 3]),
+       dtype=st.sampled_from([np.float32, np.float64]), layout=st.sampled_from(LAYOUTS),
+       rotary_dim=st.sampled_from([64, 40]), arange=st.booleans(), in_place=st.booleans())
+def test_blocks_of_positions_equal_general_path(heads, seq, threads, dtype, layout, rotary_dim,
+                                                arange, in_place):
+    # Heads of consecutive positions (None, or an int64 arange) rotate in
+    # blocks of positions, on any number of threads: bitwise the row kernels'
+    # results (the general path, taken by a float offset).
+    rope = pf.RotaryEmbedding(64, layout=layout, rotary_dim=rotary_dim)
+    x = random((2, heads, seq, 64), dtype, seed=seq)
+    positions = np.arange(seq, dtype=np.int64) + 5 if arange else None
+    general = rope.apply(x, positions, offset=7.0)
+    previous = pf.get_num_threads()
+    try:
+        pf.set_num_threads(threads)
+        fast = x.copy() if in_place else np.empty_like(x)
+        rope.apply(fast if in_place else x, positions, offset=7, out=fast)
+    finally:
+        pf.set_num_threads(previous)
+    np.testing.assert_array_equal(fast, general)
 
 
 def test_cache_grows_and_stays_consistent():

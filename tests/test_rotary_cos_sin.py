@@ -282,6 +282,30 @@ def test_threads_do_not_change_the_result():
     assert_array_equal(one, many)
 
 
+@given(heads=st.integers(1, 12), seq=st.integers(1, 200), threads=st.sampled_from([1, 3]),
+       dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS),
+       pairs=st.sampled_from([32, 20]), halves_view=st.booleans(), in_place=st.booleans())
+@settings(deadline=None)
+def test_blocks_of_positions_equal_the_table_path(heads, seq, threads, dtype, layout, pairs,
+                                                  halves_view, in_place):
+    # A (seq, pairs) cache walks x's heads in blocks of positions (a block one
+    # kernel call), on any number of threads: bitwise the row kernels' results
+    # (the positions path looks each row up in the same tables).
+    x = random((2, heads, seq, 64), dtype, seed=seq)
+    cos, sin = (t.astype(dtype) for t in true_cos_sin(np.arange(seq) + 3, pairs))
+    if halves_view:  # transformers' full-width cache, sliced to one entry per pair
+        cos, sin = (np.concatenate((t, t), axis=-1)[:, :pairs] for t in (cos, sin))
+    want = pf.apply_rotary_cos_sin(x, cos, sin, np.arange(seq), layout=layout)
+    before = pf.get_num_threads()
+    try:
+        pf.set_num_threads(threads)
+        got = x.copy() if in_place else np.empty_like(x)
+        pf.apply_rotary_cos_sin(got if in_place else x, cos, sin, layout=layout, out=got)
+    finally:
+        pf.set_num_threads(before)
+    assert_array_equal(got, want)
+
+
 # ---------------------------------------------------------------------------
 # queries and keys together
 

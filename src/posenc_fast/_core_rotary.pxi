@@ -17,6 +17,13 @@ cdef inline Py_ssize_t _positions_per_block(Py_ssize_t npairs, Py_ssize_t itemsi
                POSENC_POSITION_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
 
+cdef inline Py_ssize_t _positions_per_row_block(Py_ssize_t npairs,
+                                                Py_ssize_t itemsize) noexcept nogil:
+    # Positions whose cos/sin rows take about POSENC_ROW_BLOCK_BYTES (in L1).
+    return max(<Py_ssize_t>1,
+               POSENC_ROW_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
+
+
 cdef struct RowPlan:
     # Rows of x as (outer, seq, inner); row (o, s, i) uses cache row
     # base + (positions[s] if positions else s).
@@ -64,6 +71,52 @@ cdef void _rotate_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
         posenc_sfence()
 
 
+cdef struct BlockJob:
+    # _rotate_blocks' call, for the pool.
+    Py_ssize_t block_size   # positions per block
+    Py_ssize_t group        # outer indices per work item
+    Py_ssize_t ngroups
+    const char* x
+    char* out
+    const char* table
+    const RowPlan* plan
+    const RowCall* call
+
+
+cdef void _rotate_block_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
+    # Work item = (block of positions, group of outer indices): each index's
+    # rows of the block (consecutive rows, consecutive cache rows) are one
+    # kernel call, and the block's cache rows stay in L1 across the group.
+    cdef const BlockJob* job = <const BlockJob*>job_
+    cdef const RowPlan* plan = job.plan
+    cdef const RowCall* call = job.call
+    cdef Py_ssize_t group = item % job.ngroups, first = item // job.ngroups * job.block_size
+    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first), o, r
+    cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
+    cdef const char* c = job.table + 2 * (plan.base + first) * half_row
+    for o in range(group * job.group, min((group + 1) * job.group, plan.outer)):
+        r = o * plan.seq + first
+        _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, rows, c,
+                      c + half_row, 2 * half_row, call)
+
+
+cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowPlan* plan,
+                         const RowCall* call, int num_threads) noexcept nogil:
+    # Rows (outer, seq) of consecutive positions (plan.inner 1, no positions
+    # array): blocks of POSENC_ROW_BLOCK_BYTES of cache rows, each serving
+    # every outer index (head) in turn.  In cache, a row per kernel call ran
+    # W1 1.6-2.4x its limit, a position's heads per call (cos/sin held in
+    # registers) 2.2-2.8x out of place: x's and out's rows 128 KiB apart
+    # alias in the low 12 address bits, each load waits on the stores.
+    cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_per_row_block(
+        call.npairs, call.table_itemsize)))
+    cdef Py_ssize_t group = max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // (block * call.dim))
+    cdef BlockJob job = BlockJob(block, group, (plan.outer + group - 1) // group, x, out, table,
+                                 plan, call)
+    posenc_parallel_for((plan.seq + block - 1) // block * job.ngroups, num_threads,
+                        _rotate_block_item, &job)
+
+
 cdef void _rotate_planned(const char* x, char* out, const char* table, const RowPlan* plan,
                           const RowCall* call, int num_threads) noexcept nogil:
     # table: (rows, 2, npairs), the cos then the sin row of each position.
@@ -75,6 +128,9 @@ cdef void _rotate_planned(const char* x, char* out, const char* table, const Row
                          call)
         if call.stream:
             posenc_sfence()
+        return
+    if call.blocks and plan.inner == 1 and plan.positions == NULL:
+        _rotate_blocks(x, out, table, plan, call, num_threads)
         return
     block = _positions_per_block(call.npairs, call.table_itemsize)
     job = PlannedJob(block, x, out, table, plan, call)
@@ -167,6 +223,12 @@ cdef bint _plan_rows(cnp.ndarray x, object positions, object seq_axis, long long
             return False
         plan.lowest += offset
         plan.highest += offset
+        for j in range(1, plan.seq):  # consecutive positions (an arange) plan as None's
+            if plan.positions[j] != plan.positions[0] + j:
+                break
+        else:
+            plan.base = offset + plan.positions[0]
+            plan.positions = NULL
     return True
 
 
@@ -258,6 +320,33 @@ cdef bint _offset_value(object offset, long long* value):
     return not overflow and _fits(value[0], 0)
 
 
+cdef object _empty_aligned(tuple shape, object dtype, Py_ssize_t offset):
+    # An empty C-contiguous array starting `offset` bytes past a 64-byte
+    # boundary (NumPy gives 16-byte alignment).  See _table_offset.
+    import numpy
+    count = 1
+    for side in shape:
+        count *= side
+    buffer = numpy.empty(count * dtype.itemsize + 64, dtype=numpy.uint8)
+    start = (offset - buffer.ctypes.data) % 64
+    return buffer[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+cdef inline Py_ssize_t _table_offset(cnp.ndarray x, bint in_place) noexcept:
+    # Where a cos/sin cache created for a call on x starts, past a 64-byte
+    # boundary.  0 for rows in blocks (below POSENC_STREAM_BYTES): with its
+    # rows (multiples of 64 bytes) never split under 64-byte loads, W1
+    # (1,32,32,128) float32 in place ran 1.00-1.49x np.multiply, 1.25-1.78x
+    # with NumPy's 16-byte alignment (by x's own).  x's own offset for an
+    # in-place call past the caches: its rows peel to x's alignment, and the
+    # loads of a table 16 bytes off x's lines split (W1 (1,32,4096,128)
+    # float32 in place 1.30-1.31x against 1.18-1.27x).  The call that creates
+    # or grows the cache decides; results are bitwise the same either way.
+    if in_place and cnp.PyArray_NBYTES(x) >= POSENC_STREAM_BYTES:
+        return <Py_ssize_t>(<size_t>cnp.PyArray_DATA(x) % 64)
+    return 0
+
+
 @cython.final
 @cython.auto_pickle(False)
 cdef class RotaryFastPath:
@@ -302,8 +391,12 @@ cdef class RotaryFastPath:
         self.freqs = freqs
         self.caches = [None] * POSENC_NUM_DTYPES
 
-    cdef object _cache_for(self, int table, long long highest):
-        """The cos/sin cache of dtype `table` covering row `highest`, or None."""
+    cdef object _cache_for(self, int table, long long highest, Py_ssize_t offset=0):
+        """The cos/sin cache of dtype `table` covering row `highest`, or None.
+
+        A cache created or grown now starts `offset` bytes past a 64-byte
+        boundary (_table_offset).
+        """
         cdef Py_ssize_t itemsize = 8 if table == POSENC_F64 else 4
         cdef Py_ssize_t limit = POSENC_CACHE_BYTES // (2 * itemsize * max(self.npairs, 1))
         cdef Py_ssize_t rows, new_rows
@@ -320,15 +413,16 @@ cdef class RotaryFastPath:
             new_rows = min(limit, max(2 * rows, (highest // POSENC_CACHE_GROWTH + 1)
                                       * POSENC_CACHE_GROWTH))
             cache = self._grow_cache("float64" if table == POSENC_F64 else "float32", cache,
-                                     rows, new_rows)
+                                     rows, new_rows, offset)
             self.caches[table] = cache
             return cache
 
-    cdef object _grow_cache(self, dtype, object old, Py_ssize_t rows, Py_ssize_t new_rows):
+    cdef object _grow_cache(self, dtype, object old, Py_ssize_t rows, Py_ssize_t new_rows,
+                            Py_ssize_t offset):
         # One array (rows, 2, npairs): a position's cos and sin rows side by
         # side, so that the rotation reads one stream of table rows, not two.
         import numpy
-        table = numpy.empty((new_rows, 2, self.npairs), dtype=dtype)
+        table = _empty_aligned((new_rows, 2, self.npairs), numpy.dtype(dtype), offset)
         if old is not None:
             table[:rows] = old
         threads = _threads_for((new_rows - rows) * self.npairs)
@@ -393,7 +487,8 @@ cdef class RotaryFastPath:
         result = _fast_out(<cnp.ndarray>x, out, ())
         if result is None:
             return None
-        cache = self._cache_for(_table_of(x), plan.highest)
+        cache = self._cache_for(_table_of(x), plan.highest,
+                                _table_offset(<cnp.ndarray>x, result is x))
         if cache is None:
             return None
         self._run(<cnp.ndarray>x, <cnp.ndarray>result, <cnp.ndarray>cache, plan, flag)
@@ -420,7 +515,8 @@ cdef class RotaryFastPath:
         k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
         if q_out is None or k_out is None:
             return None
-        q_cache = self._cache_for(_table_of(q), q_plan.highest)
+        q_cache = self._cache_for(_table_of(q), q_plan.highest,
+                                  _table_offset(<cnp.ndarray>q, q_out is q))
         k_cache = self._cache_for(_table_of(k), k_plan.highest)
         if q_cache is None or k_cache is None:
             return None

@@ -51,19 +51,29 @@ cdef bint _plan_walk(cnp.ndarray x, cnp.ndarray cos_cache, cnp.ndarray sin_cache
     return True
 
 
+cdef inline void _walk_start(const CacheWalk* walk, Py_ssize_t row, Py_ssize_t* index,
+                             Py_ssize_t* co, Py_ssize_t* so) noexcept nogil:
+    # Row `row`'s index along each leading axis and its cos/sin offsets.
+    cdef Py_ssize_t rest = row
+    cdef int k
+    co[0] = 0
+    so[0] = 0
+    for k in range(walk.naxes - 1, -1, -1):
+        index[k] = rest % walk.shape[k]
+        rest //= walk.shape[k]
+        co[0] += index[k] * walk.cos_step[k]
+        so[0] += index[k] * walk.sin_step[k]
+
+
 cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char* s,
                             const CacheWalk* walk, Py_ssize_t first, Py_ssize_t stop,
                             const RowCall* call) noexcept nogil:
     # Rows first .. stop-1 of x; an odometer over the leading axes tracks the
     # cache offsets.
     cdef Py_ssize_t index[MAX_WALK_AXES]
-    cdef Py_ssize_t rest = first, co = 0, so = 0, r
+    cdef Py_ssize_t co, so, r
     cdef int k
-    for k in range(walk.naxes - 1, -1, -1):
-        index[k] = rest % walk.shape[k]
-        rest //= walk.shape[k]
-        co += index[k] * walk.cos_step[k]
-        so += index[k] * walk.sin_step[k]
+    _walk_start(walk, first, index, &co, &so)
     for r in range(first, stop):
         _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c + co, s + so, call)
         k = walk.naxes - 1
@@ -83,6 +93,7 @@ cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char*
 
 cdef struct WalkJob:
     # _rotate_walk's call, for the pool.
+    Py_ssize_t table_step   # != 0: a block's rows step the cos/sin by it, one kernel call
     Py_ssize_t heads
     Py_ssize_t inner
     Py_ssize_t block
@@ -100,9 +111,15 @@ cdef void _rotate_walk_item(void* job_, Py_ssize_t item, int slot) noexcept nogi
     cdef const WalkJob* job = <const WalkJob*>job_
     cdef Py_ssize_t head = item % job.heads, rest = item // job.heads
     cdef Py_ssize_t start = (rest // job.nblocks * job.heads + head) * job.inner
-    cdef Py_ssize_t b = rest % job.nblocks
-    _rotate_walk_rows(job.x, job.out, job.c, job.s, job.walk, start + b * job.block,
-                      start + min((b + 1) * job.block, job.inner), job.call)
+    cdef Py_ssize_t b = rest % job.nblocks, first = start + b * job.block
+    cdef Py_ssize_t stop = start + min((b + 1) * job.block, job.inner), co, so
+    cdef Py_ssize_t index[MAX_WALK_AXES]
+    if job.table_step == 0:
+        _rotate_walk_rows(job.x, job.out, job.c, job.s, job.walk, first, stop, job.call)
+        return
+    _walk_start(job.walk, first, index, &co, &so)
+    _rotate_block(job.x + first * job.call.row_bytes, job.out + first * job.call.row_bytes,
+                  stop - first, job.c + co, job.s + so, job.table_step, job.call)
 
 
 cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
@@ -113,10 +130,13 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
     # dim) with a (seq, pairs) cache).  Work items are blocks of inner rows,
     # one head at a time, heads innermost: a block's cache rows (half an L2)
     # serve every head in turn, as in _rotate_item.  Without such an axis the
-    # rows are taken in order, in chunks.
+    # rows are taken in order, in chunks.  Below POSENC_STREAM_BYTES, when
+    # `inner` is x's last leading axis and cos and sin step alike along it
+    # (a (seq, pairs) cache), a block is one kernel call over
+    # POSENC_ROW_BLOCK_BYTES of cos/sin rows, as in _rotate_blocks.
     cdef Py_ssize_t outer = 1, heads = 1, inner = walk.rows, block = POSENC_ROW_CHUNK
-    cdef Py_ssize_t nblocks
-    cdef int k, j
+    cdef Py_ssize_t nblocks, table_step = 0
+    cdef int k, j, last
     cdef bint varies_after = False
     for k in range(walk.naxes - 1, -1, -1):
         if walk.cos_step[k] != 0 or walk.sin_step[k] != 0:
@@ -128,9 +148,13 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
                 inner *= walk.shape[j]
             outer = walk.rows // (heads * inner)
             block = _positions_per_block(walk.npairs, table_itemsize)
+            last = walk.naxes - 1
+            if call.blocks and k + 1 == last and walk.cos_step[last] == walk.sin_step[last]:
+                table_step = walk.cos_step[last]
+                block = _positions_per_row_block(walk.npairs, table_itemsize)
             break
     nblocks = (inner + block - 1) // block
-    cdef WalkJob job = WalkJob(heads, inner, block, nblocks, x, out, c, s, walk, call)
+    cdef WalkJob job = WalkJob(table_step, heads, inner, block, nblocks, x, out, c, s, walk, call)
     posenc_parallel_for(outer * nblocks * heads, num_threads, _rotate_walk_item, &job)
 
 

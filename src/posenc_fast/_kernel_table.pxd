@@ -25,6 +25,7 @@ cdef extern from "posenc_kernels.h" nogil:
         POSENC_STREAM_BYTES
         POSENC_PREFETCH_BYTES
         POSENC_POSITION_BLOCK_BYTES
+        POSENC_ROW_BLOCK_BYTES
         POSENC_CACHE_GROWTH
         POSENC_CACHE_BYTES
         POSENC_TRIG_SHARED_ROWS
@@ -39,7 +40,7 @@ cdef extern from "posenc_kernels.h" nogil:
                                       Py_ssize_t n, int inverse)
     ctypedef void (*posenc_position_fn)(const void* x, void* out, Py_ssize_t nrows,
                                         Py_ssize_t stride, const void* c, const void* s,
-                                        Py_ssize_t n, int inverse)
+                                        Py_ssize_t table_stride, Py_ssize_t n, int inverse)
     ctypedef void (*posenc_add_fn)(const void* x, void* out, const void* row, Py_ssize_t n)
     ctypedef void (*posenc_cos_sin_fn)(const double* positions, Py_ssize_t first,
                                        Py_ssize_t stop, const posenc_trig_steps* steps,

@@ -30,7 +30,9 @@
 #define POSENC_R __restrict__
 #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
 #define POSENC_PREFETCH_LINE(address) __builtin_prefetch((const void*)(address), 0, 3)
+#define POSENC_NOINLINE __attribute__((noinline))
 #else
+#define POSENC_NOINLINE __declspec(noinline)
 #define POSENC_R __restrict
 #define POSENC_ALWAYS_INLINE static __forceinline
 #if defined(_M_X64) || defined(_M_IX86)
@@ -76,6 +78,17 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    other half holds the rows of x streaming through (with 1 MiB, float64 in
    place ran ~10% slower on a 1 MiB L2). */
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
+/* Bytes of cos/sin rows per block of positions of the prefill walk below
+   POSENC_STREAM_BYTES: a head's rows of a block are one kernel call, the
+   block's cos/sin rows stay in L1 across the heads.  Sweep (W1 float32
+   (1,32,32,128) and (1,32,256,128), time / limit, one thread, AVX-512,
+   Zen 5 with a 48 KiB L1): 4, 8, 16, 32, 64 KiB gave out-of-place 1.65 1.59
+   1.51 1.50 1.53 and 1.28 1.15 1.17 1.30 1.30, in place 1.21 1.15 1.02 1.01
+   0.99 and 1.42 1.17 1.11 1.56 1.83; beside the hog 8, 16, 32 KiB gave 1.58
+   1.49 1.44 and 1.25 1.30 1.48, in place 1.20 1.04 1.04 and 1.58 1.46 1.70;
+   AVX2 and float64 also best or within noise of best at 16 KiB.  At 6-8 MiB
+   the blocks still beat the row walk (1.1-1.5x against 1.4-1.6x). */
+#define POSENC_ROW_BLOCK_BYTES (16 * 1024)
 /* Rows by which a RotaryEmbedding's cos/sin cache grows, at least. */
 #define POSENC_CACHE_GROWTH 1024
 /* Largest cos/sin cache per dtype, in bytes. */
