@@ -64,18 +64,33 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 }
 
 /* Rows per parallel work item of the general rotation kernel. */
+#ifndef POSENC_ROW_CHUNK
 #define POSENC_ROW_CHUNK 256
+#endif
 /* Results at least this large are written with non-temporal stores, and
    their rows take the scalar half-layout loops (faster past the caches). */
+#ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
+#endif
 /* Inputs at least this large (past L2) are prefetched ahead of each row. */
+#ifndef POSENC_PREFETCH_BYTES
 #define POSENC_PREFETCH_BYTES (1024 * 1024)
+#endif
 /* 6-8 KiB was best for both dtypes in a sweep from 2 to 16 KiB (W1, 64 MiB). */
+#ifndef POSENC_PREFETCH_DISTANCE
 #define POSENC_PREFETCH_DISTANCE 8192
+#endif
 /* Bytes of cos/sin rows per work item of the blocked walks: half an L2, the
    other half holds the rows of x streaming through (with 1 MiB, float64 in
    place ran ~10% slower on a 1 MiB L2). */
+#ifndef POSENC_POSITION_BLOCK_BYTES
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
+#endif
+/* Elements per pool work item of the loops whose rows are short (ALiBi,
+   T5 buckets: _ELEMENTS_PER_ITEM of _core). */
+#ifndef POSENC_ELEMENTS_PER_ITEM
+#define POSENC_ELEMENTS_PER_ITEM (1 << 14)
+#endif
 /* Rows by which a RotaryEmbedding's cos/sin cache grows, at least. */
 #define POSENC_CACHE_GROWTH 1024
 /* Largest cos/sin cache per dtype, in bytes. */

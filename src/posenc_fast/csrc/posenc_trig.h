@@ -20,7 +20,9 @@
 #define POSENC_TRIG_SHARED_ROWS 4
 #define POSENC_TRIG_THREAD_ROWS 4
 /* Rows per parallel work item of the table kernels. */
+#ifndef POSENC_TRIG_CHUNK_ROWS
 #define POSENC_TRIG_CHUNK_ROWS 512
+#endif
 /* 2**52: integers up to it are exact in float64, with room for +1. */
 #define POSENC_MAX_EXACT_INTEGER 4503599627370496.0
 /* 2**-27: the largest rounding error of p*w that posenc_exact corrects to
