@@ -63,6 +63,14 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
     return head < n ? head : n;
 }
 
+/* The tuning constants.  Each is defined under #ifndef, so that
+   bench/sweep.py can build the package with -DNAME=VALUE; each carries the
+   sweep that chose it: on the 2-core AMD EPYC of bench/README.md shared with
+   other jobs, AVX-512, the median over 5 processes (7 interleaved rounds
+   each) of report.py's time / limit, quiet / with the memory-bandwidth hog.
+   Rows: 64M is (1,32,4096,128) (128 MiB in f64), 4M (1,32,256,128), 512K
+   (1,32,32,128); apply_qk's k has 8 heads.  Full tables: bench/sweeps.md. */
+
 /* Rows per parallel work item of the general rotation kernel. */
 #ifndef POSENC_ROW_CHUNK
 #define POSENC_ROW_CHUNK 256
@@ -76,7 +84,21 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #ifndef POSENC_PREFETCH_BYTES
 #define POSENC_PREFETCH_BYTES (1024 * 1024)
 #endif
-/* 6-8 KiB was best for both dtypes in a sweep from 2 to 16 KiB (W1, 64 MiB). */
+/* How far ahead of a row its prefetches reach.  Sweep (see above) 2026-12-01,
+   commit 050b03a; ranges over processes 0.03-0.2 quiet, outliers to 3-10x
+   under the hog:
+   value                    4096       6144       8192      16384   (quiet/hog)
+   W1 oop 64M f32      0.92/0.88  0.93/0.85  0.92/0.86  0.96/0.92
+   W1 oop 64M f64      0.94/0.95  0.91/0.88  0.88/0.89  1.00/0.96
+   W1 in place 64M f32 1.42/1.31  1.29/1.17  1.24/1.18  1.28/1.19
+   W1 in place 64M f64 1.24/1.25  1.19/1.16  1.16/1.13  1.23/1.24
+   apply_qk 64M f32    0.89/0.86  0.87/0.87  0.87/0.86  0.91/0.91
+   W1 oop 4M f32       1.59/1.50  1.57/1.54  1.44/1.57  1.82/1.73
+   W1 in place 4M f32  2.20/1.87  2.22/1.91  2.06/2.06  2.39/2.10
+   apply_qk 4M f32     1.56/1.55  1.60/1.50  1.44/1.56  1.76/1.63
+   8192 is best quiet on every row; under the hog it is best or within the
+   spread except W1 in place 4M (2.06 against 1.87 at 4096, ranges 1.86-10.1
+   and 1.84-2.04).  An earlier sweep from 2 to 16 KiB found 6-8 KiB best. */
 #ifndef POSENC_PREFETCH_DISTANCE
 #define POSENC_PREFETCH_DISTANCE 8192
 #endif
