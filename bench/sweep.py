@@ -1,7 +1,8 @@
 """Sweep one tuning constant: build the package per value, time report.py's rows per build.
 
     python3 bench/sweep.py NAME VALUE [VALUE ...] --only REGEX [--passes 3] [--rounds 5]
-                           [--modes quiet,hog] [--variants baseline,avx512] [--json FILE]
+                           [--modes quiet,hog] [--variants baseline,avx512] [--isa avx2]
+                           [--json FILE]
 
 NAME is a macro of ``csrc/posenc_config.h`` or ``posenc_trig.h`` guarded by
 ``#ifndef NAME`` (e.g. POSENC_PREFETCH_DISTANCE).  Each value is built once,
@@ -56,12 +57,14 @@ def build(name, value, workdir, variants):
     return dest / "src"
 
 
-def measure(src, regex, rounds, hog):
+def measure(src, regex, rounds, hog, isa):
     """report.py's JSON rows for the goals matching regex, run on the build in src."""
     command = [sys.executable, str(TREE / "bench" / "report.py"), "--json", "--only", regex,
                "--rounds", str(rounds)] + (["--hog"] if hog else [])
-    done = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(src)), check=True,
-                          capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=str(src))
+    if isa:
+        env["POSENC_FAST_ISA"] = isa
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     result = json.loads(done.stdout)
     if hog and "EXITED EARLY" in (result["hog"] or ""):
         raise RuntimeError(f"the hog did not run through the measurement: {result['hog']}")
@@ -72,22 +75,22 @@ def row_label(row):
     return f"{row['workload']} {row['shape']} {row['dtype']}"
 
 
-def sweep(name, values, regex, *, passes, rounds, modes, workdir, variants):
+def sweep(name, values, regex, *, passes, rounds, modes, workdir, variants, isa):
     """{mode: {row label: {value: [measured ratio per pass]}}}, and the ISA the builds ran."""
     sources = {v: build(name, v, workdir, variants) for v in values}
     ratios = {mode: {} for mode in modes}
-    isa = set()
+    isa_in_use = set()
     for p in range(passes):
         for mode in modes:
             order = values[p % len(values):] + values[:p % len(values)]
             for value in order:
                 print(f"pass {p + 1}/{passes} {mode} {name}={value}", file=sys.stderr, flush=True)
-                result = measure(sources[value], regex, rounds, mode == "hog")
-                isa.add(result["build_info"]["isa_in_use"])
+                result = measure(sources[value], regex, rounds, mode == "hog", isa)
+                isa_in_use.add(result["build_info"]["isa_in_use"])
                 for row in result["rows"]:
                     ratios[mode].setdefault(row_label(row), {}).setdefault(value, []).append(
                         row["measured"])
-    return ratios, sorted(isa)
+    return ratios, sorted(isa_in_use)
 
 
 def print_table(name, values, ratios):
@@ -114,6 +117,8 @@ def main(argv=None):
                         help="comma list of quiet, hog (default both)")
     parser.add_argument("--variants", default="baseline,avx2,avx512",
                         help="POSENC_FAST_ISA_VARIANTS of the builds (default all)")
+    parser.add_argument("--isa", help="POSENC_FAST_ISA for the measurements (default: "
+                        "the package's choice)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also save the ratios as JSON")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -130,7 +135,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="posenc_sweep_") as workdir:
         ratios, isa = sweep(args.name, args.values, args.only, passes=args.passes,
                             rounds=args.rounds, modes=modes, workdir=Path(workdir),
-                            variants=args.variants)
+                            variants=args.variants, isa=args.isa)
     print(f"{args.name} sweep -- {report.timing.machine_line()}; ISA {', '.join(isa)}; "
           f"median over {args.passes} processes of report.py's ratio ({args.rounds} "
           f"interleaved rounds each); range over processes")
