@@ -76,7 +76,22 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #define POSENC_ROW_CHUNK 256
 #endif
 /* Results at least this large are written with non-temporal stores, and
-   their rows take the scalar half-layout loops (faster past the caches). */
+   their rows take the scalar half-layout loops (faster past the caches).
+   Sweep 2026-12-01, load average 7-11, very noisy (ranges over processes
+   up to 0.4-3x; where two values run the same code, e.g. 16M and 1G on the
+   4M rows, their medians differ by up to 15%, once 2x):
+   value                 4194304   16777216   33554432  1073741824   (quiet/hog)
+   W1 oop 64M f32      0.97/0.97  0.46/0.99  0.97/0.97  1.45/1.12
+   W1 oop 64M f64      0.97/0.82  0.96/1.01  1.04/1.02  1.37/1.10
+   W1 in place 64M f32 0.64/1.06  1.51/2.22  1.42/1.32  1.75/1.51
+   W1 in place 64M f64 1.27/1.03  1.11/1.02  1.13/1.04  1.44/1.23
+   apply_qk 64M f32    0.93/0.98  0.91/0.97  0.97/1.13  1.25/1.34
+   W1 oop 4M f32       2.05/1.69  1.43/1.31  1.64/1.39  1.65/1.45
+   W1 in place 4M f32  3.23/2.34  2.25/1.96  2.61/1.98  1.94/2.17
+   apply_qk 4M f32     2.02/2.04  1.62/1.55  1.60/1.42  1.41/1.57
+   Never streaming (1G) loses 10-50% on every 64M row, streaming at 4 MiB
+   loses 15-45% on the 4M rows; 16M and 32M differ only in apply_qk's k
+   (16 MiB: 0.91/0.97 streamed, 0.97/1.13 not).  Kept at 16 MiB. */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
