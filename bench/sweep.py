@@ -8,8 +8,7 @@ NAME is a macro of ``csrc/posenc_config.h`` or ``posenc_trig.h`` guarded by
 ``#ifndef NAME`` (e.g. POSENC_PREFETCH_DISTANCE).  Each value is built once,
 with ``CFLAGS=-DNAME=VALUE`` (setuptools adds CFLAGS to every compile), into
 its own copy of the tree in a temporary directory (removed at the end), so
-the checkout is not touched.
-Then each pass runs ``report.py --json --only REGEX`` once per value and mode
+the checkout is not touched.  Then each pass runs ``report.py --json --only REGEX`` once per value and mode
 (quiet, and with ``--hog``), each in its own process on that value's build,
 the values in a rotated order, so that machine noise hits all values alike.
 The table gives, per row, the median over passes of report.py's measured
@@ -34,6 +33,15 @@ COPY_IGNORE = shutil.ignore_patterns(".git", "build", "*.so", "__pycache__", ".b
                                      "*.egg-info", ".pytest_cache")
 
 
+def run(command, **kwargs):
+    """subprocess.run, capturing the output; raise RuntimeError with its end on failure."""
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n"
+                           f"{(done.stdout + done.stderr)[-3000:]}")
+    return done
+
+
 def check_overridable(name):
     """Raise ValueError unless some header defines `name` under ``#ifndef name``."""
     if not any(f"#ifndef {name}\n" in h.read_text() for h in HEADERS.glob("*.h")):
@@ -48,9 +56,8 @@ def build(name, value, workdir, variants):
     env = dict(os.environ, CFLAGS=f"{os.environ.get('CFLAGS', '')} -D{name}={value}".strip(),
                POSENC_FAST_ISA_VARIANTS=variants)
     print(f"building {dest.name} ...", file=sys.stderr, flush=True)
-    done = subprocess.run(["nice", "-n", "10", sys.executable, "setup.py", "build_ext",
-                           "--inplace", "-j", "2"], cwd=dest, env=env, check=True,
-                          capture_output=True, text=True)
+    done = run(["nice", "-n", "10", sys.executable, "setup.py", "build_ext", "--inplace", "-j",
+                "2"], cwd=dest, env=env)
     if f"-D{name}={value}" not in done.stdout + done.stderr:
         raise RuntimeError(f"the build of {dest} did not show -D{name}={value} in its compile "
                            f"commands: CFLAGS did not reach the compiler")
@@ -64,8 +71,7 @@ def measure(src, regex, rounds, hog, isa):
     env = dict(os.environ, PYTHONPATH=str(src))
     if isa:
         env["POSENC_FAST_ISA"] = isa
-    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-    result = json.loads(done.stdout)
+    result = json.loads(run(command, env=env).stdout)
     if hog and "EXITED EARLY" in (result["hog"] or ""):
         raise RuntimeError(f"the hog did not run through the measurement: {result['hog']}")
     return result
@@ -126,8 +132,8 @@ def main(argv=None):
         parser.error(f"--modes: expected a comma list of quiet, hog; got {args.modes!r}")
     if args.passes < 1 or args.rounds < 1:
         parser.error("--passes and --rounds must be >= 1")
-    if len(set(args.values)) != len(args.values):
-        parser.error("values: each value once")
+    if len(set(args.values)) != len(args.values) or any(v.split() != [v] for v in args.values):
+        parser.error("values: each value once, without spaces (they go into CFLAGS)")
     try:
         check_overridable(args.name)
     except ValueError as error:
