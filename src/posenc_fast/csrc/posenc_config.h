@@ -119,7 +119,17 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #endif
 /* Bytes of cos/sin rows per work item of the blocked walks: half an L2, the
    other half holds the rows of x streaming through (with 1 MiB, float64 in
-   place ran ~10% slower on a 1 MiB L2). */
+   place ran ~10% slower on a 1 MiB L2).  Sweep 2026-12-01, load average
+   8-11, too noisy to rank most rows (ranges over processes up to 0.4-3x,
+   10x under the hog):
+   value                  131072     262144     524288    1048576   (quiet/hog)
+   W1 oop 64M f32      1.08/1.19  1.26/0.98  0.96/0.99  0.78/0.98
+   W1 oop 64M f64      0.94/1.05  0.89/1.08  0.96/1.01  0.95/0.84
+   W1 in place 64M f32 1.14/2.80  1.05/1.04  0.66/0.95  1.16/1.70
+   W1 in place 64M f64 1.34/1.30  1.07/1.04  1.08/1.09  1.13/1.24
+   apply_qk 64M f32    0.97/0.99  0.89/0.99  0.96/0.98  1.24/0.99
+   The steadiest row, in place f64, has 256-512K best and 128K worst, as
+   does the hog's f32 in place.  Kept at 512 KiB. */
 #ifndef POSENC_POSITION_BLOCK_BYTES
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
 #endif
