@@ -71,7 +71,13 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    Rows: 64M is (1,32,4096,128) (128 MiB in f64), 4M (1,32,256,128), 512K
    (1,32,32,128); apply_qk's k has 8 heads.  Full tables: bench/sweeps.md. */
 
-/* Rows per parallel work item of the general rotation kernel. */
+/* Rows per parallel work item of the row loops (general rotation, add a
+   table, streams, the fused cache write).  Sweep 2026-12-01 of 64, 256,
+   1024 on add_position_table (8,2048,1024) in place, load average 8-9:
+   1.83/5.62, 3.23/1.51, 1.17/1.50 (quiet/hog; ranges over processes
+   0.7-3.5x and 1.1-11x): noise only.  At one thread the chunk changes
+   only the item loop (an item of 256 rows is 256K elements there), so
+   report.py's rows cannot rank it; kept at 256. */
 #ifndef POSENC_ROW_CHUNK
 #define POSENC_ROW_CHUNK 256
 #endif
@@ -134,7 +140,12 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
 #endif
 /* Elements per pool work item of the loops whose rows are short (ALiBi,
-   T5 buckets: _ELEMENTS_PER_ITEM of _core). */
+   T5 buckets: _ELEMENTS_PER_ITEM of _core).  Sweep 2026-12-01 of 4096,
+   16384, 65536 on add_alibi (32,256,256) in place (64, 256, 1024 rows an
+   item), load average 8-9: 2.40/7.45, 2.55/2.89, 2.63/3.10 (quiet/hog;
+   ranges 0.3-22x, 2.4-16x, 2.5-3.5x): within the noise.  No row of
+   report.py runs these loops on more threads (the 2-thread row is W1,
+   whose items are position blocks); kept at 16384. */
 #ifndef POSENC_ELEMENTS_PER_ITEM
 #define POSENC_ELEMENTS_PER_ITEM (1 << 14)
 #endif
