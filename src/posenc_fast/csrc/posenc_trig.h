@@ -19,7 +19,17 @@
    per thread (c, s, ca, sa). */
 #define POSENC_TRIG_SHARED_ROWS 4
 #define POSENC_TRIG_THREAD_ROWS 4
-/* Rows per parallel work item of the table kernels. */
+/* Rows per parallel work item of the table kernels: each item starts its
+   positions from scratch (libm and up to 31 rotations by 32w), so longer
+   items start less often but balance threads worse.  bench/sweep.py
+   2026-12-01 (as in posenc_config.h; load average 6-8) of 128, 512, 2048
+   rows, time / fill, quiet/hog:
+   W4 cos/sin (131072,64)      1.66/1.60  1.50/1.60  1.38/1.33
+   W5 sinusoidal (131072,128)  2.77/2.03  2.18/2.14  1.86/2.24
+   W5 sinusoidal (8192,1024)   2.37/5.37  1.98/1.97  6.64/4.27
+   (ranges over processes up to 1.2-7x, 0.5-15x under the hog).  128 is
+   worst quiet; 2048 wins W4 but loses W5 (8192,1024) and leaves 4 items
+   for 16 threads there: not clearly better.  Kept at 512. */
 #ifndef POSENC_TRIG_CHUNK_ROWS
 #define POSENC_TRIG_CHUNK_ROWS 512
 #endif
