@@ -23,7 +23,7 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     # nbytes: the size of x.  Past the caches (POSENC_STREAM_BYTES) a result
     # is written with non-temporal stores (never in place: those lines were
     # just read) and half-layout rows take the scalar functions, faster there;
-    # past L2 (POSENC_PREFETCH_BYTES) each row prefetches.
+    # from half an L2 (POSENC_PREFETCH_BYTES) each row prefetches.
     cdef RowCall call
     cdef bint large = nbytes >= POSENC_STREAM_BYTES
     cdef int kind

@@ -101,9 +101,28 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
-/* Inputs at least this large (past L2) are prefetched ahead of each row. */
+/* Inputs at least this large are prefetched ahead of each row; smaller ones
+   take the one-position kernels (rotate_position).  Sweeps 2026-12-01 (load
+   average 5-9), time / limit quiet/hog:
+   value                  262144     1048576    2097152    8388608
+   W1 oop 4M f32        1.60/1.56  1.63/1.43  1.63/1.48  1.76/1.67
+   W1 in place 4M f32   1.93/1.74  1.70/1.95  1.71/1.72  2.29/2.29
+   apply_qk 4M f32      1.59/1.43  1.58/1.52  1.58/1.57  1.72/1.52
+   W1 oop 512K f32      1.67/1.47  1.72/1.67  1.75/1.62  1.70/1.96
+   W1 in place 512K f32 1.90/9.43  2.26/2.36  2.31/1.99  2.08/2.01
+   apply_qk 512K f32    1.54/1.68  1.70/1.53  1.67/1.66  1.71/1.70
+   The 4M rows want the prefetching rows (8M loses up to 35%), and so do
+   the 512K ones; three more sweeps of 524288 against 1048576 on them
+   (5 and 7 processes, the last also with POSENC_FAST_ISA=avx2):
+                        AVX-512 (5)    AVX-512 (7)    AVX2 (7)
+   W1 oop 512K f32      2.09/2.11 2.39/2.31  2.03/2.07 2.32/2.17  2.28/2.25 2.45/2.61
+   W1 in place 512K f32 2.00/2.05 2.21/2.44  1.98/2.34 2.30/2.68  2.96/2.85 3.28/3.21
+   apply_qk 512K f32    1.76/1.44 1.94/1.60  1.69/1.73 1.84/1.82  1.79/1.79 1.88/1.83
+   524288 is 2-16% faster in all 18 pairs (and 262144 in 4 of 6 above);
+   the decode calls (W2 256 KiB, W3) stay below it.  512 KiB since this
+   sweep (was 1 MiB). */
 #ifndef POSENC_PREFETCH_BYTES
-#define POSENC_PREFETCH_BYTES (1024 * 1024)
+#define POSENC_PREFETCH_BYTES (512 * 1024)
 #endif
 /* How far ahead of a row its prefetches reach.  Sweep (see above) 2026-12-01,
    commit 050b03a; ranges over processes 0.03-0.2 quiet, outliers to 3-10x
