@@ -1,6 +1,6 @@
 """Sweep one tuning constant: build the package per value, time report.py's rows per build.
 
-    python3 bench/sweep.py NAME VALUE [VALUE ...] --only REGEX [--passes 3] [--rounds 5]
+    python3 bench/sweep.py NAME VALUE [VALUE ...] --only REGEX [--passes 5] [--rounds 7]
                            [--modes quiet,hog] [--variants baseline,avx512] [--isa avx2]
                            [--json FILE]
 
@@ -8,9 +8,10 @@ NAME is a macro of ``csrc/posenc_config.h`` or ``posenc_trig.h`` guarded by
 ``#ifndef NAME`` (e.g. POSENC_PREFETCH_DISTANCE).  Each value is built once,
 with ``CFLAGS=-DNAME=VALUE`` (setuptools adds CFLAGS to every compile), into
 its own copy of the tree in a temporary directory (removed at the end), so
-the checkout is not touched.  Then each pass runs ``report.py --json --only REGEX`` once per value and mode
-(quiet, and with ``--hog``), each in its own process on that value's build,
-the values in a rotated order, so that machine noise hits all values alike.
+the checkout is not touched.  Then each pass runs ``report.py --json --only
+REGEX`` once per value and mode (quiet, and with ``--hog``), each in its own
+process on that value's build, the values in a rotated order, so that
+machine noise hits all values alike (``--isa`` sets POSENC_FAST_ISA there).
 The table gives, per row, the median over passes of report.py's measured
 ratio (time / limit, itself a median of interleaved rounds) and the range.
 """
@@ -72,6 +73,9 @@ def measure(src, regex, rounds, hog, isa):
     if isa:
         env["POSENC_FAST_ISA"] = isa
     result = json.loads(run(command, env=env).stdout)
+    if isa and result["build_info"]["isa_in_use"] != isa:
+        raise RuntimeError(f"--isa {isa}: the build ran {result['build_info']['isa_in_use']} "
+                           f"(is {isa} in --variants?)")
     if hog and "EXITED EARLY" in (result["hog"] or ""):
         raise RuntimeError(f"the hog did not run through the measurement: {result['hog']}")
     return result
@@ -115,10 +119,10 @@ def main(argv=None):
     parser.add_argument("values", nargs="+", help="C expressions, e.g. 4096 '(1<<20)'")
     parser.add_argument("--only", required=True, metavar="REGEX",
                         help="report.py's rows to time ('regime key shape', as report.py --only)")
-    parser.add_argument("--passes", type=int, default=3,
-                        help="processes per value and mode (default 3)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="interleaved rounds per process (report.py --rounds; default 5)")
+    parser.add_argument("--passes", type=int, default=5,
+                        help="processes per value and mode (default 5)")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="interleaved rounds per process (report.py --rounds; default 7)")
     parser.add_argument("--modes", default="quiet,hog",
                         help="comma list of quiet, hog (default both)")
     parser.add_argument("--variants", default="baseline,avx2,avx512",
@@ -139,15 +143,15 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     with tempfile.TemporaryDirectory(prefix="posenc_sweep_") as workdir:
-        ratios, isa = sweep(args.name, args.values, args.only, passes=args.passes,
+        ratios, isa_in_use = sweep(args.name, args.values, args.only, passes=args.passes,
                             rounds=args.rounds, modes=modes, workdir=Path(workdir),
                             variants=args.variants, isa=args.isa)
-    print(f"{args.name} sweep -- {report.timing.machine_line()}; ISA {', '.join(isa)}; "
+    print(f"{args.name} sweep -- {report.timing.machine_line()}; ISA {', '.join(isa_in_use)}; "
           f"median over {args.passes} processes of report.py's ratio ({args.rounds} "
           f"interleaved rounds each); range over processes")
     print_table(args.name, args.values, ratios)
     if args.json:
-        args.json.write_text(json.dumps({"name": args.name, "values": args.values, "isa": isa,
+        args.json.write_text(json.dumps({"name": args.name, "values": args.values, "isa": isa_in_use,
                                          "ratios": ratios}, indent=1))
     return 0
 
