@@ -151,8 +151,8 @@ def main(argv=None):
           f"interleaved rounds each); range over processes")
     print_table(args.name, args.values, ratios)
     if args.json:
-        args.json.write_text(json.dumps({"name": args.name, "values": args.values, "isa": isa_in_use,
-                                         "ratios": ratios}, indent=1))
+        args.json.write_text(json.dumps({"name": args.name, "values": args.values,
+                                         "isa": isa_in_use, "ratios": ratios}, indent=1))
     return 0
 
 
