@@ -67,7 +67,8 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    bench/sweep.py can build the package with -DNAME=VALUE; each carries the
    sweep that chose it: on the 2-core AMD EPYC of bench/README.md shared with
    other jobs, AVX-512, the median over 5 processes (7 interleaved rounds
-   each) of report.py's time / limit, quiet / with the memory-bandwidth hog.
+   each) of report.py's time / limit, quiet / with the memory-bandwidth hog,
+   on the code of commit 050b03a (main 5877b00 with these guards).
    Rows: 64M is (1,32,4096,128) (128 MiB in f64), 4M (1,32,256,128), 512K
    (1,32,32,128); apply_qk's k has 8 heads.  Full tables: bench/sweeps.md. */
 
@@ -113,8 +114,9 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    apply_qk 512K f32    1.54/1.68  1.70/1.53  1.67/1.66  1.71/1.70
    The 4M rows want the prefetching rows (8M loses up to 35%), and so do
    the 512K ones; three more sweeps of 524288 against 1048576 on them
-   (5 and 7 processes, the last also with POSENC_FAST_ISA=avx2):
-                        AVX-512 (5)    AVX-512 (7)    AVX2 (7)
+   (5 and 7 processes, the last also with POSENC_FAST_ISA=avx2), 524288
+   then 1048576, quiet/hog:
+                        AVX-512 (5)          AVX-512 (7)          AVX2 (7)
    W1 oop 512K f32      2.09/2.11 2.39/2.31  2.03/2.07 2.32/2.17  2.28/2.25 2.45/2.61
    W1 in place 512K f32 2.00/2.05 2.21/2.44  1.98/2.34 2.30/2.68  2.96/2.85 3.28/3.21
    apply_qk 512K f32    1.76/1.44 1.94/1.60  1.69/1.73 1.84/1.82  1.79/1.79 1.88/1.83
@@ -124,8 +126,8 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #ifndef POSENC_PREFETCH_BYTES
 #define POSENC_PREFETCH_BYTES (512 * 1024)
 #endif
-/* How far ahead of a row its prefetches reach.  Sweep (see above) 2026-12-01,
-   commit 050b03a; ranges over processes 0.03-0.2 quiet, outliers to 3-10x
+/* How far ahead of a row its prefetches reach.  Sweep 2026-12-01, load
+   average 2-6; ranges over processes 0.03-0.2 quiet, outliers to 3-10x
    under the hog:
    value                    4096       6144       8192      16384   (quiet/hog)
    W1 oop 64M f32      0.92/0.88  0.93/0.85  0.92/0.86  0.96/0.92
@@ -160,7 +162,7 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #endif
 /* Elements per pool work item of the loops whose rows are short (ALiBi,
    T5 buckets: _ELEMENTS_PER_ITEM of _core).  Sweep 2026-12-01 of 4096,
-   16384, 65536 on add_alibi (32,256,256) in place (64, 256, 1024 rows an
+   16384, 65536 on add_alibi (32,256,256) in place (16, 64, 256 rows an
    item), load average 8-9: 2.40/7.45, 2.55/2.89, 2.63/3.10 (quiet/hog;
    ranges 0.3-22x, 2.4-16x, 2.5-3.5x): within the noise.  No row of
    report.py runs these loops on more threads (the 2-thread row is W1,
