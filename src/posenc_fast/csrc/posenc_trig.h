@@ -27,9 +27,14 @@
    W4 cos/sin (131072,64)      1.66/1.60  1.50/1.60  1.38/1.33
    W5 sinusoidal (131072,128)  2.77/2.03  2.18/2.14  1.86/2.24
    W5 sinusoidal (8192,1024)   2.37/5.37  1.98/1.97  6.64/4.27
-   (ranges over processes up to 1.2-7x, 0.5-15x under the hog).  128 is
-   worst quiet; 2048 wins W4 but loses W5 (8192,1024) and leaves 4 items
-   for 16 threads there: not clearly better.  Kept at 512. */
+   (ranges over processes up to 1.2-7x, 0.5-15x under the hog), and of
+   512, 1024, 2048 (7 processes, load average 1-6):
+   W4 cos/sin (131072,64)      1.54/1.72  1.40/1.62  1.39/1.52
+   W5 sinusoidal (131072,128)  2.15/3.70  2.00/3.49  2.02/2.29
+   W5 sinusoidal (8192,1024)   1.88/2.43  2.71/3.94  2.63/7.01
+   Longer items win W4 (~10%) and lose W5 (8192,1024) (30-50%, rows of
+   512 pairs: 2048 rows are 8 MiB), in both sweeps; 128 is worst.  Kept
+   at 512: a count of values rather than rows might suit both. */
 #ifndef POSENC_TRIG_CHUNK_ROWS
 #define POSENC_TRIG_CHUNK_ROWS 512
 #endif
