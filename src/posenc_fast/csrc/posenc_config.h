@@ -146,17 +146,18 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #endif
 /* Bytes of cos/sin rows per work item of the blocked walks: half an L2, the
    other half holds the rows of x streaming through (with 1 MiB, float64 in
-   place ran ~10% slower on a 1 MiB L2).  Sweep 2026-12-01, load average
-   8-11, too noisy to rank most rows (ranges over processes up to 0.4-3x,
-   10x under the hog):
+   place ran ~10% slower on a 1 MiB L2).  A first sweep 2026-12-01 (load
+   average 8-11) could not rank most rows; a second (7 processes, load
+   average 2-3; ranges over processes 0.05-0.3):
    value                  131072     262144     524288    1048576   (quiet/hog)
-   W1 oop 64M f32      1.08/1.19  1.26/0.98  0.96/0.99  0.78/0.98
-   W1 oop 64M f64      0.94/1.05  0.89/1.08  0.96/1.01  0.95/0.84
-   W1 in place 64M f32 1.14/2.80  1.05/1.04  0.66/0.95  1.16/1.70
-   W1 in place 64M f64 1.34/1.30  1.07/1.04  1.08/1.09  1.13/1.24
-   apply_qk 64M f32    0.97/0.99  0.89/0.99  0.96/0.98  1.24/0.99
-   The steadiest row, in place f64, has 256-512K best and 128K worst, as
-   does the hog's f32 in place.  Kept at 512 KiB. */
+   W1 oop 64M f32      0.97/0.71  0.94/0.71  0.94/0.70  0.95/0.70
+   W1 oop 64M f64      0.93/0.82  0.91/0.78  0.92/0.77  0.90/0.80
+   W1 in place 64M f32 1.30/1.12  1.33/1.13  1.24/1.10  1.21/1.13
+   W1 in place 64M f64 1.14/1.19  1.15/1.15  1.13/1.18  1.21/1.24
+   apply_qk 64M f32    0.91/0.75  0.90/0.74  0.88/0.71  0.91/0.71
+   512 KiB is best or within 0.03 of it on every row; 1 MiB loses in place
+   f64 (1.21/1.24), 128-256 KiB lose in place f32 quiet (1.30-1.33).
+   Kept at 512 KiB. */
 #ifndef POSENC_POSITION_BLOCK_BYTES
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
 #endif
