@@ -84,21 +84,22 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #endif
 /* Results at least this large are written with non-temporal stores, and
    their rows take the scalar half-layout loops (faster past the caches).
-   Sweep 2026-12-01, load average 7-11, very noisy (ranges over processes
-   up to 0.4-3x; where two values run the same code, e.g. 16M and 1G on the
-   4M rows, their medians differ by up to 15%, once 2x):
+   A first sweep 2026-12-01 (load average 7-11) was very noisy; a second
+   (load average 0-2; where two values run the same code their medians
+   still differ by up to 0.06, once 0.17 under the hog):
    value                 4194304   16777216   33554432  1073741824   (quiet/hog)
-   W1 oop 64M f32      0.97/0.97  0.46/0.99  0.97/0.97  1.45/1.12
-   W1 oop 64M f64      0.97/0.82  0.96/1.01  1.04/1.02  1.37/1.10
-   W1 in place 64M f32 0.64/1.06  1.51/2.22  1.42/1.32  1.75/1.51
-   W1 in place 64M f64 1.27/1.03  1.11/1.02  1.13/1.04  1.44/1.23
-   apply_qk 64M f32    0.93/0.98  0.91/0.97  0.97/1.13  1.25/1.34
-   W1 oop 4M f32       2.05/1.69  1.43/1.31  1.64/1.39  1.65/1.45
-   W1 in place 4M f32  3.23/2.34  2.25/1.96  2.61/1.98  1.94/2.17
-   apply_qk 4M f32     2.02/2.04  1.62/1.55  1.60/1.42  1.41/1.57
-   Never streaming (1G) loses 10-50% on every 64M row, streaming at 4 MiB
-   loses 15-45% on the 4M rows; 16M and 32M differ only in apply_qk's k
-   (16 MiB: 0.91/0.97 streamed, 0.97/1.13 not).  Kept at 16 MiB. */
+   W1 oop 64M f32      0.92/0.86  0.87/0.87  0.91/0.70  1.48/1.12
+   W1 oop 64M f64      0.89/0.80  0.87/0.84  0.88/0.85  1.37/1.39
+   W1 in place 64M f32 1.25/1.14  1.23/1.18  1.20/1.13  1.22/1.20
+   W1 in place 64M f64 1.11/1.18  1.15/1.16  1.13/1.20  1.25/1.26
+   apply_qk 64M f32    0.90/0.71  0.86/0.85  0.92/0.79  1.34/1.32
+   W1 oop 4M f32       2.17/2.24  1.61/1.56  1.64/1.48  1.59/1.42
+   W1 in place 4M f32  2.94/2.40  2.17/1.83  2.07/1.82  2.20/1.85
+   apply_qk 4M f32     1.95/1.98  1.60/1.44  1.56/1.47  1.59/1.54
+   Never streaming (1G) loses 35-60% on the 64M rows out of place and 10%
+   in place f64; streaming at 4 MiB loses 20-40% on the 4M rows.  16M and
+   32M differ only in apply_qk's k (16 MiB), mixed (0.86/0.85 against
+   0.92/0.79), as in the first sweep.  Kept at 16 MiB. */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
