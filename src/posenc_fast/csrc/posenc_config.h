@@ -86,7 +86,7 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    their rows take the scalar half-layout loops (faster past the caches).
    A first sweep 2026-12-01 (load average 7-11) was very noisy; a second
    (load average 0-2; where two values run the same code their medians
-   still differ by up to 0.06, once 0.17 under the hog):
+   still differ by up to 0.13 quiet, 0.17 under the hog):
    value                 4194304   16777216   33554432  1073741824   (quiet/hog)
    W1 oop 64M f32      0.92/0.86  0.87/0.87  0.91/0.70  1.48/1.12
    W1 oop 64M f64      0.89/0.80  0.87/0.84  0.88/0.85  1.37/1.39
@@ -96,8 +96,8 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    W1 oop 4M f32       2.17/2.24  1.61/1.56  1.64/1.48  1.59/1.42
    W1 in place 4M f32  2.94/2.40  2.17/1.83  2.07/1.82  2.20/1.85
    apply_qk 4M f32     1.95/1.98  1.60/1.44  1.56/1.47  1.59/1.54
-   Never streaming (1G) loses 35-60% on the 64M rows out of place and 10%
-   in place f64; streaming at 4 MiB loses 20-40% on the 4M rows.  16M and
+   Never streaming (1G) loses 30-70% on the 64M rows out of place and 10%
+   in place f64; streaming at 4 MiB loses 20-45% on the 4M rows.  16M and
    32M differ only in apply_qk's k (16 MiB), mixed (0.86/0.85 against
    0.92/0.79), as in the first sweep.  Kept at 16 MiB. */
 #ifndef POSENC_STREAM_BYTES
