@@ -75,10 +75,11 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 /* Rows per parallel work item of the row loops (general rotation, add a
    table, streams, the fused cache write).  Sweep 2026-12-01 of 64, 256,
    1024 on add_position_table (8,2048,1024) in place, load average 8-9:
-   1.83/5.62, 3.23/1.51, 1.17/1.50 (quiet/hog; ranges over processes
-   0.7-3.5x and 1.1-11x): noise only.  At one thread the chunk changes
-   only the item loop (an item of 256 rows is 256K elements there), so
-   report.py's rows cannot rank it; kept at 256. */
+   noise only (ranges over processes 0.7-11x); again with 7 processes,
+   load average 0-1: 1.57/1.26, 1.55/1.26, 1.56/1.27 (quiet/hog; ranges
+   0.03-0.3), equal.  At one thread the chunk changes only the item loop
+   (an item of 256 rows is 256K elements there), so report.py's rows
+   cannot rank it; kept at 256. */
 #ifndef POSENC_ROW_CHUNK
 #define POSENC_ROW_CHUNK 256
 #endif
@@ -165,8 +166,9 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 /* Elements per pool work item of the loops whose rows are short (ALiBi,
    T5 buckets: _ELEMENTS_PER_ITEM of _core).  Sweep 2026-12-01 of 4096,
    16384, 65536 on add_alibi (32,256,256) in place (16, 64, 256 rows an
-   item), load average 8-9: 2.40/7.45, 2.55/2.89, 2.63/3.10 (quiet/hog;
-   ranges 0.3-22x, 2.4-16x, 2.5-3.5x): within the noise.  No row of
+   item), load average 8-9: noise only (ranges over processes up to
+   0.3-22x); again with 7 processes, load average 0-1: 2.65/2.86,
+   2.73/2.92, 2.64/2.90 (quiet/hog; ranges 0.3-0.6): equal.  No row of
    report.py runs these loops on more threads (the 2-thread row is W1,
    whose items are position blocks); kept at 16384. */
 #ifndef POSENC_ELEMENTS_PER_ITEM
