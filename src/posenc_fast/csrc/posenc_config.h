@@ -77,7 +77,7 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    1024 on add_position_table (8,2048,1024) in place, load average 8-9:
    noise only (ranges over processes 0.7-11x); again with 7 processes,
    load average 0-1: 1.57/1.26, 1.55/1.26, 1.56/1.27 (quiet/hog; ranges
-   0.03-0.3), equal.  At one thread the chunk changes only the item loop
+   0.03-0.2), equal.  At one thread the chunk changes only the item loop
    (an item of 256 rows is 256K elements there), so report.py's rows
    cannot rank it; kept at 256. */
 #ifndef POSENC_ROW_CHUNK
