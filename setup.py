@@ -30,6 +30,8 @@ Environment variables (build time):
     turn Cython bounds checks on and build with ``-O0 -g``.
 ``POSENC_FAST_SANITIZE=address,undefined``
     build with ``-fsanitize=...`` (see README, development section).
+``CFLAGS=-DPOSENC_PREFETCH_DISTANCE=4096`` (setuptools adds CFLAGS to every compile)
+    set a tuning constant of ``csrc/posenc_config.h`` (``bench/sweep.py``).
 """
 
 import os

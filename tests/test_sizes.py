@@ -151,7 +151,7 @@ def test_add_position_table_with_a_16m_row_table():
     np.testing.assert_array_equal(got[..., 0], positions.astype(np.float32))
 
 
-# Rotations of results past 1 MiB prefetch each row's successors, and past
+# Rotations of results past 512 KiB prefetch each row's successors, and past
 # 16 MiB write with non-temporal stores: bits as from calls on small pieces.
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -165,8 +165,8 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
     # Integer positions take the compiled fast path, float ones the general path.
     pos = np.arange(seq) + 11 if positions == "arange" else np.arange(seq) + 11.0
     want = np.empty_like(x)
-    for start in range(0, seq, 128):  # pieces of at most 512 KiB: neither path
-        stop = min(seq, start + 128)
+    for start in range(0, seq, 64):  # pieces of at most 256 KiB: neither path
+        stop = min(seq, start + 64)
         want[:, :, start:stop] = rope.apply(np.ascontiguousarray(x[:, :, start:stop]),
                                             pos[start:stop])
     x0 = x.copy()

@@ -114,8 +114,9 @@ def set_thread_limit(int n, Py_ssize_t min_elements_per_thread):
     _min_elements_per_thread = max(<Py_ssize_t>1, min_elements_per_thread)
 
 
-# Elements per pool work item where items would otherwise be single short rows.
-cdef Py_ssize_t _ELEMENTS_PER_ITEM = 1 << 14
+# Elements per pool work item where items would otherwise be single short rows
+# (csrc/posenc_config.h).
+cdef Py_ssize_t _ELEMENTS_PER_ITEM = POSENC_ELEMENTS_PER_ITEM
 
 
 cdef inline int _threads_for(Py_ssize_t elements) noexcept nogil:

@@ -25,8 +25,8 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     # (rotate_position): a position's heads, or a head's positions.  Past
     # the caches a result is written with non-temporal stores (never in
     # place: those lines were just read) and half-layout rows take the scalar
-    # functions, faster there; past L2 (POSENC_PREFETCH_BYTES) a row taken
-    # alone prefetches.
+    # functions, faster there; from half an L2 (POSENC_PREFETCH_BYTES) a row
+    # taken alone prefetches.
     cdef RowCall call
     cdef bint large = nbytes >= POSENC_STREAM_BYTES
     cdef int kind

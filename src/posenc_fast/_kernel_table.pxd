@@ -26,6 +26,7 @@ cdef extern from "posenc_kernels.h" nogil:
         POSENC_PREFETCH_BYTES
         POSENC_POSITION_BLOCK_BYTES
         POSENC_ROW_BLOCK_BYTES
+        POSENC_ELEMENTS_PER_ITEM
         POSENC_CACHE_GROWTH
         POSENC_CACHE_BYTES
         POSENC_TRIG_SHARED_ROWS

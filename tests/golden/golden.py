@@ -74,7 +74,7 @@ def _rope_calls(dtype, name):
         yield (f"apply_rotary_cos_sin_qk-{name}-{layout}",
                lambda x=x, k=k, c=cos, s=sin, lay=layout: pf.apply_rotary_cos_sin_qk(
                    x, k, c, s, layout=lay))
-        # Past the prefetch (1 MiB) and streaming (16 MiB) thresholds.
+        # Past the prefetch (512 KiB) and streaming (16 MiB) thresholds.
         big = _data((1, 8, 2200 if dtype == np.float64 else 4400, 128), dtype, 5)
         rope = pf.RotaryEmbedding(128, layout=layout)
         yield f"rope.apply-17MiB-{name}-{layout}", lambda r=rope, b=big: r.apply(b)

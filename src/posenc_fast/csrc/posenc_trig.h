@@ -26,14 +26,20 @@
    0.4x under the hog): 512 rows 1.68-1.84x 1.22-1.31x, hog 1.71x 1.26x;
    1024 rows 1.62-1.70x 1.14-1.31x, hog 1.67-1.75x 1.23-1.60x; 4096 rows
    1.60-1.66x 1.13-1.30x, hog 1.68x 1.23x.  No clear winner: 1024 keeps 8
-   items for (8192,1024) where 4096 would leave threads idle. */
+   items for (8192,1024) where 4096 would leave threads idle.  (On the kernel
+   before the column blocks, bench/sweeps.md, longer items won W4 by ~10% and
+   lost W5 (8192,1024) by 30-50%.) */
+#ifndef POSENC_TRIG_CHUNK_ROWS
 #define POSENC_TRIG_CHUNK_ROWS 1024
+#endif
 /* Rows per pass over the columns of a streamed float32 table: W5 (131072,128)
    and (8192,1024), one thread, ratio to a fill (CPU time, medians of 30),
    quiet / under the hog: 1: 1.88x 1.40x / 2.14x 1.59x; 2: 1.70x 1.22x /
    1.77x 1.38x; 4: 1.65x 1.17x / 1.67x 1.23x; 8: 2.04x 1.63x / 2.07x 1.73x
    (an earlier build, quiet: 3: 1.81x 1.41x; 32: 2.16x 1.82x). */
+#ifndef POSENC_TRIG_STREAM_ROWS
 #define POSENC_TRIG_STREAM_ROWS 4
+#endif
 /* 2**52: integers up to it are exact in float64, with room for +1. */
 #define POSENC_MAX_EXACT_INTEGER 4503599627370496.0
 /* 2**-27: the largest rounding error of p*w that posenc_exact corrects to

@@ -1,0 +1,29 @@
+"""bench/sweep.py can set every tuning constant: each is defined under #ifndef."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import sweep  # noqa: E402
+
+TUNING_CONSTANTS = ["POSENC_ROW_CHUNK", "POSENC_STREAM_BYTES", "POSENC_PREFETCH_BYTES",
+                    "POSENC_PREFETCH_DISTANCE", "POSENC_POSITION_BLOCK_BYTES",
+                    "POSENC_ROW_BLOCK_BYTES", "POSENC_ELEMENTS_PER_ITEM", "POSENC_TRIG_CHUNK_ROWS",
+                    "POSENC_TRIG_STREAM_ROWS"]
+
+
+@pytest.mark.parametrize("name", TUNING_CONSTANTS)
+def test_tuning_constant_is_overridable(name):
+    sweep.check_overridable(name)
+
+
+def test_a_constant_without_a_guard_is_refused():
+    with pytest.raises(ValueError, match="POSENC_SIMD is not guarded"):
+        sweep.check_overridable("POSENC_SIMD")  # a build fact, not a tuning constant
+
+
+def test_values_with_spaces_are_refused():
+    with pytest.raises(SystemExit):
+        sweep.main(["POSENC_ROW_CHUNK", "1 + 1", "--only", "x"])
