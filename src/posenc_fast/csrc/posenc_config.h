@@ -106,8 +106,8 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
-/* Inputs at least this large are prefetched ahead of each row; smaller ones
-   take the one-position kernels (rotate_position).  Sweeps 2026-12-01 (load
+/* Inputs at least this large are prefetched ahead of each row they rotate
+   one by one (rows not taken by the block walks).  Sweeps 2026-12-01 (load
    average 5-9), time / limit quiet/hog:
    value                  262144     1048576    2097152    8388608
    W1 oop 4M f32        1.60/1.56  1.63/1.43  1.63/1.48  1.76/1.67
@@ -126,7 +126,13 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
    apply_qk 512K f32    1.76/1.44 1.94/1.60  1.69/1.73 1.84/1.82  1.79/1.79 1.88/1.83
    524288 is 2-16% faster in all 18 pairs (and 262144 in 4 of 6 above);
    the decode calls (W2 256 KiB, W3) stay below it.  512 KiB since this
-   sweep (was 1 MiB). */
+   sweep (was 1 MiB).  Those sweeps predate the in-cache block walk
+   (POSENC_ROW_BLOCK_BYTES), which now takes these rows; after it
+   (commit 90551d9, 3 processes, load average ~2) 262144 / 524288 / 1048576
+   ran every cache row within noise of each other, e.g. W1 oop 4M
+   1.31/1.14/1.13, in place 4M 1.26/1.22/1.24, apply_qk 512K 1.25/1.25/1.27
+   quiet; under the hog 1.19/1.28/1.25, 1.17/1.17/1.15, 1.23/1.21/1.21:
+   the threshold is left to the rows walked one by one. */
 #ifndef POSENC_PREFETCH_BYTES
 #define POSENC_PREFETCH_BYTES (512 * 1024)
 #endif
