@@ -87,87 +87,42 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #endif
 /* Results at least this large are written with non-temporal stores, and
    their rows take the scalar half-layout loops (faster past the caches).
-   A first sweep 2026-12-01 (load average 7-11) was very noisy; a second
-   (load average 0-2; where two values run the same code their medians
-   still differ by up to 0.13 quiet, 0.17 under the hog):
-   value                 4194304   16777216   33554432  1073741824   (quiet/hog)
-   W1 oop 64M f32      0.92/0.86  0.87/0.87  0.91/0.70  1.48/1.12
-   W1 oop 64M f64      0.89/0.80  0.87/0.84  0.88/0.85  1.37/1.39
-   W1 in place 64M f32 1.25/1.14  1.23/1.18  1.20/1.13  1.22/1.20
-   W1 in place 64M f64 1.11/1.18  1.15/1.16  1.13/1.20  1.25/1.26
-   apply_qk 64M f32    0.90/0.71  0.86/0.85  0.92/0.79  1.34/1.32
-   W1 oop 4M f32       2.17/2.24  1.61/1.56  1.64/1.48  1.59/1.42
-   W1 in place 4M f32  2.94/2.40  2.17/1.83  2.07/1.82  2.20/1.85
-   apply_qk 4M f32     1.95/1.98  1.60/1.44  1.56/1.47  1.59/1.54
-   Never streaming (1G) loses 30-70% on the 64M rows out of place and 10%
-   in place f64; streaming at 4 MiB loses 20-45% on the 4M rows.  16M and
-   32M differ only in apply_qk's k (16 MiB), mixed (0.86/0.85 against
-   0.92/0.79), as in the first sweep.  Kept at 16 MiB. */
+   Sweep 2026-12-01 of 4 MiB, 16 MiB, 32 MiB, 1 GiB (load average 0-2;
+   bench/sweeps.md "POSENC_STREAM_BYTES: again"): never streaming (1 GiB)
+   loses 30-70% on the 64M rows out of place (W1 f32 1.48/1.12 against
+   0.87/0.87, quiet/hog); streaming from 4 MiB loses 20-45% on the 4M rows
+   (W1 oop 2.17/2.24 against 1.61/1.56); 16M and 32M differ only in
+   apply_qk's 16 MiB k, mixed.  Kept at 16 MiB. */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
 /* Inputs at least this large are prefetched ahead of each row they rotate
-   one by one (rows not taken by the block walks).  Sweeps 2026-12-01 (load
-   average 5-9), time / limit quiet/hog:
-   value                  262144     1048576    2097152    8388608
-   W1 oop 4M f32        1.60/1.56  1.63/1.43  1.63/1.48  1.76/1.67
-   W1 in place 4M f32   1.93/1.74  1.70/1.95  1.71/1.72  2.29/2.29
-   apply_qk 4M f32      1.59/1.43  1.58/1.52  1.58/1.57  1.72/1.52
-   W1 oop 512K f32      1.67/1.47  1.72/1.67  1.75/1.62  1.70/1.96
-   W1 in place 512K f32 1.90/9.43  2.26/2.36  2.31/1.99  2.08/2.01
-   apply_qk 512K f32    1.54/1.68  1.70/1.53  1.67/1.66  1.71/1.70
-   The 4M rows want the prefetching rows (8M loses up to 35%), and so do
-   the 512K ones; three more sweeps of 524288 against 1048576 on them
-   (5 and 7 processes, the last also with POSENC_FAST_ISA=avx2), 524288
-   then 1048576, quiet/hog:
-                        AVX-512 (5)          AVX-512 (7)          AVX2 (7)
-   W1 oop 512K f32      2.09/2.11 2.39/2.31  2.03/2.07 2.32/2.17  2.28/2.25 2.45/2.61
-   W1 in place 512K f32 2.00/2.05 2.21/2.44  1.98/2.34 2.30/2.68  2.96/2.85 3.28/3.21
-   apply_qk 512K f32    1.76/1.44 1.94/1.60  1.69/1.73 1.84/1.82  1.79/1.79 1.88/1.83
-   524288 is 2-16% faster in all 18 pairs (and 262144 in 4 of 6 above);
-   the decode calls (W2 256 KiB, W3) stay below it.  512 KiB since this
-   sweep (was 1 MiB).  Those sweeps predate the in-cache block walk
-   (POSENC_ROW_BLOCK_BYTES), which now takes these rows; after it
-   (commit 90551d9, 3 processes, load average ~2) 262144 / 524288 / 1048576
-   ran every cache row within noise of each other, e.g. W1 oop 4M
-   1.31/1.14/1.13, in place 4M 1.26/1.22/1.24, apply_qk 512K 1.25/1.25/1.27
-   quiet; under the hog 1.19/1.28/1.25, 1.17/1.17/1.15, 1.23/1.21/1.21:
-   the threshold is left to the rows walked one by one. */
+   one by one (rows not taken by the block walks).  Sweeps 2026-12-01 of
+   256 KiB-8 MiB, then 512 KiB against 1 MiB three times (AVX-512 and AVX2,
+   5 and 7 processes; bench/sweeps.md): on the row walk of that day 512 KiB
+   ran the 512K rows 2-16% faster in all 18 pairs (W1 in place 512K
+   1.98/2.34 against 2.30/2.68, quiet/hog), 8 MiB lost up to 35% on the 4M
+   rows; 512 KiB since (was 1 MiB).  After the in-cache block walk took those
+   rows (commit 90551d9), 256 KiB / 512 KiB / 1 MiB ran every cache row
+   within noise (W1 oop 4M 1.31/1.14/1.13 quiet). */
 #ifndef POSENC_PREFETCH_BYTES
 #define POSENC_PREFETCH_BYTES (512 * 1024)
 #endif
-/* How far ahead of a row its prefetches reach.  Sweep 2026-12-01, load
-   average 2-6; ranges over processes 0.03-0.2 quiet, outliers to 3-10x
-   under the hog:
-   value                    4096       6144       8192      16384   (quiet/hog)
-   W1 oop 64M f32      0.92/0.88  0.93/0.85  0.92/0.86  0.96/0.92
-   W1 oop 64M f64      0.94/0.95  0.91/0.88  0.88/0.89  1.00/0.96
-   W1 in place 64M f32 1.42/1.31  1.29/1.17  1.24/1.18  1.28/1.19
-   W1 in place 64M f64 1.24/1.25  1.19/1.16  1.16/1.13  1.23/1.24
-   apply_qk 64M f32    0.89/0.86  0.87/0.87  0.87/0.86  0.91/0.91
-   W1 oop 4M f32       1.59/1.50  1.57/1.54  1.44/1.57  1.82/1.73
-   W1 in place 4M f32  2.20/1.87  2.22/1.91  2.06/2.06  2.39/2.10
-   apply_qk 4M f32     1.56/1.55  1.60/1.50  1.44/1.56  1.76/1.63
-   8192 is best quiet on every row; under the hog it is best or within the
-   spread except W1 in place 4M (2.06 against 1.87 at 4096, ranges 1.86-10.1
-   and 1.84-2.04).  An earlier sweep from 2 to 16 KiB found 6-8 KiB best. */
+/* How far ahead of a row its prefetches reach.  Sweep 2026-12-01 of 4, 6,
+   8, 16 KiB (load average 2-6; bench/sweeps.md): 8192 is best quiet on all
+   8 rows (W1 in place 64M f32 1.42/1.29/1.24/1.28, f64 1.24/1.19/1.16/1.23)
+   and best or within the spread under the hog, except W1 in place 4M (2.06
+   against 1.87 at 4 KiB, ranges 1.86-10.1 and 1.84-2.04).  An earlier sweep
+   from 2 to 16 KiB found 6-8 KiB best. */
 #ifndef POSENC_PREFETCH_DISTANCE
 #define POSENC_PREFETCH_DISTANCE 8192
 #endif
 /* Bytes of cos/sin rows per work item of the blocked walks: half an L2, the
-   other half holds the rows of x streaming through (with 1 MiB, float64 in
-   place ran ~10% slower on a 1 MiB L2).  A first sweep 2026-12-01 (load
-   average 8-11) could not rank most rows; a second (7 processes, load
-   average 2-3; ranges over processes 0.05-0.3):
-   value                  131072     262144     524288    1048576   (quiet/hog)
-   W1 oop 64M f32      0.97/0.71  0.94/0.71  0.94/0.70  0.95/0.70
-   W1 oop 64M f64      0.93/0.82  0.91/0.78  0.92/0.77  0.90/0.80
-   W1 in place 64M f32 1.30/1.12  1.33/1.13  1.24/1.10  1.21/1.13
-   W1 in place 64M f64 1.14/1.19  1.15/1.15  1.13/1.18  1.21/1.24
-   apply_qk 64M f32    0.91/0.75  0.90/0.74  0.88/0.71  0.91/0.71
-   512 KiB is best or within 0.03 of it on every row; 1 MiB loses in place
-   f64 (1.21/1.24), 128-256 KiB lose in place f32 quiet (1.30-1.33).
-   Kept at 512 KiB. */
+   other half holds the rows of x streaming through.  Sweep 2026-12-01 of
+   128 KiB-1 MiB (7 processes, load average 2-3; bench/sweeps.md): 512 KiB
+   is best or within 0.03 of it on every 64M row; 1 MiB loses in place f64
+   (1.21/1.24 against 1.13/1.18, quiet/hog), 128-256 KiB lose in place f32
+   quiet (1.30-1.33 against 1.24).  Kept at 512 KiB. */
 #ifndef POSENC_POSITION_BLOCK_BYTES
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
 #endif
