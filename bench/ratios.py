@@ -1,4 +1,5 @@
-"""Ratios quoted in the issue notes that bench/report.py does not cover.
+"""Ratios quoted in the issue notes against NumPy expressions and both layouts
+(bench/report.py holds the goal rows, each against its physical limit).
 
     python3 bench/ratios.py [--rounds N]
 

@@ -165,12 +165,9 @@ def _print_table(report: dict) -> None:
 
 def ratio_rows(report: dict) -> list[dict]:
     """posenc_fast's ratio to the limit, one entry per workload of a bench report."""
-    def label(shape):  # 1x32x4096x128, or q+k for two arrays
-        if isinstance(shape[0], list):
-            return "+".join(map(label, shape))
-        return "x".join(map(str, shape))
-
-    return [{"key": w["key"], "title": w["title"], "dtype": w["dtype"], "shape": label(w["shape"]),
+    from ._bench import cases
+    return [{"key": w["key"], "title": w["title"], "dtype": w["dtype"],
+             "shape": cases.shape_label(w["shape"]),
              "limit": w["limit"], "ratio": r["ratio_to_limit"]}
             for w in report["workloads"] for r in w["results"]
             if r["impl"] == "posenc_fast" and r["ratio_to_limit"] is not None]
@@ -254,11 +251,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.fail_above > 0:
         print(f"bench: --fail-above must be > 0, got {args.fail_above}", file=sys.stderr)
         return EXIT_USAGE
+    # posenc_fast and torch get the same count: --threads, else posenc_fast's setting.
+    threads = args.threads if args.threads is not None else _threads.get_num_threads()
     saved = None
     if args.compare is not None:
         try:
-            saved = load_ratios(args.compare, args.dtype, args.threads if args.threads
-                                is not None else _threads.get_num_threads())
+            saved = load_ratios(args.compare, args.dtype, threads)
         except ValueError as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -273,8 +271,7 @@ def run(args: argparse.Namespace) -> int:
         kinds = tuple(k for k in CLI_KINDS if k != "torch")
     workloads = []
     with timing.restored_threads():
-        # posenc_fast and torch get the same count: --threads, else posenc_fast's setting.
-        timing.set_threads(args.threads if args.threads is not None else _threads.get_num_threads())
+        timing.set_threads(threads)
         info = build_info()
         keys = cases.CLI_WORKLOADS
         for number, key in enumerate(keys, 1):

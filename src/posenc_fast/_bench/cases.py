@@ -139,8 +139,9 @@ class Workload:
 
 
 def shape_label(shape: tuple) -> str:
-    """``1x32x4096x128``, or ``a+b`` for a workload of two arrays."""
-    if isinstance(shape[0], tuple):
+    """``1x32x4096x128``, or ``a+b`` for a workload of two arrays (tuples, or lists
+    as a JSON report holds them)."""
+    if isinstance(shape[0], (tuple, list)):
         return "+".join(shape_label(s) for s in shape)
     return "x".join(map(str, shape))
 
