@@ -114,9 +114,10 @@ def set_thread_limit(int n, Py_ssize_t min_elements_per_thread):
     _min_elements_per_thread = max(<Py_ssize_t>1, min_elements_per_thread)
 
 
-# Elements per pool work item where items would otherwise be single short rows
-# (csrc/posenc_config.h).
-cdef Py_ssize_t _ELEMENTS_PER_ITEM = POSENC_ELEMENTS_PER_ITEM
+cdef inline Py_ssize_t _rows_per_item(Py_ssize_t row_elements) noexcept nogil:
+    # Rows of row_elements per pool work item where items would otherwise be
+    # single short rows: POSENC_ELEMENTS_PER_ITEM elements (posenc_config.h).
+    return max(<Py_ssize_t>1, POSENC_ELEMENTS_PER_ITEM // max(row_elements, <Py_ssize_t>1))
 
 
 cdef inline int _threads_for(Py_ssize_t elements) noexcept nogil:

@@ -14,7 +14,6 @@ cdef struct CacheWrite:
     Py_ssize_t cache_row_bytes  # a cache row (dim items of the cache dtype)
     Py_ssize_t dim
     posenc_convert_fn narrow    # float32 -> cache dtype; NULL: same dtype, direct
-    bint stream
 
 
 cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char* out_q,

@@ -96,7 +96,7 @@ cdef void _alibi_rows(const AlibiCall* call, const char* x, char* out, Py_ssize_
                       Py_ssize_t q_len, int64_t offset, bint causal,
                       int num_threads) noexcept nogil:
     # Rows of k_len values, C-contiguous; x is NULL (fill) or may be out.
-    cdef Py_ssize_t per_item = max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // max(k_len, <Py_ssize_t>1))
+    cdef Py_ssize_t per_item = _rows_per_item(k_len)
     cdef AlibiJob job = AlibiJob(call, x, out, nrows, per_item, k_len, slopes, heads, q_len,
                                  offset, causal)
     posenc_parallel_for((nrows + per_item - 1) // per_item, num_threads, _alibi_item, &job)
@@ -217,10 +217,10 @@ def diagonal_rows(const int64_t[::1] vector, int64_t[:, ::1] out, int num_thread
 
     `vector` has q_len + k_len - 1 entries.
     """
+    if out.shape[0] == 0 or out.shape[1] == 0:
+        return  # before &vector[0]: an empty vector has no element 0
     cdef DiagonalJob job = DiagonalJob(&vector[0], &out[0, 0], out.shape[0], out.shape[1],
-                                       max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // max(out.shape[1], 1)))
-    if job.q_len == 0 or job.k_len == 0:
-        return
+                                       _rows_per_item(out.shape[1]))
     with nogil:
         posenc_parallel_for((job.q_len + job.rows_per_item - 1) // job.rows_per_item, num_threads,
                             _diagonal_item, &job)

@@ -110,7 +110,7 @@ cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowP
     # alias in the low 12 address bits, each load waits on the stores.
     cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_per_row_block(
         call.npairs, call.table_itemsize)))
-    cdef Py_ssize_t group = max(<Py_ssize_t>1, _ELEMENTS_PER_ITEM // (block * call.dim))
+    cdef Py_ssize_t group = _rows_per_item(block * call.dim)
     cdef BlockJob job = BlockJob(block, group, (plan.outer + group - 1) // group, x, out, table,
                                  plan, call)
     posenc_parallel_for((plan.seq + block - 1) // block * job.ngroups, num_threads,

@@ -2,7 +2,7 @@
 
 The default is the number of cores this process may run on, or the value of
 the environment variable ``POSENC_FAST_NUM_THREADS`` read at import.  Small
-calls always stay on one thread: starting a team costs more than it saves.
+calls always stay on one thread: waking workers costs more than it saves.
 A call may also run on fewer threads than this while the thread pool backs
 off after a call that waited on a worker without a core (see
 ``csrc/posenc_pool.h``); the results are the same on any number of threads.

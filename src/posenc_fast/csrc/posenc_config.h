@@ -141,7 +141,7 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
 #endif
 /* Elements per pool work item of the loops whose rows are short (ALiBi,
    T5 buckets, the heads of a block of the in-cache RoPE walk:
-   _ELEMENTS_PER_ITEM of _core).  Sweep 2026-12-01 of 4096,
+   _rows_per_item of _core).  Sweep 2026-12-01 of 4096,
    16384, 65536 on add_alibi (32,256,256) in place (16, 64, 256 rows an
    item), load average 8-9: noise only (ranges over processes up to
    0.3-22x); again with 7 processes, load average 0-1: 2.65/2.86,
