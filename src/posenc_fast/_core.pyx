@@ -31,6 +31,7 @@ cdef extern from "posenc_pool.h" nogil:
     int POSENC_POOL_HOLD_BEFORE_ITEMS, POSENC_POOL_HOLD_ON_ITEM
     int POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS
     void posenc_pool_hold(int hold)
+    enum: POSENC_POOL_NCOUNTS
     void posenc_pool_counts(int64_t* counts)
     void posenc_pool_reset_backoff()
 
@@ -76,6 +77,7 @@ def hold_workers(hold):
 POOL_BACKOFF = (POSENC_POOL_BACKOFF_FIRST, POSENC_POOL_BACKOFF_MAX, POSENC_POOL_CLEAN_CALLS)
 POOL_COUNTS = ("calls", "capped", "late", "period", "left", "cap", "worker_items",
                "caller_waiting", "stood_down")
+assert len(POOL_COUNTS) == POSENC_POOL_NCOUNTS, "POOL_COUNTS names posenc_pool_counts' values"
 
 
 def pool_counts():
@@ -87,7 +89,7 @@ def pool_counts():
     2 once it judged them late), stood_down (workers that found themselves
     on their caller's CPU and left the call to it).
     """
-    cdef int64_t counts[9]
+    cdef int64_t counts[POSENC_POOL_NCOUNTS]
     posenc_pool_counts(counts)
     return {name: counts[i] for i, name in enumerate(POOL_COUNTS)}
 

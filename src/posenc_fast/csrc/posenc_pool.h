@@ -63,6 +63,14 @@
 
 typedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot);
 
+/* The values posenc_pool_counts writes. */
+#define POSENC_POOL_NCOUNTS 9
+
+/* Every item on the caller's thread, in order. */
+static inline void posenc_pool_serial(Py_ssize_t n, posenc_item_fn fn, void* ctx) {
+    for (Py_ssize_t i = 0; i < n; i++) fn(ctx, i, 0);
+}
+
 #if defined(__GNUC__) && !defined(_WIN32)
 #define POSENC_POOL 1
 #include <pthread.h>
@@ -316,13 +324,13 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
     if (threads > n) threads = (int)n;
     if (threads > POSENC_POOL_MAX_WORKERS + 1) threads = POSENC_POOL_MAX_WORKERS + 1;
     if (threads < 2 || n > 0xffffffffLL || __atomic_exchange_n(&posenc_pool.busy, 1, __ATOMIC_ACQUIRE)) {
-        for (Py_ssize_t i = 0; i < n; i++) fn(ctx, i, 0);
+        posenc_pool_serial(n, fn, ctx);
         return;
     }
     asked = threads;
     threads = posenc_pool_threads(&posenc_pool.policy, threads);
     if (threads < 2) {
-        for (Py_ssize_t i = 0; i < n; i++) fn(ctx, i, 0);
+        posenc_pool_serial(n, fn, ctx);
         __atomic_store_n(&posenc_pool.busy, 0, __ATOMIC_RELEASE);
         return;
     }
@@ -375,8 +383,8 @@ static void posenc_pool_hold(int hold) {
 }
 
 /* The back-off's state and counts, the items workers ran, and whether a
-   caller waits for workers now, and the workers that stood down: 9 values
-   into `counts`. */
+   caller waits for workers now, and the workers that stood down:
+   POSENC_POOL_NCOUNTS values into `counts`. */
 static void posenc_pool_counts(int64_t* counts) {
     const posenc_pool_policy* policy = &posenc_pool.policy;
     counts[0] = policy->calls;
@@ -400,11 +408,11 @@ static void posenc_pool_reset_backoff(void) {
 #define POSENC_POOL 0
 static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, void* ctx) {
     (void)threads;
-    for (Py_ssize_t i = 0; i < n; i++) fn(ctx, i, 0);
+    posenc_pool_serial(n, fn, ctx);
 }
 static void posenc_pool_hold(int hold) { (void)hold; }
 static void posenc_pool_counts(int64_t* counts) {
-    for (int i = 0; i < 9; i++) counts[i] = 0;
+    for (int i = 0; i < POSENC_POOL_NCOUNTS; i++) counts[i] = 0;
 }
 static void posenc_pool_reset_backoff(void) {}
 #endif
