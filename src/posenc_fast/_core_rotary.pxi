@@ -11,17 +11,12 @@
 from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
 
-cdef inline Py_ssize_t _positions_per_block(Py_ssize_t npairs, Py_ssize_t itemsize) noexcept nogil:
-    # Positions whose cos/sin rows take about POSENC_POSITION_BLOCK_BYTES (half an L2).
-    return max(<Py_ssize_t>16,
-               POSENC_POSITION_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
-
-
-cdef inline Py_ssize_t _positions_per_row_block(Py_ssize_t npairs,
-                                                Py_ssize_t itemsize) noexcept nogil:
-    # Positions whose cos/sin rows take about POSENC_ROW_BLOCK_BYTES (in L1).
-    return max(<Py_ssize_t>1,
-               POSENC_ROW_BLOCK_BYTES // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
+cdef inline Py_ssize_t _positions_in(Py_ssize_t nbytes, Py_ssize_t least, Py_ssize_t npairs,
+                                      Py_ssize_t itemsize) noexcept nogil:
+    # Positions whose cos/sin rows take about nbytes, at least `least`:
+    # POSENC_POSITION_BLOCK_BYTES (half an L2) for the blocked walks,
+    # POSENC_ROW_BLOCK_BYTES (in L1) for the blocks of one kernel call.
+    return max(least, nbytes // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
 
 cdef struct RowPlan:
@@ -97,7 +92,7 @@ cdef void _rotate_block_item(void* job_, Py_ssize_t item, int slot) noexcept nog
     for o in range(group * job.group, min((group + 1) * job.group, plan.outer)):
         r = o * plan.seq + first
         _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, rows, c,
-                      c + half_row, 2 * half_row, call)
+                      c + half_row, 2 * call.npairs, call)
 
 
 cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowPlan* plan,
@@ -108,8 +103,8 @@ cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowP
     # W1 1.6-2.4x its limit, a position's heads per call (cos/sin held in
     # registers) 2.2-2.8x out of place: x's and out's rows 128 KiB apart
     # alias in the low 12 address bits, each load waits on the stores.
-    cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_per_row_block(
-        call.npairs, call.table_itemsize)))
+    cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_in(
+        POSENC_ROW_BLOCK_BYTES, 1, call.npairs, call.table_itemsize)))
     cdef Py_ssize_t group = _rows_per_item(block * call.dim)
     cdef BlockJob job = BlockJob(block, group, (plan.outer + group - 1) // group, x, out, table,
                                  plan, call)
@@ -132,7 +127,7 @@ cdef void _rotate_planned(const char* x, char* out, const char* table, const Row
     if call.blocks and plan.inner == 1 and plan.positions == NULL:
         _rotate_blocks(x, out, table, plan, call, num_threads)
         return
-    block = _positions_per_block(call.npairs, call.table_itemsize)
+    block = _positions_in(POSENC_POSITION_BLOCK_BYTES, 16, call.npairs, call.table_itemsize)
     job = PlannedJob(block, x, out, table, plan, call)
     posenc_parallel_for((plan.seq + block - 1) // block * plan.outer, num_threads, _rotate_item,
                         &job)

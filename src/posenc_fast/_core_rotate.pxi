@@ -69,10 +69,8 @@ cdef inline void _rotate_block(const char* x, char* out, Py_ssize_t nrows, const
                                const char* s, Py_ssize_t table_step,
                                const RowCall* call) noexcept nogil:
     # nrows consecutive rows in one kernel call, row r by the cos/sin rows
-    # c, s + r * table_step bytes (0: one position's rows).
+    # c, s + r * table_step table elements (0: one position's rows).
     cdef Py_ssize_t r, tail
-    if table_step != 0:  # (no division for a position's rows: a decode step's hot path)
-        table_step //= call.table_itemsize
     if call.npairs > 0:
         call.rotate_position(x, out, nrows, call.dim, c, s, table_step, call.npairs, call.inverse)
     if call.tail_bytes > 0:

@@ -93,7 +93,7 @@ cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char*
 
 cdef struct WalkJob:
     # _rotate_walk's call, for the pool.
-    Py_ssize_t table_step   # != 0: a block's rows step the cos/sin by it, one kernel call
+    Py_ssize_t table_step   # != 0: a block's rows step the cos/sin by it (elements), one kernel call
     Py_ssize_t heads
     Py_ssize_t inner
     Py_ssize_t block
@@ -147,11 +147,11 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
             for j in range(k + 1, walk.naxes):
                 inner *= walk.shape[j]
             outer = walk.rows // (heads * inner)
-            block = _positions_per_block(walk.npairs, table_itemsize)
+            block = _positions_in(POSENC_POSITION_BLOCK_BYTES, 16, walk.npairs, table_itemsize)
             last = walk.naxes - 1
             if call.blocks and k + 1 == last and walk.cos_step[last] == walk.sin_step[last]:
-                table_step = walk.cos_step[last]
-                block = _positions_per_row_block(walk.npairs, table_itemsize)
+                table_step = walk.cos_step[last] // table_itemsize
+                block = _positions_in(POSENC_ROW_BLOCK_BYTES, 1, walk.npairs, table_itemsize)
             break
     nblocks = (inner + block - 1) // block
     cdef WalkJob job = WalkJob(table_step, heads, inner, block, nblocks, x, out, c, s, walk, call)
