@@ -129,7 +129,7 @@ static struct {
     int hold;                          /* POSENC_POOL_HOLD_... or 0 */
     int held;                          /* workers held now, under lock */
     int caller_waiting;                /* the caller waits for workers: 1, 2 once late */
-    int64_t worker_items;              /* items run by workers, ever */
+    int64_t worker_items;              /* items run by workers, ever (counted by the caller) */
     int64_t stood_down;                /* workers that stood down, ever */
     pthread_mutex_t lock;              /* the wake-up without futex, and the test hooks */
     pthread_cond_t wake;
@@ -192,7 +192,6 @@ static void posenc_pool_join(uint32_t gen) {
         if (hold == POSENC_POOL_HOLD_ON_ITEM) posenc_pool_stall();
         hold = 0;
         posenc_pool.fn(posenc_pool.ctx, (Py_ssize_t)(posenc_pool.n - left), (int)slot);
-        __atomic_fetch_add(&posenc_pool.worker_items, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&posenc_pool.done, 1, __ATOMIC_RELEASE);
     }
 }
@@ -320,7 +319,7 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
     uint32_t left;
     uint64_t gen;
     int asked, workers, late = 0, spins = 0;
-    int64_t started_ns, waiting_since_ns;
+    int64_t started_ns, waiting_since_ns, own = 0;
     if (threads > n) threads = (int)n;
     if (threads > POSENC_POOL_MAX_WORKERS + 1) threads = POSENC_POOL_MAX_WORKERS + 1;
     if (threads < 2 || n > 0xffffffffLL || __atomic_exchange_n(&posenc_pool.busy, 1, __ATOMIC_ACQUIRE)) {
@@ -354,6 +353,7 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
     started_ns = posenc_pool_now_ns();
     while ((left = posenc_pool_take(&posenc_pool.claim, (uint32_t)gen)) > 0) {
         fn(ctx, n - (Py_ssize_t)left, 0);
+        own++;
         __atomic_fetch_add(&posenc_pool.done, 1, __ATOMIC_RELEASE);
     }
     /* Every item is claimed: wait for those workers are running (each runs
@@ -370,6 +370,8 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
         }
     }
     __atomic_store_n(&posenc_pool.caller_waiting, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&posenc_pool.worker_items, posenc_pool.worker_items + (int64_t)n - own,
+                     __ATOMIC_RELAXED);  /* only the pool's owner writes it */
     posenc_pool_after(&posenc_pool.policy, threads, threads < asked, late);
     __atomic_store_n(&posenc_pool.busy, 0, __ATOMIC_RELEASE);
 }
