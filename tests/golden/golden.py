@@ -33,6 +33,15 @@ def _data(shape, dtype, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
+def _in_place(rope, x, *args, **kwargs):
+    """A call that rotates a copy of x in place (rope.apply(..., out=copy))."""
+    def call():
+        y = x.copy()
+        rope.apply(y, *args, out=y, **kwargs)
+        return y
+    return call
+
+
 def _rope_calls(dtype, name):
     rng_positions = np.random.default_rng(7).integers(0, 1 << 20, size=(37,))
     for layout in ("half", "interleaved"):
@@ -49,11 +58,7 @@ def _rope_calls(dtype, name):
             yield (f"rope.inverse-{tag}",
                    lambda r=rope, x=x: r.apply(x, offset=77, inverse=True))
 
-            def in_place(r=rope, x=x):
-                y = x.copy()
-                r.apply(y, offset=5, out=y)
-                return y
-            yield f"rope.apply-in-place-{tag}", in_place
+            yield f"rope.apply-in-place-{tag}", _in_place(rope, x, offset=5)
             k = _data((2, 1, 37, 64), dtype, 2)
             yield (f"rope.apply_qk-{tag}",
                    lambda r=rope, x=x, k=k: r.apply_qk(x, k, offset=1000))
@@ -79,11 +84,7 @@ def _rope_calls(dtype, name):
         rope = pf.RotaryEmbedding(128, layout=layout)
         yield f"rope.apply-17MiB-{name}-{layout}", lambda r=rope, b=big: r.apply(b)
 
-        def big_in_place(r=rope, b=big):
-            y = b.copy()
-            r.apply(y, out=y)
-            return y
-        yield f"rope.apply-17MiB-in-place-{name}-{layout}", big_in_place
+        yield f"rope.apply-17MiB-in-place-{name}-{layout}", _in_place(rope, big)
     for scaling in ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
@@ -156,11 +157,7 @@ def _one_position_calls():
                 yield (f"rope.one-position-inverse-{tag}",
                        lambda r=rope, x=x: r.apply(x, offset=70, inverse=True))
 
-                def in_place(r=rope, x=x):
-                    y = x.copy()
-                    r.apply(y, 9, out=y)
-                    return y
-                yield f"rope.one-position-in-place-{tag}", in_place
+                yield f"rope.one-position-in-place-{tag}", _in_place(rope, x, 9)
             yield (f"rope.one-position-shifted-{name}-{layout}",
                    lambda d=dtype, lay=layout: _shifted_one_position(d, lay))
 
@@ -182,11 +179,8 @@ def _half_bit_pattern_calls():
                 yield (f"rope.bit-patterns-{tag}",
                        lambda r=rope, x=x: r.apply(x, offset=1000).view(np.uint16))
 
-                def in_place(r=rope, x=x):
-                    y = x.copy()
-                    r.apply(y, offset=3, inverse=True, out=y)
-                    return y.view(np.uint16)
-                yield f"rope.bit-patterns-in-place-{tag}", in_place
+                yield (f"rope.bit-patterns-in-place-{tag}",
+                       lambda f=_in_place(rope, x, offset=3, inverse=True): f().view(np.uint16))
 
 
 def _without_nan_pairs(x, layout):
