@@ -163,23 +163,36 @@ def logits(model, inputs, positions):
     return output[0]
 
 
-def run(model_type, kernel_calls):
-    """(logits without install, logits with install) of a tiny model; kernel_calls gets one entry a call."""
+def _tiny(model_type, **changes):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = hf_tiny.tiny_model(model_type)
-    vocab = min(128, getattr(model.config.get_text_config(decoder=True), "vocab_size", None) or 128)
-    ids = torch.randint(1, vocab, (hf_tiny.BATCH, hf_tiny.SEQ), generator=torch.Generator().manual_seed(2))
-    inputs = hf_tiny.model_inputs(model_type, model, ids)
-    positions = hf_tiny.position_ids(model)
-    rule = MODEL_RULES.get(model.config.get_text_config(decoder=True).model_type)
-    if rule is not None and rule.streams and positions is None:
-        raise LookupError(f"{model_type} has mRoPE ({rule.streams}) but no position streams were built")
+        return hf_tiny.tiny_model(model_type, **changes)
+
+
+def _token_ids(high):
+    return torch.randint(1, high, (hf_tiny.BATCH, hf_tiny.SEQ), generator=torch.Generator().manual_seed(2))
+
+
+def _with_and_without_install(model, inputs, positions, kernel_calls):
+    """(logits without install, logits with install, the installation)."""
     with torch.no_grad():
         expected = logits(model, inputs, positions)
         with hf.install(model) as installation:
             kernel_calls.clear()
             got = logits(model, inputs, positions)
+    return expected, got, installation
+
+
+def run(model_type, kernel_calls):
+    """(logits without install, logits with install) of a tiny model; kernel_calls gets one entry a call."""
+    model = _tiny(model_type)
+    vocab = min(128, getattr(model.config.get_text_config(decoder=True), "vocab_size", None) or 128)
+    inputs = hf_tiny.model_inputs(model_type, model, _token_ids(vocab))
+    positions = hf_tiny.position_ids(model)
+    rule = MODEL_RULES.get(model.config.get_text_config(decoder=True).model_type)
+    if rule is not None and rule.streams and positions is None:
+        raise LookupError(f"{model_type} has mRoPE ({rule.streams}) but no position streams were built")
+    expected, got, installation = _with_and_without_install(model, inputs, positions, kernel_calls)
     assert hf_tiny.model_module(model_type) in installation.modules
     return expected, got
 
@@ -210,17 +223,9 @@ IMAGE_MODEL_TYPES = ("glm4v", "glm4v_moe", "qwen2_5_vl", "qwen2_vl")
 
 @pytest.mark.parametrize("model_type", IMAGE_MODEL_TYPES)
 def test_logits_unchanged_with_an_image(model_type, kernel_calls):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = hf_tiny.tiny_model(model_type, **hf_tiny.IMAGE_TOKENS)
-    text = torch.randint(1, hf_tiny.IMAGE_TOKENS["vision_start_token_id"], (hf_tiny.BATCH, hf_tiny.SEQ),
-                         generator=torch.Generator().manual_seed(2))
-    inputs = hf_tiny.image_inputs(model, text)
-    with torch.no_grad():
-        expected = logits(model, inputs, None)
-        with hf.install(model):
-            kernel_calls.clear()
-            got = logits(model, inputs, None)
+    model = _tiny(model_type, **hf_tiny.IMAGE_TOKENS)
+    inputs = hf_tiny.image_inputs(model, _token_ids(hf_tiny.IMAGE_TOKENS["vision_start_token_id"]))
+    expected, got, _ = _with_and_without_install(model, inputs, None, kernel_calls)
     assert kernel_calls and all(kernel_calls)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
