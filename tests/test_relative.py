@@ -290,15 +290,17 @@ def test_add_alibi_threads_agree(threads):
 @pytest.mark.parametrize("heads", [8, 12, 32])
 @pytest.mark.parametrize("offset", [0, 5, 2**24 - 150, -2**24 - 40])
 @pytest.mark.parametrize("causal", [True, False])
-def test_add_alibi_in_place_float32_bitwise(heads, offset, causal):
+@pytest.mark.parametrize("k_len", [301, 1100])
+def test_add_alibi_in_place_float32_bitwise(heads, offset, causal, k_len):
     # The float32 in-place rows of the AVX-512 variant add a power-of-two
     # slope's biases in float (exact floats while |d| < 2**24) and convert the
     # others to double: both must give the reference rounded once, also for
     # scores whose sum with the bias lies near a rounding tie, zeros of either
-    # sign and rows whose distances cross 2**24.
-    rng = np.random.default_rng(heads + offset % 97)
-    scores = (rng.standard_normal((heads, 3, 301))
-              * 2.0 ** rng.integers(-30, 30, (heads, 3, 301))).astype(np.float32)
+    # sign and rows whose distances cross 2**24; rows longer than the ramp
+    # of 512 distances are walked in ramp-long chunks.
+    rng = np.random.default_rng(heads + offset % 97 + k_len)
+    scores = (rng.standard_normal((heads, 3, k_len))
+              * 2.0 ** rng.integers(-30, 30, (heads, 3, k_len))).astype(np.float32)
     scores[:, 0, :40] = -0.0
     scores[:, 1, :40] = np.float32(2**24 + 2) * np.sign(scores[:, 1, :40])
     wanted = expected(reference.add_alibi(scores, offset=offset, causal=causal), np.float32)
