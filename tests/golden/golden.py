@@ -33,11 +33,11 @@ def _data(shape, dtype, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-def _in_place(rope, x, *args, **kwargs):
-    """A call that rotates a copy of x in place (rope.apply(..., out=copy))."""
+def _in_place(function, x, *args, **kwargs):
+    """A call of function on a copy of x in place (function(copy, ..., out=copy))."""
     def call():
         y = x.copy()
-        rope.apply(y, *args, out=y, **kwargs)
+        function(y, *args, out=y, **kwargs)
         return y
     return call
 
@@ -58,7 +58,7 @@ def _rope_calls(dtype, name):
             yield (f"rope.inverse-{tag}",
                    lambda r=rope, x=x: r.apply(x, offset=77, inverse=True))
 
-            yield f"rope.apply-in-place-{tag}", _in_place(rope, x, offset=5)
+            yield f"rope.apply-in-place-{tag}", _in_place(rope.apply, x, offset=5)
             k = _data((2, 1, 37, 64), dtype, 2)
             yield (f"rope.apply_qk-{tag}",
                    lambda r=rope, x=x, k=k: r.apply_qk(x, k, offset=1000))
@@ -84,7 +84,7 @@ def _rope_calls(dtype, name):
         rope = pf.RotaryEmbedding(128, layout=layout)
         yield f"rope.apply-17MiB-{name}-{layout}", lambda r=rope, b=big: r.apply(b)
 
-        yield f"rope.apply-17MiB-in-place-{name}-{layout}", _in_place(rope, big)
+        yield f"rope.apply-17MiB-in-place-{name}-{layout}", _in_place(rope.apply, big)
     for scaling in ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
@@ -112,6 +112,13 @@ def _table_calls(dtype, name):
     yield f"add_alibi-{name}", lambda s=scores: pf.add_alibi(s)
     yield f"add_alibi-noncausal-{name}", lambda s=scores: pf.add_alibi(s, causal=False, offset=9)
     yield f"alibi_bias-{name}", lambda: pf.alibi_bias(12, 40, 70, dtype=dtype)
+    # In place: the explicit-vector rows (8 heads: power-of-two slopes), rows
+    # longer than the 512-distance ramp, distances near 2**24.
+    for heads in (8, 12):
+        long_rows = _data((heads, 3, 1100), dtype, 16)
+        for causal, offset in ((True, 0), (False, 550), (True, (1 << 24) - 600)):
+            yield (f"add_alibi-in-place-{heads}-{causal}-{offset}-{name}",
+                   _in_place(pf.add_alibi, long_rows, causal=causal, offset=offset))
 
 
 def _int_calls():
@@ -157,7 +164,7 @@ def _one_position_calls():
                 yield (f"rope.one-position-inverse-{tag}",
                        lambda r=rope, x=x: r.apply(x, offset=70, inverse=True))
 
-                yield f"rope.one-position-in-place-{tag}", _in_place(rope, x, 9)
+                yield f"rope.one-position-in-place-{tag}", _in_place(rope.apply, x, 9)
             yield (f"rope.one-position-shifted-{name}-{layout}",
                    lambda d=dtype, lay=layout: _shifted_one_position(d, lay))
 
@@ -180,7 +187,7 @@ def _half_bit_pattern_calls():
                        lambda r=rope, x=x: r.apply(x, offset=1000).view(np.uint16))
 
                 yield (f"rope.bit-patterns-in-place-{tag}",
-                       lambda f=_in_place(rope, x, offset=3, inverse=True): f().view(np.uint16))
+                       lambda f=_in_place(rope.apply, x, offset=3, inverse=True): f().view(np.uint16))
 
 
 def _without_nan_pairs(x, layout):
