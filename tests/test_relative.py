@@ -291,8 +291,9 @@ def test_add_alibi_threads_agree(threads):
 @pytest.mark.parametrize("offset", [0, 5, 2**24 - 150, -2**24 - 40])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("k_len", [301, 1100])
-def test_add_alibi_in_place_float32_bitwise(heads, offset, causal, k_len):
-    # The float32 in-place rows of the AVX-512 variant add a power-of-two
+@pytest.mark.parametrize("in_place", [True, False])
+def test_add_alibi_float32_bitwise(heads, offset, causal, k_len, in_place):
+    # The float32 rows of the AVX-512 and AVX2 variants add a power-of-two
     # slope's biases in float (exact floats while |d| < 2**24) and convert the
     # others to double: both must give the reference rounded once, also for
     # scores whose sum with the bias lies near a rounding tie, zeros of either
@@ -304,8 +305,9 @@ def test_add_alibi_in_place_float32_bitwise(heads, offset, causal, k_len):
     scores[:, 0, :40] = -0.0
     scores[:, 1, :40] = np.float32(2**24 + 2) * np.sign(scores[:, 1, :40])
     wanted = expected(reference.add_alibi(scores, offset=offset, causal=causal), np.float32)
-    assert add_alibi(scores, offset=offset, causal=causal, out=scores) is scores
-    assert_same(scores, wanted)
+    out = scores if in_place else np.empty_like(scores)
+    assert add_alibi(scores, offset=offset, causal=causal, out=out) is out
+    assert_same(out, wanted)
 
 
 @pytest.mark.parametrize("offset", [2**52, -2**52])
