@@ -66,8 +66,7 @@ cdef struct CacheJob:
     char* k_cache
     char* v_cache
     const CacheTable* table
-    float* scratch          # a float32 row per thread, or NULL
-    Py_ssize_t dim
+    float* scratch          # a float32 row (w.dim) per thread, or NULL
     Py_ssize_t ntokens
     const CacheWrite* w
     const RowCall* q_call
@@ -82,7 +81,7 @@ cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
         _write_token(t, job.slot_of[t], job.q, job.out_q, job.k, job.v, job.k_cache, job.v_cache,
                      table.cos + job.row_of[t] * table.cos_stride,
                      table.sin + job.row_of[t] * table.sin_stride,
-                     NULL if job.scratch == NULL else job.scratch + slot * job.dim,
+                     NULL if job.scratch == NULL else job.scratch + slot * job.w.dim,
                      job.w, job.q_call, job.k_call)
     if job.q_call.stream or job.k_call.stream:
         posenc_sfence()
@@ -128,7 +127,7 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     if w.narrow != NULL:
         scratch_rows = cnp.PyArray_EMPTY(2, [threads, dim], cnp.NPY_FLOAT32, 0)
         scratch = <float*>_data(scratch_rows)
-    cdef CacheJob job = CacheJob(slot_of, row_of, qp, op, kp, vp, kc, vc, table, scratch, dim,
+    cdef CacheJob job = CacheJob(slot_of, row_of, qp, op, kp, vp, kc, vc, table, scratch,
                                  ntokens, &w, &q_call, &k_call)
     with nogil:
         posenc_parallel_for(nchunks, threads, _write_chunk, &job)

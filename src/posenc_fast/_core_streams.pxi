@@ -47,16 +47,15 @@ cdef struct StreamsJob:
     const char* sin
     Py_ssize_t cos_stride
     Py_ssize_t sin_stride
-    char* scratch
-    Py_ssize_t scratch_bytes
+    char* scratch           # a (cos row, sin row) per thread
     Py_ssize_t nrows
     const RowCall* call
 
 
 cdef void _streams_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     cdef const StreamsJob* job = <const StreamsJob*>job_
-    cdef char* row = job.scratch + slot * job.scratch_bytes
     cdef Py_ssize_t r, token, last = -1, half = job.npairs * job.itemsize
+    cdef char* row = job.scratch + slot * 2 * half
     cdef Py_ssize_t row_bytes = job.call.row_bytes
     cdef const Py_ssize_t* token_streams
     for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
@@ -112,7 +111,7 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     # One (cos row, sin row) per thread; the pool's slot picks it.
     scratch = cnp.PyArray_EMPTY(1, [num_threads * scratch_bytes], cnp.NPY_UINT8, 0)
     cdef StreamsJob job = StreamsJob(tokens, streams, pairs, nstreams, npairs, itemsize, xp, op,
-                                     cbase, sbase, cstride, sstride, _data(scratch),
-                                     scratch_bytes, nrows, &call)
+                                     cbase, sbase, cstride, sstride, _data(scratch), nrows,
+                                     &call)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _streams_chunk, &job)
