@@ -330,8 +330,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       pairs with a fixed base of 10000 and no scaling.
     - Multi-head latent attention (DeepSeek-V3 and others) rotates the
       ``qk_rope_head_dim`` features, interleaved unless ``rope_interleave``
-      is false (for the families that read it); those features are the whole array it rotates, so
-      ``dim == rotary_dim``.
+      is false (for the families that read it); those features are the
+      whole array it rotates, so ``dim == rotary_dim``.
     - Models that rotate the whole head (Llama and most others) ignore
       ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
       ``partial_rotary_factor < 1`` transformers computes fewer frequencies
