@@ -40,28 +40,16 @@ def untouched(before: np.ndarray, after: np.ndarray) -> bool:
     return before.tobytes() == after.tobytes()
 
 
-class _WithoutFastPath:
-    """The kernels module with a compiled path that declines every call."""
-
-    def __init__(self, kernels):
-        self._kernels = kernels
-
-    def __getattr__(self, name):
-        return getattr(self._kernels, name)
-
-    @staticmethod
-    def rotate_cos_sin_fast(*args):
-        return None
-
-
 @contextlib.contextmanager
 def general_path_only():
-    """Make apply_rotary_cos_sin(_qk) skip the compiled path."""
-    from posenc_fast import rotary
+    """Turn every compiled fast path off (``_core.set_fast_paths``): calls take their general paths."""
+    from posenc_fast._dispatch import kernels
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rotary, "kernels", _WithoutFastPath(rotary.kernels))
+    kernels.set_fast_paths(False)
+    try:
         yield
+    finally:
+        kernels.set_fast_paths(True)
 
 
 def assert_rotation_close(got, want, x, positions, rope):

@@ -290,3 +290,33 @@ def test_the_common_cases_take_the_compiled_path(monkeypatch):
     rope.apply_qk(x, x.copy())
     with pytest.raises(AssertionError, match="the general path ran"):
         rope.apply(x, offset=True)
+
+
+def test_the_switch_turns_every_fast_path_off(monkeypatch):
+    # general_path_only() must make the comparisons above compare two paths.
+    from posenc_fast._dispatch import kernels
+
+    args = cache_args()()
+    rope = pf.RotaryEmbedding(DIM)
+    x = apply_args()()["x"]
+    general_ran = []
+    monkeypatch.setattr(rope, "_apply_general",
+                        lambda *a: general_ran.append("apply") or np.zeros_like(x))
+    monkeypatch.setattr(rope, "_apply_qk_general",
+                        lambda *a: general_ran.append("apply_qk") or (x, x))
+    tokens = np.ones((2, 1, DIM), np.float32)
+    cache = np.zeros((4, 4, 1, DIM), np.float32)
+    cache_call = (rope, tokens, tokens.copy(), tokens.copy(), np.arange(2), cache, cache.copy(),
+                  np.arange(2), None)
+    assert kernels.apply_qk_to_cache_fast(*cache_call) is not None
+    with general_path_only():
+        assert not kernels.fast_paths_enabled()
+        assert kernels.rotate_cos_sin_fast((args["x"],), args["cos"], args["sin"], "half", False,
+                                           (None,)) is None
+        assert kernels.apply_qk_to_cache_fast(*cache_call) is None
+        rope.apply(x)
+        rope.apply_qk(x, x.copy())
+    assert kernels.fast_paths_enabled()
+    assert general_ran == ["apply", "apply_qk"]
+    rope.apply(x)
+    assert general_ran == ["apply", "apply_qk"]

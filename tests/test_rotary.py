@@ -530,3 +530,33 @@ def test_cos_sin_out():
         with pytest.raises(error, match=match):
             rope.cos_sin(positions, dtype=np.float64, out=out)
         np.testing.assert_array_equal(cos, before)
+
+
+@pytest.mark.parametrize("streams", [None, [2, 1, 1]])
+def test_an_embedding_is_freed_without_the_cyclic_collector(streams):
+    # Its cos/sin caches (up to 64 MiB per dtype) go with its last reference.
+    import gc
+    import weakref
+
+    x = random((1, 2, 5, 8), np.float32)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        rope = pf.RotaryEmbedding(8, mrope_section=streams)
+        positions = np.arange(5) if streams is None else np.tile(np.arange(5), (3, 1))
+        rope.cos_sin(positions)
+        rope.apply(x)
+        rope.apply_qk(x, x.copy(), positions)
+        freed = weakref.ref(rope)
+        del rope
+        assert freed() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_help_shows_the_public_docstrings():
+    rope = pf.RotaryEmbedding(8)
+    assert "Rotate the pairs of `x` by their positions." in rope.apply.__doc__
+    assert "Rotate queries and keys with one cos/sin computation." in rope.apply_qk.__doc__
+    assert "out : ndarray of x's shape and dtype" in pf.RotaryEmbedding.apply.__doc__

@@ -79,7 +79,7 @@ def test_rope_int64_positions_at_the_extremes(value):
 
 
 def _cache_rows(npairs, itemsize):
-    # RotaryFastPath's per-dtype cos/sin cache holds at most 64 MiB.
+    # RotaryBase's per-dtype cos/sin cache holds at most 64 MiB.
     return (64 * 1024 * 1024) // (2 * itemsize * npairs)
 
 

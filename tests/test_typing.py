@@ -50,12 +50,15 @@ def test_every_compiled_module_has_a_stub():
 def _public_callables():
     for name in pf.__all__:
         obj = getattr(pf, name)
-        if inspect.isclass(obj):
-            for attr, member in vars(obj).items():
-                if inspect.isfunction(member) and (not attr.startswith("_") or attr == "__init__"):
-                    yield f"{name}.{attr}", member
-                elif isinstance(member, classmethod):
+        if inspect.isclass(obj):  # its methods and those of its compiled base classes
+            members = {}
+            for cls in reversed([c for c in obj.__mro__ if c.__module__.startswith("posenc_fast")]):
+                members.update(vars(cls))
+            for attr, member in members.items():
+                if isinstance(member, classmethod):
                     yield f"{name}.{attr}", member.__func__
+                elif inspect.isroutine(member) and (not attr.startswith("_") or attr == "__init__"):
+                    yield f"{name}.{attr}", member
         elif callable(obj):
             yield name, obj
 

@@ -56,4 +56,4 @@ def rotary_table_capsule(rope: RotaryEmbedding, num_positions: int, *,
     if not isinstance(rope, RotaryEmbedding):
         raise TypeError(f"rope must be a RotaryEmbedding, got {type(rope).__name__}")
     num_positions = v.integer(num_positions, "num_positions", minimum=1)
-    return kernels.rotary_table_capsule(rope._fast, v.table_dtype(dtype), num_positions)
+    return kernels.rotary_table_capsule(rope, v.table_dtype(dtype), num_positions)

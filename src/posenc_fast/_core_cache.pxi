@@ -211,7 +211,7 @@ cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots
     return True
 
 
-def apply_qk_to_cache_fast(RotaryFastPath fast not None, q, k, v, positions, k_cache, v_cache,
+def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache, v_cache,
                            slot_mapping, out_q):
     """RotaryEmbedding.apply_qk_to_cache on the fast path; None (nothing written) to fall back.
 
@@ -224,7 +224,7 @@ def apply_qk_to_cache_fast(RotaryFastPath fast not None, q, k, v, positions, k_c
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef CacheTable table
-    if not (_fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
+    if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
         return None
     qa, ka, va = <cnp.ndarray>q, <cnp.ndarray>k, <cnp.ndarray>v
     n = qa.shape[0]

@@ -224,7 +224,7 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
 
 cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rotary* rotary,
                              int inverse) noexcept nogil:
-    # RotaryFastPath._run on the table of a rotary_table_capsule.
+    # RotaryBase._run on the table of a rotary_table_capsule.
     cdef const RotaryTable* table = <const RotaryTable*>rotary
     cdef int d, status
     cdef Py_ssize_t itemsize
@@ -424,7 +424,7 @@ cdef void _free_rotary_table(object capsule) noexcept:
     free(table)
 
 
-def rotary_table_capsule(RotaryFastPath fast not None, dtype, num_positions):
+def rotary_table_capsule(RotaryBase fast not None, dtype, num_positions):
     """The canonical cos/sin table of `fast` for positions [0, num_positions), as a capsule.
 
     `dtype` (a NumPy float dtype) and `num_positions` (>= 1) are validated by

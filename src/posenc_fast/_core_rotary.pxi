@@ -1,10 +1,10 @@
-# RoPE fast path: RotaryFastPath, the compiled state RotaryEmbedding holds.
+# RoPE fast path: RotaryBase, the compiled base class of RotaryEmbedding.
 #
 # `apply` and `apply_qk` try a path that does all its checks in C: exact,
 # C-contiguous ndarrays of a kernel dtype, an integer offset, positions None /
 # an int / an int64 array that varies along one axis, and positions covered
-# by a per-instance cos/sin cache.  Anything else (and every error) returns
-# None, having written nothing: rotary.py then takes the general path, which
+# by a per-instance cos/sin cache.  Anything else (and every error) declines,
+# having written nothing, to the subclass's general path (rotary.py), which
 # validates fully and raises the documented errors.  Both paths use the same
 # canonical cos/sin values and row kernels: bitwise the same results.
 
@@ -342,28 +342,37 @@ cdef inline Py_ssize_t _table_offset(cnp.ndarray x, bint in_place) noexcept:
     return 0
 
 
-@cython.final
-@cython.auto_pickle(False)
-cdef class RotaryFastPath:
-    """The compiled fast path of one RotaryEmbedding and its cos/sin caches.
+# Every fast path of _core (this one, the cos/sin walk, the fused KV write)
+# declines all calls while this is False: tests compare each with its general
+# path (set_fast_paths).
+cdef bint _fast_paths_on = True
 
-    Parameters
-    ----------
-    dim, rotary_dim : int
-        As RotaryEmbedding's.
-    half : bool
-        True for the half layout.
-    freqs : ndarray of float64
-        The rotary_dim // 2 frequencies of positions below `valid_below`.
-    attention_factor : float
-        Folded into the cached cos/sin values.
-    valid_below : int
-        Positions p with p + 1 <= valid_below use `freqs`; others fall back.
+
+def set_fast_paths(bint on):
+    """Turn every compiled fast path on or off (for tests); off, calls take their general paths."""
+    global _fast_paths_on
+    _fast_paths_on = on
+
+
+def fast_paths_enabled():
+    """Whether the compiled fast paths take the calls they accept (`set_fast_paths`)."""
+    return _fast_paths_on
+
+
+@cython.auto_pickle(False)
+cdef class RotaryBase:
+    """The compiled part of RotaryEmbedding: its fast path and cos/sin caches.
+
+    ``RotaryEmbedding`` (rotary.py) subclasses it and calls `_init_rotary`
+    from its constructor; the calls the fast path leaves go to the
+    subclass's ``_apply_general``/``_apply_qk_general``/``_apply_streams``
+    methods of the same object (no reference back, no cycle).
     """
 
     cdef Py_ssize_t dim
     cdef Py_ssize_t npairs
     cdef bint half
+    cdef bint streams  # several position streams: explicit positions take _apply_streams
     cdef double factor
     cdef long long valid_below
     cdef object freqs
@@ -373,14 +382,19 @@ cdef class RotaryFastPath:
     # without the GIL (a reader holds its own reference).
     cdef list caches
     cdef cython.pymutex lock
-    # The RotaryEmbedding whose general paths take the calls the fast path leaves.
-    cdef object owner
 
-    def __init__(self, Py_ssize_t dim, Py_ssize_t rotary_dim, bint half, freqs,
-                 double attention_factor, long long valid_below):
+    def _init_rotary(self, Py_ssize_t dim, Py_ssize_t rotary_dim, bint half, freqs,
+                     double attention_factor, long long valid_below, bint streams):
+        """Set the fast path's state (once, from RotaryEmbedding's constructor).
+
+        `freqs` are the rotary_dim // 2 float64 frequencies of positions p
+        with p + 1 <= `valid_below` (others take the general path);
+        `attention_factor` is folded into the cached cos/sin values.
+        """
         self.dim = dim
         self.npairs = rotary_dim // 2
         self.half = half
+        self.streams = streams
         self.factor = attention_factor
         self.valid_below = valid_below
         self.freqs = freqs
@@ -447,24 +461,67 @@ cdef class RotaryFastPath:
     cdef bint _usable(self, RowPlan* plan):
         return plan.lowest >= 0 and plan.highest < self.valid_below
 
-    def set_owner(self, owner):
-        """The embedding whose ``_apply_general``/``_apply_qk_general`` take the other calls."""
-        self.owner = owner
+    @cython.annotation_typing(False)  # the annotations are the public API's, for inspect
+    def apply(self, x: ArrayLike, positions: ArrayLike | None = None, *, offset: float = 0,
+              seq_axis: int = -2, inverse: bool = False,
+              out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
+        """Rotate the pairs of `x` by their positions.
 
-    def apply(self, x, positions=None, *, offset=0, seq_axis=-2, inverse=False, out=None):
-        """RotaryEmbedding.apply (see rotary.py): the fast path, else the general one."""
+        Parameters
+        ----------
+        x : ndarray of shape (..., dim), float16, bfloat16, float32 or float64
+            Queries or keys (never values).  Half types are computed in
+            float32 (cos/sin in float32 from the float64 angles) and rounded
+            once.
+        positions : array_like of real numbers, optional
+            Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
+            seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
+            Default ``arange(n)`` laid along `seq_axis`.  With several
+            position streams (`n_streams` > 1), one such array per stream
+            stacked on a leading axis: ``(n_streams, seq)`` etc.
+        offset : float, optional
+            Added to every position (the KV-cache length when decoding).
+        seq_axis : int, optional
+            The sequence axis when `positions` is None: -2 for ``(batch,
+            heads, seq, dim)``, -3 for ``(batch, seq, heads, dim)``.
+        inverse : bool, optional
+            Rotate by ``-theta`` and divide by the attention factor.
+        out : ndarray of x's shape and dtype, optional
+            May be `x` itself (in place).
+
+        Returns
+        -------
+        ndarray of x's shape and dtype
+        """
+        if self.streams and positions is not None:
+            return self._apply_streams((x,), positions, offset, inverse, (out,))[0]
         result = self._fast_apply(x, positions, offset, seq_axis, inverse, out)
         if result is None:
-            result = self.owner._apply_general(x, positions, offset, seq_axis, inverse, out)
+            result = self._apply_general(x, positions, offset, seq_axis, inverse, out)
         return result
 
-    def apply_qk(self, q, k, positions=None, *, offset=0, seq_axis=-2, inverse=False,
-                 out_q=None, out_k=None):
-        """RotaryEmbedding.apply_qk (see rotary.py): the fast path, else the general one."""
+    @cython.annotation_typing(False)
+    def apply_qk(self, q: ArrayLike, k: ArrayLike, positions: ArrayLike | None = None, *,
+                 offset: float = 0, seq_axis: int = -2, inverse: bool = False,
+                 out_q: NDArray[np.floating[Any]] | None = None,
+                 out_k: NDArray[np.floating[Any]] | None = None
+                 ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
+        """Rotate queries and keys with one cos/sin computation.
+
+        `q` and `k` may have different head counts (grouped-query attention)
+        and dtypes; their positions (explicit, or along `seq_axis`) must agree.
+        Arguments as in `apply`; `out_q` may be `q` and `out_k` may be `k`.
+
+        Returns
+        -------
+        (q_rot, k_rot)
+        """
+        if self.streams and positions is not None:
+            return self._apply_streams((q, k), positions, offset, inverse, (out_q, out_k))
         result = self._fast_apply_qk(q, k, positions, offset, seq_axis, inverse, out_q, out_k)
         if result is None:
-            result = self.owner._apply_qk_general(q, k, positions, offset, seq_axis, inverse,
-                                                  out_q, out_k)
+            result = self._apply_qk_general(q, k, positions, offset, seq_axis, inverse, out_q,
+                                            out_k)
         return result
 
     cdef object _fast_apply(self, x, positions, offset, seq_axis, inverse, out):
@@ -473,7 +530,8 @@ cdef class RotaryFastPath:
         cdef long long offset_value = 0
         cdef int flag
         cdef object cache, result
-        if not _fast_array(x, self.dim) or not _offset_value(offset, &offset_value):
+        if (not _fast_paths_on or not _fast_array(x, self.dim)
+                or not _offset_value(offset, &offset_value)):
             return None
         flag = _inverse_flag(inverse, self.factor)
         if (flag < 0 or not _plan_rows(<cnp.ndarray>x, positions, seq_axis, offset_value, &plan)
@@ -495,7 +553,7 @@ cdef class RotaryFastPath:
         cdef long long offset_value = 0
         cdef int flag
         cdef object q_cache, k_cache, q_out, k_out
-        if (not _fast_array(q, self.dim) or not _fast_array(k, self.dim)
+        if (not _fast_paths_on or not _fast_array(q, self.dim) or not _fast_array(k, self.dim)
                 or not _offset_value(offset, &offset_value)):
             return None
         flag = _inverse_flag(inverse, self.factor)

@@ -3,7 +3,7 @@
 # A framework's own cos/sin cache (Hugging Face's, sliced to one entry per
 # pair) broadcast against x's leading axes: each row of x walks the cache by
 # the cache's own strides (0 along broadcast axes), so a sliced or
-# non-contiguous cache is read where it lies.  As for RotaryFastPath, `None`
+# non-contiguous cache is read where it lies.  As for RotaryBase, `None`
 # sends the call to the general path in rotary.py, which validates fully.
 
 cdef enum:
@@ -205,7 +205,7 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
     cdef int table
     cdef list results = []
     cdef cnp.ndarray c, s, x
-    if (n > 2 or len(outs) != n or not (inverse is True or inverse is False)
+    if (not _fast_paths_on or n > 2 or len(outs) != n or not (inverse is True or inverse is False)
             or type(layout) is not str or layout not in ("half", "interleaved")
             or not (_fast_cache(cos_cache) and _fast_cache(sin_cache))):
         return None

@@ -122,7 +122,7 @@ def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
     if rope.n_streams != 1:
         raise ValueError(f"apply_qk_to_cache takes one position per token; this embedding has "
                          f"{rope.n_streams} position streams (use apply_qk, then write the cache)")
-    fast = kernels.apply_qk_to_cache_fast(rope._fast, q, k, v_, positions, k_cache, v_cache,
+    fast = kernels.apply_qk_to_cache_fast(rope, q, k, v_, positions, k_cache, v_cache,
                                           slot_mapping, out_q)
     if fast is not None:
         return fast

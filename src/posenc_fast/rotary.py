@@ -3,9 +3,9 @@
 Every call reduces to the same two kernels: a cos/sin table with one row per
 distinct position (float64 angles, rounded once to the data's dtype, the
 attention factor folded in), and a rotation of every row of x by the table
-row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` first try
-their compiled fast path (``_core.RotaryFastPath``, with a per-instance
-table cache); everything else takes the general versions below.  Scaling
+row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` are the
+methods of its compiled base class (``_core.RotaryBase``, with a per-instance
+table cache): its fast path, else the general versions below.  Scaling
 methods only change the frequencies and the factor (see ``_frequencies``),
 never the kernels.  (``apply_rotary_cos_sin`` is in ``_cos_sin_cache``.)
 """
@@ -66,7 +66,7 @@ def _seq_len(values: np.ndarray) -> int:
     return max(1, math.floor(values.max()) + 1) if values.size else 1
 
 
-class RotaryEmbedding:
+class RotaryEmbedding(kernels.RotaryBase):
     """Rotary position embedding for query/key arrays of head dimension `dim`.
 
     Pair ``i`` at position ``p`` is rotated by ``theta = p * inv_freq[i]``:
@@ -151,17 +151,10 @@ class RotaryEmbedding:
         self._axes = axes
         self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
                                                  rotary_dim=rotary_dim // axes, base=base)
-        self._fast = kernels.RotaryFastPath(dim, rotary_dim, layout == "half",
-                                            self.inv_freq,
-                                            float(self._frequencies.attention_factor),
-                                            _length_with_base_frequencies(self._frequencies))
-        self._fast.set_owner(self)
-        if self._pair_streams is None:
-            # Calls go straight to the compiled methods (same signature and
-            # results as the methods below): a Python frame in front of a
-            # one-token call cost ~90 ns, a fifth of it.
-            self.apply = self._fast.apply
-            self.apply_qk = self._fast.apply_qk
+        self._init_rotary(dim, rotary_dim, layout == "half", self.inv_freq,
+                          float(self._frequencies.attention_factor),
+                          _length_with_base_frequencies(self._frequencies),
+                          self._pair_streams is not None)
 
     @staticmethod
     def _streams_of(npairs, pair_streams, mrope_section, mrope_interleaved, axes):
@@ -306,62 +299,6 @@ class RotaryEmbedding:
         factor = float(self._frequencies.attention_factor_for(seq_len))
         return cos_sin_table(values.reshape(-1), freqs, 1.0 / factor if inverse else factor,
                              dtype)
-
-    def apply(self, x: ArrayLike, positions: ArrayLike | None = None, *, offset: float = 0,
-              seq_axis: int = -2, inverse: bool = False,
-              out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
-        """Rotate the pairs of `x` by their positions.
-
-        Parameters
-        ----------
-        x : ndarray of shape (..., dim), float16, bfloat16, float32 or float64
-            Queries or keys (never values).  Half types are computed in
-            float32 (cos/sin in float32 from the float64 angles) and rounded
-            once.
-        positions : array_like of real numbers, optional
-            Broadcasts against ``x.shape[:-1]``: ``(seq,)``, ``(batch, 1,
-            seq)``, ``(tokens, 1)`` for ``(tokens, heads, dim)``, or a scalar.
-            Default ``arange(n)`` laid along `seq_axis`.  With several
-            position streams (`n_streams` > 1), one such array per stream
-            stacked on a leading axis: ``(n_streams, seq)`` etc.
-        offset : float, optional
-            Added to every position (the KV-cache length when decoding).
-        seq_axis : int, optional
-            The sequence axis when `positions` is None: -2 for ``(batch,
-            heads, seq, dim)``, -3 for ``(batch, seq, heads, dim)``.
-        inverse : bool, optional
-            Rotate by ``-theta`` and divide by the attention factor.
-        out : ndarray of x's shape and dtype, optional
-            May be `x` itself (in place).
-
-        Returns
-        -------
-        ndarray of x's shape and dtype
-        """
-        if self._pair_streams is not None and positions is not None:
-            return self._apply_streams((x,), positions, offset, inverse, (out,))[0]
-        return self._fast.apply(x, positions, offset=offset, seq_axis=seq_axis, inverse=inverse,
-                                out=out)
-
-    def apply_qk(self, q: ArrayLike, k: ArrayLike, positions: ArrayLike | None = None, *,
-                 offset: float = 0, seq_axis: int = -2, inverse: bool = False,
-                 out_q: NDArray[np.floating[Any]] | None = None,
-                 out_k: NDArray[np.floating[Any]] | None = None
-                 ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
-        """Rotate queries and keys with one cos/sin computation.
-
-        `q` and `k` may have different head counts (grouped-query attention)
-        and dtypes; their positions (explicit, or along `seq_axis`) must agree.
-        Arguments as in `apply`; `out_q` may be `q` and `out_k` may be `k`.
-
-        Returns
-        -------
-        (q_rot, k_rot)
-        """
-        if self._pair_streams is not None and positions is not None:
-            return self._apply_streams((q, k), positions, offset, inverse, (out_q, out_k))
-        return self._fast.apply_qk(q, k, positions, offset=offset, seq_axis=seq_axis,
-                                   inverse=inverse, out_q=out_q, out_k=out_k)
 
     def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
                           k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
