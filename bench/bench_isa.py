@@ -14,7 +14,6 @@ of the per-round ratio of the last two variants (e.g. avx512 / avx2; below
 """
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -42,7 +41,7 @@ def _variant_tables():
     tables = {}
     for name in reversed(_dispatch.PREFERENCE):
         if name in _dispatch.BUILT and name in _dispatch.CPU_SUPPORTS and name != "baseline":
-            tables[name] = importlib.import_module(f"posenc_fast._isa_{name}").KERNELS
+            tables[name] = _dispatch.variant_module(name).KERNELS
     return tables
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m posenc_fast info | bench | plot | check``.
+"""Command line: ``python -m posenc_fast info | bench | plot | check | tune``.
 
 Each command lives in its own module (``_cli_<command>.py``) that provides
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": "time the standard workloads beside NumPy (and PyTorch when installed)",
     "plot": "write PNG figures of the encodings (needs matplotlib: pip install posenc-fast[plot])",
     "check": "test this installation against the pure-Python reference on random cases",
+    "tune": "time the kernel variants on this CPU and store the faster one for the next import",
 }
 
 

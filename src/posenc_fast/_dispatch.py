@@ -9,13 +9,16 @@ without them would kill the interpreter.  Every variant gives bitwise the
 same results; the wider ones are only faster, and AVX-512 not on every CPU
 that has it (`prefer_avx512`).  The environment variable ``POSENC_FAST_ISA``
 (``baseline``, ``avx2``, ``avx512``) forces a variant, if it was built and
-the CPU supports it.
+the CPU supports it; without it, the choice ``python -m posenc_fast tune``
+stored for this CPU (`tune_file`) wins over the table of `prefer_avx512`.
 """
 
 import importlib
 import importlib.util
+import json
 import os
 import warnings
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -23,6 +26,7 @@ import numpy as np
 from . import _core, _cpu
 
 ENV_VAR = "POSENC_FAST_ISA"
+TUNE_ENV_VAR = "POSENC_FAST_TUNE_FILE"
 # Widest first.
 PREFERENCE = ("avx512", "avx2", "baseline")
 
@@ -47,11 +51,19 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     0.81-0.96 (in place 0.95-0.96 with the aligned head), in cache 0.83-1.04,
     W3 0.69-0.88, apply_qk 0.83-0.91, add_alibi 0.65-0.92, tables 0.92-1.03,
     half rows 0.96-1.01.
+    On Intel Xeon family 6 model 0xCF (a 2-core KVM guest), avx512 / avx2:
+    W1 from memory 0.96-1.02, W3 0.96, W4/W5 tables 0.98-1.00, apply_qk
+    0.98, add_alibi 0.96, float16 W1 0.78-0.95, bfloat16 W1 0.57-0.77,
+    head_dim 100 0.98-0.99; issue 29 reports model 0xA7 faster with avx512 in
+    most rows (W1 out of place 1.97x -> 1.57x a copy).  Other Intel models
+    after Skylake-SP take what those two favour, and say they were not
+    measured.
     Zen 4 (family 0x19) runs 512-bit operations as two 256-bit halves, so
     the loops bound by the core gain little there; Intel Skylake-SP and
     Cascade Lake (family 6, model 0x55) lower the clock for 512-bit
-    floating-point work, also for the other cores' code; later Intel cores
-    were not measured.  Those stay on AVX2 until a measurement says otherwise.
+    floating-point work, also for the other cores' code.  Those stay on AVX2
+    until a measurement says otherwise (``python -m posenc_fast tune``
+    measures this machine).
     """
     if vendor == "AuthenticAMD" and family >= 0x1A:
         return True, "measured faster on AMD Zen 5 and later"
@@ -59,11 +71,60 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
         return False, "AMD Zen 4 runs 512-bit operations as two 256-bit halves"
     if vendor == "GenuineIntel" and family == 6 and model == 0x55:
         return False, "Intel Skylake-SP/Cascade Lake lower the clock for 512-bit work"
+    if vendor == "GenuineIntel" and family == 6 and model in (0xCF, 0xA7):
+        return True, f"measured faster on Intel family 6 model {model:#x}"
+    if vendor == "GenuineIntel" and family == 6 and model > 0x55:
+        return True, ("not measured on this model; measured faster on Intel models 0xcf and "
+                      "0xa7")
     return False, "not measured faster on this CPU"
 
 
+def tune_file() -> Path:
+    """Where ``python -m posenc_fast tune`` stores its choices: ``POSENC_FAST_TUNE_FILE``, else
+    ``$XDG_CACHE_HOME/posenc_fast/tune.json`` (``~/.cache`` without it)."""
+    if os.environ.get(TUNE_ENV_VAR):
+        return Path(os.environ[TUNE_ENV_VAR])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "posenc_fast" / "tune.json"
+
+
+def cpu_key(cpu: tuple[str, int, int]) -> str:
+    """The name a CPU's entry has in the tuning file (as ``build_info()["cpu"]``)."""
+    return "{} family {:#x} model {:#x}".format(*cpu)
+
+
+def tuned_variant(text: str | None, cpu: tuple[str, int, int]) -> str | None:
+    """The variant the tuning file's text records for `cpu`, or None (no file, no entry).
+
+    Raises ValueError for a file that is not the JSON ``tune`` writes.
+    """
+    if text is None:
+        return None
+    try:
+        entry = json.loads(text).get("cpus", {}).get(cpu_key(cpu))
+    except (ValueError, AttributeError) as error:
+        raise ValueError(f"not a posenc_fast tuning file: {error}") from None
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or entry.get("variant") not in PREFERENCE:
+        raise ValueError(f"its entry for {cpu_key(cpu)} names no variant of {PREFERENCE}")
+    return entry["variant"]
+
+
+def with_tuned_variant(text: str | None, cpu: tuple[str, int, int], variant: str,
+                       ratios: dict[str, float]) -> str:
+    """The tuning file's text with `cpu`'s entry set to `variant` (measured `ratios`)."""
+    try:
+        record = json.loads(text) if text else {}
+        cpus = dict(record.get("cpus", {}))
+    except (ValueError, AttributeError):
+        cpus = {}  # a file tune cannot read is replaced
+    cpus[cpu_key(cpu)] = {"variant": variant, "ratios": ratios}
+    return json.dumps({"version": 1, "cpus": cpus}, indent=1, sort_keys=True) + "\n"
+
+
 def choose(built: list[str], supported: list[str], requested: str,
-           cpu: tuple[str, int, int]) -> tuple[str, str]:
+           cpu: tuple[str, int, int], tuned: str | None = None) -> tuple[str, str]:
     """Return (variant, reason): the variant to load and why.
 
     Parameters
@@ -75,6 +136,9 @@ def choose(built: list[str], supported: list[str], requested: str,
         here warns and falls back to the automatic choice.
     cpu : (vendor, family, model)
         As ``_cpu.cpu_identity()`` returns them, for `prefer_avx512`.
+    tuned : str, optional
+        The variant ``python -m posenc_fast tune`` measured fastest on this
+        CPU (`tuned_variant`); it wins over `prefer_avx512` where usable.
     """
     usable = [name for name in PREFERENCE if name in built and name in supported]
     requested = requested.strip().lower()
@@ -83,6 +147,11 @@ def choose(built: list[str], supported: list[str], requested: str,
     if requested:
         warnings.warn(f"{ENV_VAR}={requested!r} is not available here (usable: {usable}); "
                       "choosing as if unset", RuntimeWarning, stacklevel=3)
+    if tuned in usable:
+        return tuned, f"{tuned}: measured fastest on this CPU by python -m posenc_fast tune"
+    if tuned:
+        warnings.warn(f"the tuning file names {tuned!r}, which is not usable here (usable: "
+                      f"{usable}); choosing as if it did not", RuntimeWarning, stacklevel=3)
     if "avx512" in usable:
         if "avx2" not in usable:
             return "avx512", "avx512: supported; avx2 not built"
@@ -97,12 +166,29 @@ def choose(built: list[str], supported: list[str], requested: str,
         for name in wider)
 
 
+def _read_tuned(cpu: tuple[str, int, int]) -> str | None:
+    try:
+        text = tune_file().read_text()
+    except OSError:
+        return None
+    try:
+        return tuned_variant(text, cpu)
+    except ValueError as error:
+        warnings.warn(f"{tune_file()} ignored: {error}", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def variant_module(name: str):
+    """The compiled module of a vector variant (import only one the CPU supports)."""
+    return importlib.import_module(f"posenc_fast._isa_{name}")
+
+
 BUILT = [name for name in PREFERENCE
          if name == "baseline" or importlib.util.find_spec(f"posenc_fast._isa_{name}")]
 CPU_SUPPORTS = _cpu.cpu_supports()
 ISA_IN_USE, ISA_REASON = choose(BUILT, CPU_SUPPORTS, os.environ.get(ENV_VAR, ""),
-                                _cpu.cpu_identity())
+                                _cpu.cpu_identity(), _read_tuned(_cpu.cpu_identity()))
 if ISA_IN_USE != "baseline":
-    _core.use_kernels(importlib.import_module(f"posenc_fast._isa_{ISA_IN_USE}").KERNELS)
+    _core.use_kernels(variant_module(ISA_IN_USE).KERNELS)
 _core.set_bfloat16_typenum(np.dtype(ml_dtypes.bfloat16).num)
 kernels = _core

@@ -16,8 +16,10 @@ def build_info() -> dict[str, Any]:
         ``version``; ``compiler``; ``isa_built`` (kernel variants compiled),
         ``isa_supported`` (variants this CPU can run), ``isa_in_use`` (the
         variant loaded, overridable with ``POSENC_FAST_ISA``), ``isa_reason``
-        (why that one, e.g. "avx512: supported, measured faster on AMD Zen 5
-        and later (...)"), ``cpu`` (vendor, family, model), ``simd`` (the
+        (why that one and which source decided: the environment variable,
+        ``python -m posenc_fast tune``'s file, or the table of measured CPUs,
+        e.g. "avx512: supported, measured faster on AMD Zen 5 and later";
+        a CPU in no row says "not measured"), ``cpu`` (vendor, family, model), ``simd`` (the
         widest SIMD level that variant was compiled for); ``thread_pool``
         (True where large calls can use worker threads: the pthread pool);
         ``num_threads``.
