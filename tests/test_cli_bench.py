@@ -155,3 +155,21 @@ def test_bad_compare_file_is_a_usage_error(tmp_path):
     proc = _bench("--compare", str(tmp_path / "absent.json"))
     assert proc.returncode == _cli_bench.EXIT_USAGE
     assert "--compare" in proc.stderr and "[1/" not in proc.stderr  # nothing measured
+
+
+def test_compare_refuses_a_file_of_another_cpu(saved, tmp_path):
+    # Ratios to the limit differ by CPU and variant: a file of another machine is refused
+    # (by bench itself too, before it measures), unless --any-cpu says to compare anyway.
+    here = {key: saved["build_info"][key] for key in ("cpu", "isa_in_use")}
+    path = tmp_path / "other_cpu.json"
+    path.write_text(json.dumps(dict(saved, build_info=dict(saved["build_info"],
+                                                           cpu="AuthenticAMD family 0x1a model 0x2"))))
+    with pytest.raises(ValueError, match="saved with cpu 'AuthenticAMD family 0x1a model 0x2'.*--any-cpu"):
+        _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"], here)
+    assert _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"])["rows"]
+    proc = _bench("--compare", str(path))
+    assert proc.returncode == _cli_bench.EXIT_USAGE and "--any-cpu" in proc.stderr
+    assert "[1/" not in proc.stderr
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(saved))
+    assert _cli_bench.load_ratios(str(same), saved["dtype"], saved["threads"], here) == saved

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare the ratios with those --save wrote; exit with status 3 "
                              "when one exceeds the saved ratio times --fail-above (or a saved "
                              "workload was not measured)")
+    parser.add_argument("--any-cpu", action="store_true",
+                        help="--compare: accept a file saved on another CPU model or kernel "
+                             "variant (ratios differ by CPU: W1 0.84x on one, 1.59x on another)")
     parser.add_argument("--fail-above", type=float, default=1.10, metavar="X",
                         help="--compare: the factor a ratio may grow by (default 1.10)")
 
@@ -181,8 +184,12 @@ def ratios_file(report: dict) -> dict:
             "rows": ratio_rows(report)}
 
 
-def load_ratios(path: str, dtype: str, threads: int) -> dict:
-    """Read a ``--save`` file for ``--compare``; ValueError says what is wrong with it."""
+def load_ratios(path: str, dtype: str, threads: int, machine: dict | None = None) -> dict:
+    """Read a ``--save`` file for ``--compare``; ValueError says what is wrong with it.
+
+    `machine` (``build_info()``'s ``cpu`` and ``isa_in_use``; None: any) must
+    be the one the file was saved on.
+    """
     try:
         with open(path) as fh:
             saved = json.load(fh)
@@ -195,6 +202,13 @@ def load_ratios(path: str, dtype: str, threads: int) -> dict:
         if saved.get(option) != want:
             raise ValueError(f"--compare {path} was saved with --{option} {saved.get(option)}, "
                              f"this run uses {want}: pass --{option} {saved.get(option)}")
+    for key, want in (machine or {}).items():
+        got = saved.get("build_info", {}).get(key) if isinstance(saved.get("build_info"), dict) \
+            else None
+        if got != want:
+            raise ValueError(f"--compare {path} was saved with {key} {got!r}, this machine has "
+                             f"{want!r}: ratios to the limit differ by CPU and kernel variant; "
+                             f"compare files of the same machine, or pass --any-cpu")
     return saved
 
 
@@ -256,7 +270,9 @@ def run(args: argparse.Namespace) -> int:
     saved = None
     if args.compare is not None:
         try:
-            saved = load_ratios(args.compare, args.dtype, threads)
+            here = build_info()
+            saved = load_ratios(args.compare, args.dtype, threads, None if args.any_cpu else
+                                {key: here[key] for key in ("cpu", "isa_in_use")})
         except ValueError as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return EXIT_USAGE
