@@ -222,18 +222,52 @@ def test_narrower_cache_computes_in_the_data_dtype():
         torch.testing.assert_close(g, e, **TOL[torch.float64])
 
 
-def test_gradients_flow_through_the_fallback(monkeypatch):
-    monkeypatch.setattr(hf, "apply_rotary_cos_sin", None)  # the kernels must not be reached
-    monkeypatch.setattr(hf, "kernels", None)
+def _grads(function, q, k, cos, sin):
+    q_leaf, k_leaf = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+    q_rot, k_rot = function(q_leaf, k_leaf, cos, sin)
+    (q_rot.square().sum() + k_rot.pow(3).sum()).backward()
+    return q_rot.detach(), k_rot.detach(), q_leaf.grad, k_leaf.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_gradients_through_the_kernel_equal_transformers(dtype, layout, kernel_calls):
+    # The backward is the kernel's rotation by (cos, -sin): the operations of the formula's
+    # backward (g*cos + the other half's g*sin), so bitwise in float32 and float64.
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), dtype, layout)
+    cos, sin = hf_cache(1, 5, 16, dtype)
+    ours, theirs = _grads(hf.apply_rotary_pos_emb, q, k, cos, sin), _grads(HF_APPLY, q, k, cos, sin)
+    assert len(kernel_calls) == 4  # q and k forward, q and k backward
+    for got, want in zip(ours, theirs):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_gradients_of_every_dtype_by_gradcheck_and_rounded_once():
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 5, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = hf_cache(1, 5, 8, torch.float64)
+    assert torch.autograd.gradcheck(lambda q, k: hf.apply_rotary_pos_emb(q, k, cos, sin), (q, k))
+    # bfloat16 as transformers runs it (the cache in the data's dtype): the kernel both ways
+    q16, k16, cos16, sin16 = (t.detach().bfloat16() for t in (q, k, cos, sin))
+    q_rot, k_rot, q_grad, k_grad = _grads(hf.apply_rotary_pos_emb, q16, k16, cos16, sin16)
+    with torch.no_grad():
+        assert torch.equal(q_rot, hf.apply_rotary_pos_emb(q16, k16, cos16, sin16)[0])
+    assert q_rot.dtype == q_grad.dtype == k_grad.dtype == torch.bfloat16
+    # d(sum(q_rot**2))/dq = R^T (2 q_rot): the exact transpose by the same cos/sin, rounded once
+    exact = HF_APPLY(2 * q_rot.double(), 2 * q_rot.double(), cos16.double(), -sin16.double())[0]
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    assert ((q_grad.double() - exact).abs() <= 0.5 * ulp * (1 + 1e-6) + 1e-6).all()
+
+
+def test_a_cache_needing_a_gradient_takes_the_formula_and_is_counted(kernel_calls):
     q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float64, "contiguous")
     cos, sin = hf_cache(1, 5, 16, torch.float64)
-    grads = []
-    for function in (hf.apply_rotary_pos_emb, HF_APPLY):
-        q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
-        q_rot, k_rot = function(q_leaf, k_leaf, cos, sin)
-        (q_rot.square().sum() + k_rot.pow(3).sum()).backward()
-        grads.append((q_leaf.grad, k_leaf.grad))
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    before = hf.FALLBACKS["cos/sin need a gradient"]
+    cos.requires_grad_()
+    q_rot, _ = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot.sum().backward()
+    assert kernel_calls == [] and cos.grad is not None
+    assert hf.FALLBACKS["cos/sin need a gradient"] == before + 1
 
 
 def test_requires_grad_without_autograd_takes_the_kernel(kernel_calls):

@@ -10,6 +10,7 @@ partial, interleaved, float32 and mRoPE variants:
 module imports neither until a call needs it.
 """
 
+import collections
 import importlib
 import inspect
 import sys
@@ -29,6 +30,10 @@ SUPPORTED_FAMILIES = tuple(sorted(set(ROTARY_FUNCTIONS) | set(INTERLEAVE_FUNCTIO
 ``apply_rotary_pos_emb_interleave``) `install` replaces."""
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
+
+FALLBACKS: collections.Counter = collections.Counter()
+"""Calls that needed a gradient and took transformers' formula, by reason (every other call
+with q/k needing a gradient runs the kernel, with its backward)."""
 
 # (module name, function name) -> the function `install` replaced there
 _originals: dict = {}
@@ -84,14 +89,17 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Notes
     -----
     torch tensors take the fast path when they are plain CPU float32,
-    float64, bfloat16 or float16 tensors needing no gradient and
-    ``cos``/``sin`` are not wider than the data (torch would then promote the
-    result).  bfloat16/float16 are computed in float32 and rounded once
+    float64, bfloat16 or float16 tensors and ``cos``/``sin`` are not wider
+    than the data (torch would then promote the result).  q and k may need a
+    gradient (training): the backward is the kernel's rotation of the
+    gradients by ``(cos, -sin)``, the transpose of the forward, as exact.
+    bfloat16/float16 are computed in float32 and rounded once
     (transformers' own formula rounds every operation to the half type, so
     the results differ in the last bit: ours are the closer ones).
-    Everything else (other devices, tensors that require grad while autograd
-    is on, tracing by ``torch.compile``) runs transformers' own formula in
-    torch, so training and GPUs keep working unchanged.  NumPy inputs follow
+    Everything else (other devices, cos/sin that need a gradient, tracing by
+    ``torch.compile``) runs transformers' own formula in torch, so GPUs keep
+    working unchanged; calls that fell back for a gradient are counted in
+    `FALLBACKS`.  NumPy inputs follow
     posenc_fast's rule: the result has q's (k's) dtype, computed in the wider
     of its and the cache's dtype (float32 for a half type).  The kernel's thread count is
     `posenc_fast.set_num_threads`, not torch's.
@@ -132,8 +140,60 @@ def _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim):
     if (_fits(function, q.shape, k.shape, cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[2]) and _cache_repeats(function, arrays[3]))):
         return None  # its formula is then no rotation of pairs
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _rotation(torch).apply(q, k, cos, sin, function, unsqueeze_dim)
     q_rot, k_rot = _apply_numpy(*arrays, unsqueeze_dim, function)
     return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
+
+
+def _rotate_arrays(torch, function, q, k, cos, sin, unsqueeze_dim):
+    arrays = [numpy_view(torch, t) for t in (q, k, cos, sin)]
+    q_rot, k_rot = _apply_numpy(*arrays, unsqueeze_dim, function)
+    return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
+
+
+_ROTATION = []
+
+
+def _rotation(torch):
+    """The kernel's rotation as a ``torch.autograd.Function`` (made once torch is imported).
+
+    Its backward is the transpose of the forward's rotation: the rotation of
+    the incoming gradients by ``(cos, -sin)`` (the function with `inverse`
+    flipped), the same kernel, float32 arithmetic and one rounding for half
+    types; a deinterleaving function's (MLA's) gradients are interleaved
+    back.  cos and sin get no gradient (calls whose cos/sin need one take
+    the module's own formula: `FALLBACKS`).
+    """
+    if _ROTATION:
+        return _ROTATION[0]
+
+    class Rotation(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, cos, sin, function, unsqueeze_dim):
+            ctx.save_for_backward(cos, sin)
+            ctx.function, ctx.unsqueeze_dim = function, unsqueeze_dim
+            return _rotate_arrays(torch, function, q, k, cos, sin, unsqueeze_dim)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad_q, grad_k):
+            cos, sin = ctx.saved_tensors
+            function = ctx.function
+            # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
+            # rotates back in halves, then interleaves.
+            transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
+                                          layout=function.kernel_layout)
+            grad_q, grad_k = _rotate_arrays(torch, transpose, grad_q, grad_k, cos, sin,
+                                            ctx.unsqueeze_dim)
+            if function.deinterleaves:
+                grad_q, grad_k = (torch.stack(g.chunk(2, -1), -1).flatten(-2)
+                                  for g in (grad_q, grad_k))
+            return (grad_q if ctx.needs_input_grad[0] else None,
+                    grad_k if ctx.needs_input_grad[1] else None, None, None, None, None)
+
+    _ROTATION.append(Rotation)
+    return Rotation
 
 
 def numpy_view(torch, t):
@@ -165,7 +225,9 @@ def _numpy_can_take(torch, function, tensors) -> bool:
             return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad
                                     or sin.requires_grad):
-        return False  # detaching would silently cut the graph
+        if cos.requires_grad or sin.requires_grad:  # Rotation carries q's and k's gradients only
+            FALLBACKS["cos/sin need a gradient"] += 1
+            return False
     cache = cos.dtype
     if sin.dtype != cache:
         return False
@@ -290,11 +352,12 @@ def install(model=None) -> Installation:
     ``forward`` looks the function up as a module global on every call, so
     models already built are affected too.  Results are those of the
     module's own function (bit for bit in float32/float64 on the CPU); other
-    dtypes, devices, training, ``torch.compile`` tracing and caches whose
+    dtypes, devices, ``torch.compile`` tracing and caches whose
     entries do not repeat as the function expects fall back to the module's
-    own function.  Run the model under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` (``generate`` does): otherwise q and k require
-    grad and every call takes the fallback.
+    own function.  With parameters that need a gradient (training, or a
+    forward outside ``torch.no_grad()``) the kernel runs too, with its exact
+    backward (see `apply_rotary_pos_emb`); what still falls back for a
+    gradient is counted in `FALLBACKS`.
 
     Parameters
     ----------
