@@ -30,6 +30,23 @@ def test_schema_declares_the_mutations(torch):
     assert schema.endswith("-> ()")
 
 
+def test_the_op_takes_vllms_eight_arguments(torch):
+    # rope_dim_offset and inverse (vLLM's 2026 op): the last rot_dim features rotate, and back.
+    from posenc_fast import vllm
+
+    schema = str(torch.ops.posenc_fast.rotary_embedding.default._schema)
+    assert schema.endswith("SymInt rope_dim_offset=0, bool inverse=False) -> ()")
+    positions, query, key, cache = case(torch)
+    q, k = query.clone(), key.clone()
+    torch.ops.posenc_fast.rotary_embedding(positions, query, key, 16, cache, True, 4, False)
+    vllm.rotary_embedding(positions.numpy(), q.numpy(), k.numpy(), 16, cache.numpy(), True,
+                          rope_dim_offset=4)
+    assert torch.equal(query, q) and torch.equal(key, k)
+    assert torch.equal(query.view(7, 4, 16)[..., :4], case(torch)[1].view(7, 4, 16)[..., :4])
+    torch.ops.posenc_fast.rotary_embedding(positions, query, key, 16, cache, True, 4, True)
+    torch.testing.assert_close(query, case(torch)[1], rtol=0, atol=1e-5)
+
+
 def case(torch, tokens=7, heads=4, kv_heads=2, head_size=16, rot_dim=12, seed=0):
     """positions, query, key and a [cos | sin] cache of 64 positions."""
     generator = torch.Generator().manual_seed(seed)

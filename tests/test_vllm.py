@@ -137,6 +137,69 @@ def native_formula(positions, x, head_size, cache, is_neox):
     return heads.reshape(x.shape)
 
 
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_q_and_k_rotated_where_a_server_holds_them(is_neox, dtype):
+    # vLLM's models pass slices of the fused qkv projection (token stride (heads + 2 *
+    # kv_heads) * head_size) and heads padded past head_size: rotated in that memory.
+    rng = np.random.default_rng(5)
+    tokens, heads, kv_heads, head_size = 7, 4, 2, 16
+    positions = rng.integers(0, 50, tokens)
+    cache = data(rng, (50, 12), dtype)
+    qkv = data(rng, (tokens, (heads + 2 * kv_heads) * head_size), dtype)
+    padded = data(rng, (tokens, heads, head_size + 8), dtype)
+    for query, key in ((qkv[:, :heads * head_size], qkv[:, heads * head_size:][:, :kv_heads * head_size]),
+                       (padded[..., :head_size], _strided(data(rng, (tokens, kv_heads * head_size), dtype)))):
+        memory = [a.base.copy() for a in (query, key)]
+        q_before, k_before = query.copy(), key.copy()
+        vllm.rotary_embedding(positions, query, key, head_size, cache, is_neox)
+        assert_matches_reference(query, q_before, positions, head_size, cache, is_neox)
+        assert_matches_reference(key, k_before, positions, head_size, cache, is_neox)
+        query[...], key[...] = q_before, k_before  # then nothing else of the buffers changed
+        for a, before in zip((query, key), memory):
+            assert np.array_equal(a.base, before)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rope_dim_offset_rotates_the_features_from_there_and_inverse_undoes_it(is_neox):
+    # DeepSeek-V4: the last rot_dim features of each head rotate; the rest pass through.
+    rng = np.random.default_rng(6)
+    positions = rng.integers(0, 30, 5)
+    angles = np.arange(30)[:, None] * 10000.0 ** (-np.arange(0, 8, 2) / 8)
+    cache = np.concatenate((np.cos(angles), np.sin(angles)), 1)
+    query, key = data(rng, (5, 3 * 16), np.float64), data(rng, (5, 16), np.float64)
+    q_before, k_before = query.copy(), key.copy()
+    vllm.rotary_embedding(positions, query, key, 16, cache, is_neox, rope_dim_offset=8)
+    for got, before in ((query, q_before), (key, k_before)):
+        got, before = got.reshape(5, -1, 16), before.reshape(5, -1, 16)
+        assert np.array_equal(got[..., :8], before[..., :8])
+        assert_matches_reference(got[..., 8:].copy(), before[..., 8:].copy(), positions, 8,
+                                 cache, is_neox)
+    vllm.rotary_embedding(positions, query, key, 16, cache, is_neox, 8, True)
+    np.testing.assert_allclose(query, q_before, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(key, k_before, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_a_float32_cache_for_half_data_rounds_once(dtype):
+    rng = np.random.default_rng(8)
+    positions = rng.integers(0, 4000, 6)
+    angles = np.arange(4000)[:, None] * 10000.0 ** (-np.arange(0, 16, 2) / 16)
+    cache = np.concatenate((np.cos(angles), np.sin(angles)), 1).astype(np.float32)
+    query = data(rng, (6, 2 * 16), dtype)
+    before = query.astype(np.float64)
+    vllm.rotary_embedding(positions, query, None, 16, cache, True)
+    exact, _ = reference(positions, before, 16, cache.astype(np.float64), True)
+    # float32 arithmetic from the float32 cache, one rounding: within half an ulp of the
+    # exact rotation by that cache, plus float32's own error
+    ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(exact), 1e-30))) -
+                  (7 if dtype == ml_dtypes.bfloat16 else 10))
+    assert (np.abs(query.astype(np.float64) - exact) <= 0.5 * ulp + 1e-6).all()
+    with pytest.raises(TypeError, match="query's dtype float16 or float32, got float64"):
+        vllm.rotary_embedding(positions, query.astype(np.float16), None, 16,
+                              cache.astype(np.float64), True)
+
+
 def test_features_past_rot_dim_and_other_tokens_untouched():
     rng = np.random.default_rng(3)
     positions, query, key, cache = make_case(rng, "(tokens, heads, head_size)", 6, 3, 1, 16, 6,
@@ -245,16 +308,20 @@ BAD_NUMPY = {
     "cache 3-D": (dict(cos_sin_cache=_f32(1, 6, 8)), ValueError, "cos_sin_cache must have shape"),
     "cache float64": (dict(cos_sin_cache=np.ones((6, 8))), TypeError, "cos_sin_cache must have"),
     "hidden not a multiple of head_size": (dict(head_size=6, cos_sin_cache=_f32(6, 6)),
-                                           ValueError, "heads of head_size"),
-    "split heads of another size": (dict(query=_f32(4, 4, 4)), ValueError, "heads of head_size"),
+                                           ValueError, "head_size = 6, got (4, 16)"),
+    "split heads of another size": (dict(query=_f32(4, 4, 4)), ValueError,
+                                    "head_size = 8, got (4, 4, 4)"),
+    "rope_dim_offset past the head": (dict(rope_dim_offset=2), ValueError,
+                                      "rot_dim <= head_size - rope_dim_offset = 6"),
+    "rope_dim_offset negative": (dict(rope_dim_offset=-1), ValueError,
+                                 "rope_dim_offset must be >= 0"),
+    "inverse a string": (dict(inverse="yes"), TypeError, "inverse must be a bool"),
+    "float32 cache for float64 data": (dict(query=np.ones((4, 16)), key=np.ones((4, 8))),
+                                       TypeError, "cos_sin_cache must have query's dtype float64,"),
     "key of another dtype": (dict(key=np.ones((4, 8))), TypeError, "key must have query's dtype"),
     "float8 query": (dict(query=np.ones((4, 16), ml_dtypes.float8_e4m3fn)), TypeError,
                      "float16, bfloat16, float32 or float64"),
     "query a list": (dict(query=[[0.0] * 16] * 4), TypeError, "query must be a numpy.ndarray"),
-    "query not contiguous": (dict(query=lambda c: _strided(c["query"])), ValueError,
-                             "query must be C-contiguous"),
-    "key not contiguous": (dict(key=lambda c: _strided(c["key"])), ValueError,
-                           "key must be C-contiguous"),
     "query read-only": (dict(query=lambda c: _read_only(c["query"])), ValueError,
                         "query must be writeable"),
     "query byte-swapped": (dict(query=lambda c: c["query"].astype(">f4")), ValueError,
@@ -289,7 +356,7 @@ def test_bad_torch_input_refused_with_nothing_written():
             for name, a in valid_call().items()}
     qkv = torch.zeros(4, 16 + 8 + 8)
     cases = [
-        (dict(query=qkv[:, :16]), ValueError, "query must be C-contiguous"),
+        (dict(query=qkv[:, :16].t()), ValueError, "query must have shape"),
         (dict(query=base["query"].clone().requires_grad_()), ValueError, "requires grad"),
         (dict(query=base["query"].to(torch.bfloat16)), TypeError, "key must have query's dtype"),
         (dict(query=base["query"].to(torch.int16)), TypeError, "float16, bfloat16, float32"),

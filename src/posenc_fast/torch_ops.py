@@ -3,7 +3,8 @@
 Importing this module registers, through `torch.library`:
 
 ``torch.ops.posenc_fast.rotary_embedding``
-    ``(positions, query, key, head_size, cos_sin_cache, is_neox) -> ()``:
+    ``(positions, query, key, head_size, cos_sin_cache, is_neox,
+    rope_dim_offset=0, inverse=False) -> ()`` (vLLM's op of 2026):
     `posenc_fast.vllm.rotary_embedding`, rotating `query` and `key` (or
     None) in place.
 
@@ -44,13 +45,16 @@ __all__ = ["apply_qk_to_cache", "rotary_embedding"]
 @torch.library.custom_op("posenc_fast::rotary_embedding", mutates_args=("query", "key"),
                          device_types="cpu")
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
-                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool,
+                     rope_dim_offset: int = 0, inverse: bool = False) -> None:
     """Rotate `query` and `key` in place (see `posenc_fast.vllm.rotary_embedding`)."""
-    vllm.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+    vllm.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
+                          rope_dim_offset, inverse)
 
 
 @rotary_embedding.register_fake
-def _(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+def _(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
+      inverse=False) -> None:
     return None  # only mutates its inputs: no result to describe
 
 

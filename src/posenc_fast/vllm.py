@@ -24,18 +24,24 @@ ArrayOrTensor = Any
 
 
 def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor | None,
-                     head_size: int, cos_sin_cache: ArrayOrTensor, is_neox: bool) -> None:
+                     head_size: int, cos_sin_cache: ArrayOrTensor, is_neox: bool,
+                     rope_dim_offset: int = 0, inverse: bool = False) -> None:
     """Rotate `query` and `key` in place, as vLLM's ``rotary_embedding`` op does.
+
+    The signature of vLLM's op of 2026 (its wrapper passes eight arguments;
+    the last two, DeepSeek-V4's, default to the six-argument op of 2025).
 
     Parameters
     ----------
     positions : torch.Tensor or ndarray of int, shape (num_tokens,) or (batch, seq)
         The position of each token: a row of `cos_sin_cache`.
-    query : torch.Tensor or ndarray, float16, bfloat16, float32 or float64, C-contiguous
+    query : torch.Tensor or ndarray, float16, bfloat16, float32 or float64
         ``positions.shape + (heads * head_size,)`` or ``positions.shape +
         (heads, head_size)``; e.g. ``(num_tokens, heads * head_size)``,
         ``(batch, seq, heads * head_size)`` or ``(num_tokens, heads,
-        head_size)``.  Rotated in place.
+        head_size)``.  Any strides whose last axis is contiguous (a slice of
+        a fused qkv projection, heads padded past head_size): rotated where
+        it lies.
     key : torch.Tensor or ndarray or None
         Like `query`, with its own head count and query's dtype; rotated in
         place.  None rotates `query` alone.
@@ -43,13 +49,22 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
         Features per head.
     cos_sin_cache : torch.Tensor or ndarray, shape (max_position, rot_dim)
         Row ``p`` is ``[cos | sin]`` of position ``p``, ``rot_dim/2`` entries
-        each; query's dtype.  ``rot_dim`` is even and at most `head_size`;
-        the features of each head past ``rot_dim`` pass through.
+        each; query's dtype, or float32 for float16/bfloat16 data (as
+        flashinfer and vLLM's DeepSeek-V4 keep it).  ``rot_dim`` is even and
+        ``rope_dim_offset + rot_dim <= head_size``; the other features of
+        each head pass through.
     is_neox : bool
         True: pair ``i`` is ``(x[i], x[i + rot_dim/2])`` (GPT-NeoX, Llama).
         False: pair ``i`` is ``(x[2i], x[2i+1])`` (GPT-J).  Each pair becomes
         ``(a*cos - b*sin, b*cos + a*sin)``, computed in query's dtype (float32
-        for float16/bfloat16, rounded once).
+        for float16/bfloat16, rounded once); indices counted from
+        `rope_dim_offset`.
+    rope_dim_offset : int, optional
+        The first rotated feature of each head (DeepSeek-V4 rotates the last
+        ``rot_dim``: ``head_size - rot_dim``).
+    inverse : bool, optional
+        Rotate by ``-theta`` (``(cos, -sin)``): undoes the rotation
+        (DeepSeek-V4's attention output).
 
     Raises
     ------
@@ -58,8 +73,8 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
         NumPy arrays, another dtype, a cache not of query's dtype).
     ValueError
         Shapes that do not fit, a position outside the cache, ``rot_dim``
-        odd or above `head_size`, `query`/`key` that cannot be rotated where
-        they lie (not C-contiguous, read-only, sharing memory, or torch
+        odd or past `head_size`, `query`/`key` that cannot be rotated where
+        they lie (a strided last axis, read-only, sharing memory, or torch
         tensors that need grad or are not on the CPU).
 
     Nothing is written when an error is raised.
@@ -80,6 +95,8 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     cos_sin_cache = np.asarray(cos_sin_cache)
     head_size = v.integer(head_size, "head_size", minimum=1)
     is_neox = v.flag(is_neox, "is_neox")
+    offset = v.integer(rope_dim_offset, "rope_dim_offset", minimum=0)
+    inverse = v.flag(inverse, "inverse")
     positions = _token_positions(positions)
     query = _heads_view(query, "query", positions.shape, head_size)
     if key is not None:
@@ -88,19 +105,22 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
             raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
         if v.overlaps(query, key):
             raise ValueError("query and key share memory; pass separate arrays")
-    cos, sin = _cos_sin(cos_sin_cache, query.dtype, head_size)
+    cos, sin = _cos_sin(cos_sin_cache, query.dtype, head_size - offset, offset)
     for x, name in ((query, "query"), (key, "key")):
         if x is not None and v.overlaps(x, cos_sin_cache):
             raise ValueError(f"{name} shares memory with cos_sin_cache")
+    if offset:  # the features from the offset on: rot_dim of them rotate, the rest pass
+        query = query[..., offset:]
+        key = None if key is None else key[..., offset:]
     # One table row per token, broadcast over the heads; apply_rotary_cos_sin
     # checks every position against the cache before it writes anything.
     index = positions.reshape(-1, 1)
     layout = "half" if is_neox else "interleaved"
     if key is None:
-        apply_rotary_cos_sin(query, cos, sin, index, layout=layout, out=query)
+        apply_rotary_cos_sin(query, cos, sin, index, layout=layout, inverse=inverse, out=query)
     else:
-        apply_rotary_cos_sin_qk(query, key, cos, sin, index, layout=layout, out_q=query,
-                                out_k=key)
+        apply_rotary_cos_sin_qk(query, key, cos, sin, index, layout=layout, inverse=inverse,
+                                out_q=query, out_k=key)
 
 
 def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
@@ -156,40 +176,34 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
 
 
 def _heads_view(x: np.ndarray, name: str, lead: tuple, head_size: int) -> np.ndarray:
-    """`x` as a (num_tokens, heads, head_size) view of its own memory."""
+    """`x`, rotated in place, as a (num_tokens, heads, head_size) view of its own memory."""
     if not x.dtype.isnative:  # float_array would convert it: a copy, rotated and lost
         raise ValueError(f"{name} must be in native byte order to be rotated in place")
-    x = v.float_array(x, name)
-    rest = x.shape[len(lead):]
-    if x.shape[:len(lead)] != lead or len(rest) not in (1, 2):
-        raise ValueError(f"{name} must have shape positions.shape + (heads * head_size,) or "
-                         f"positions.shape + (heads, head_size), with positions.shape = "
-                         f"{lead}, got {x.shape}")
-    if rest[-1] % head_size or (len(rest) == 2 and rest[-1] != head_size):
-        raise ValueError(f"{name} of shape {x.shape} does not split into heads of "
-                         f"head_size = {head_size}")
-    if not x.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous to be rotated in place (a slice of a "
-                         f"fused qkv projection is not); got strides {x.strides}")
+    x = _token_heads(x, name, lead, head_size)
     if not x.flags.writeable:
         raise ValueError(f"{name} must be writeable")
-    heads = rest[0] if len(rest) == 2 else rest[0] // head_size
-    return x.reshape(math.prod(lead), heads, head_size)
+    return x
 
 
-def _cos_sin(cache: np.ndarray, dtype: np.dtype, head_size: int) -> tuple:
-    """The cos and sin halves of a (max_position, rot_dim) cache, as views."""
+def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
+             float32_for_half: bool = True) -> tuple:
+    """The cos and sin halves of a (max_position, rot_dim) cache, as views; `width`: the
+    features of a head from `offset` on; a float32 cache for half data where allowed."""
     cache = v.float_array(cache, "cos_sin_cache")
     if cache.ndim != 2:
         raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), "
                          f"got {cache.shape}")
     rot_dim = cache.shape[1]
-    if rot_dim % 2 or not 2 <= rot_dim <= head_size:
+    if rot_dim % 2 or not 2 <= rot_dim <= width:
+        where = f"head_size = {width}" if not offset else (
+            f"head_size - rope_dim_offset = {width} (rope_dim_offset = {offset})")
         raise ValueError(f"cos_sin_cache.shape[1] is rot_dim, which must be even with 2 <= "
-                         f"rot_dim <= head_size = {head_size}, got {rot_dim}")
-    if cache.dtype != dtype:
-        raise TypeError(f"cos_sin_cache must have query's dtype {dtype}, got {cache.dtype}; "
-                        f"convert it once, as vLLM's RotaryEmbedding does")
+                         f"rot_dim <= {where}, got {rot_dim}")
+    half = dtype.itemsize == 2 and float32_for_half
+    if cache.dtype != dtype and not (half and cache.dtype == np.float32):
+        allowed = f"query's dtype {dtype}" + (" or float32" if half else "")
+        raise TypeError(f"cos_sin_cache must have {allowed}, got {cache.dtype}; convert it "
+                        f"once, as vLLM's RotaryEmbedding does")
     return cache[:, :rot_dim // 2], cache[:, rot_dim // 2:]
 
 
@@ -207,7 +221,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     Parameters
     ----------
     positions, query, head_size, cos_sin_cache, is_neox
-        As in `rotary_embedding` (query C-contiguous or not: rotated where it lies).
+        As in `rotary_embedding` (the cache in query's dtype).
     key, value : torch.Tensor or ndarray
         ``positions.shape + (kv_heads * head_size,)`` or ``positions.shape +
         (kv_heads, head_size)``, query's dtype; any strides (e.g. slices of
@@ -240,7 +254,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     query = _token_heads(query, "query", positions.shape, head_size)
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
-    cos, sin = _cos_sin(cache, query.dtype, head_size)
+    cos, sin = _cos_sin(cache, query.dtype, head_size, float32_for_half=False)
     tokens = positions.reshape(-1)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cache.shape[0]):
         raise ValueError(f"positions must lie in [0, {cache.shape[0]}) (rows of cos_sin_cache), "
