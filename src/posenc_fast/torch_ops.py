@@ -8,6 +8,11 @@ Importing this module registers, through `torch.library`:
     `posenc_fast.vllm.rotary_embedding`, rotating `query` and `key` (or
     None) in place.
 
+``torch.ops.posenc_fast.apply_rotary``
+    ``(positions, x, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
+    inverse=False) -> Tensor``: the same rotation into a new tensor, with a
+    gradient (its backward the op with `inverse` flipped): for training.
+
 ``torch.ops.posenc_fast.apply_qk_to_cache``
     ``(positions, query, key, value, key_cache, value_cache, slot_mapping,
     head_size, cos_sin_cache, is_neox) -> ()``:
@@ -39,7 +44,7 @@ except ImportError:
 
 from . import vllm
 
-__all__ = ["apply_qk_to_cache", "rotary_embedding"]
+__all__ = ["apply_qk_to_cache", "apply_rotary", "rotary_embedding"]
 
 
 @torch.library.custom_op("posenc_fast::rotary_embedding", mutates_args=("query", "key"),
@@ -56,6 +61,43 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 def _(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
       inverse=False) -> None:
     return None  # only mutates its inputs: no result to describe
+
+
+@torch.library.custom_op("posenc_fast::apply_rotary", mutates_args=(), device_types="cpu")
+def apply_rotary(positions: torch.Tensor, x: torch.Tensor, head_size: int,
+                 cos_sin_cache: torch.Tensor, is_neox: bool, rope_dim_offset: int = 0,
+                 inverse: bool = False) -> torch.Tensor:
+    """`x` rotated as `posenc_fast.vllm.rotary_embedding` rotates a query, into a new tensor.
+
+    The functional op, with a gradient: its backward is the same op with
+    `inverse` flipped (the rotation's transpose), so it trains, also under
+    ``torch.compile``.  `cos_sin_cache` gets no gradient.
+    """
+    out = x.detach().clone(memory_format=torch.contiguous_format)
+    vllm.rotary_embedding(positions, out, None, head_size, cos_sin_cache, is_neox,
+                          rope_dim_offset, inverse)
+    return out
+
+
+@apply_rotary.register_fake
+def _(positions, x, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _apply_rotary_context(ctx, inputs, output):
+    positions, _, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse = inputs
+    ctx.save_for_backward(positions, cos_sin_cache)
+    ctx.arguments = (head_size, is_neox, rope_dim_offset, inverse)
+
+
+def _apply_rotary_backward(ctx, grad):
+    positions, cos_sin_cache = ctx.saved_tensors
+    head_size, is_neox, rope_dim_offset, inverse = ctx.arguments
+    return (None, apply_rotary(positions, grad, head_size, cos_sin_cache, is_neox,
+                               rope_dim_offset, not inverse), None, None, None, None, None)
+
+
+apply_rotary.register_autograd(_apply_rotary_backward, setup_context=_apply_rotary_context)
 
 
 @torch.library.custom_op("posenc_fast::apply_qk_to_cache",
