@@ -208,3 +208,20 @@ def test_a_worker_on_its_callers_cpu_leaves_the_call_to_it(one_cpu):
     while _core.pool_counts()["stood_down"] == before["stood_down"]:
         assert time.monotonic() < deadline, "no worker ever ran"
         time.sleep(0.01)
+
+
+@pytest.mark.skipif(not _core.thread_pool_enabled(), reason="built without the thread pool")
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: a pool without workers")
+def test_set_num_threads_limits_what_the_kernels_ask_for():
+    # One thread: a large call never goes to the pool; two: the same call does.
+    x = np.ones((1, 8, 1024, 128), np.float32)
+    rope = pf.RotaryEmbedding(128)
+    before = pf.get_num_threads()
+    try:
+        for threads, asks in ((1, False), (2, True)):
+            pf.set_num_threads(threads)
+            calls = _core.pool_counts()["calls"]
+            rope.apply(x, out=x)
+            assert (_core.pool_counts()["calls"] > calls) == asks, threads
+    finally:
+        pf.set_num_threads(before)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import untouched
+from helpers import general_path_only, untouched
 from posenc_fast import vllm
 
 # (positions.ndim, query split into (heads, head_size))
@@ -210,6 +210,21 @@ def test_features_past_rot_dim_and_other_tokens_untouched():
     assert not np.array_equal(before[..., :6], query[..., :6])
 
 
+class RecordingKernels:
+    """The kernels module, recording what rotate_tokens_fast was given and answered."""
+
+    def __init__(self, kernels, seen):
+        self._kernels, self._seen = kernels, seen
+
+    def __getattr__(self, name):
+        return getattr(self._kernels, name)
+
+    def rotate_tokens_fast(self, xs, cache, *args):
+        self._seen.update(xs=xs, cache=cache)
+        self._seen["fast"] = self._kernels.rotate_tokens_fast(xs, cache, *args)
+        return self._seen["fast"]
+
+
 def test_arrays_reach_the_kernel_without_copies(monkeypatch):
     torch = pytest.importorskip("torch")
     seen = {}
@@ -222,7 +237,14 @@ def test_arrays_reach_the_kernel_without_copies(monkeypatch):
     monkeypatch.setattr(vllm, "apply_rotary_cos_sin_qk", recording)
     query, key = torch.randn(5, 4 * 8), torch.randn(5, 2 * 8)
     cache = torch.randn(10, 8)
+    monkeypatch.setattr(vllm, "kernels", RecordingKernels(vllm.kernels, seen))
     vllm.rotary_embedding(torch.arange(5), query, key, 8, cache, False)
+    assert seen.pop("fast") is True and "q" not in seen  # the compiled path took it
+    xs, table = seen.pop("xs"), seen.pop("cache")
+    assert np.shares_memory(xs[0], query.numpy()) and np.shares_memory(xs[1], key.numpy())
+    assert np.shares_memory(table, cache.numpy())
+    with general_path_only():
+        vllm.rotary_embedding(torch.arange(5), query, key, 8, cache, False)
     assert seen["out_q"] is seen["q"] and seen["out_k"] is seen["k"]
     assert np.shares_memory(seen["q"], query.numpy()) and seen["q"].shape == (5, 4, 8)
     assert np.shares_memory(seen["k"], key.numpy()) and seen["k"].shape == (5, 2, 8)
@@ -396,3 +418,35 @@ def test_torch_half_tensors_rotate_in_place_as_their_numpy_views(dtype):
         got = tensors[name].view(torch.int16).numpy()
         assert np.array_equal(got, arrays[name].view(np.int16))
 
+
+
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["contiguous", "fused qkv", "padded"]),
+       dtype=st.sampled_from(["float32", "float64", "bfloat16", "float16"]),
+       offset=st.sampled_from([0, 4]), inverse=st.booleans(), is_neox=st.booleans(),
+       with_key=st.booleans(), float32_cache=st.booleans())
+def test_the_compiled_path_equals_the_general_path_bitwise(seed, layout, dtype, offset, inverse,
+                                                           is_neox, with_key, float32_cache):
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    rng = np.random.default_rng(seed)
+    tokens, heads, kv_heads, head_size = int(rng.integers(0, 6)), 3, 2, 16
+    positions = rng.integers(0, 40, tokens)
+    cache_dtype = np.float32 if float32_cache and dtype.itemsize == 2 else dtype
+    cache = data(rng, (40, 2 * int(rng.integers(1, (head_size - offset) // 2 + 1))), cache_dtype)
+    if layout == "fused qkv":
+        qkv = data(rng, (tokens, (heads + 2 * kv_heads) * head_size), dtype)
+        query, key = qkv[:, :heads * head_size], qkv[:, heads * head_size:(heads + kv_heads) * head_size]
+    elif layout == "padded":
+        query = data(rng, (tokens, heads, head_size + 4), dtype)[..., :head_size]
+        key = data(rng, (tokens, kv_heads, head_size + 2), dtype)[..., :head_size]
+    else:
+        query, key = data(rng, (tokens, heads * head_size), dtype), data(rng, (tokens, kv_heads * head_size), dtype)
+    key = key if with_key else None
+    args = (head_size, cache, is_neox, offset, inverse)
+    general = [None if a is None else a.copy() for a in (query, key)]
+    with general_path_only():
+        vllm.rotary_embedding(positions, general[0], general[1], *args)
+    took = vllm.kernels.rotate_tokens_fast((query,) if key is None else (query, key), cache,
+                                           positions, head_size, offset, is_neox, inverse)
+    assert took or tokens == 0  # no token: either path does nothing
+    for got, want in zip((query, key), general):
+        assert want is None or got.tobytes() == want.tobytes()

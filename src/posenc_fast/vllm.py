@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as v
+from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
 from .hf import numpy_view
 
@@ -92,6 +93,11 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     positions, query, key, cos_sin_cache = _as_arrays(
         ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
         written=("query", "key"))
+    if (type(head_size) is int and type(rope_dim_offset) is int and type(is_neox) is bool
+            and type(inverse) is bool and kernels.rotate_tokens_fast(
+                (query,) if key is None else (query, key), cos_sin_cache, positions, head_size,
+                rope_dim_offset, is_neox, inverse)):
+        return  # the common call: checked and rotated in C
     cos_sin_cache = np.asarray(cos_sin_cache)
     head_size = v.integer(head_size, "head_size", minimum=1)
     is_neox = v.flag(is_neox, "is_neox")
