@@ -446,3 +446,15 @@ def test_left_padded_batch_generation_unchanged(kernel_calls):
     assert torch.equal(got.sequences, expected.sequences)
     for step_got, step_expected in zip(got.logits, expected.logits, strict=True):
         torch.testing.assert_close(step_got, step_expected, rtol=0, atol=1e-5)
+
+
+def test_a_cache_changed_in_place_is_checked_again(kernel_calls):
+    # The check that cos/sin repeat is remembered for the last tensors, until they change.
+    q, k = qk((1, 4, 5, 16), (1, 2, 5, 16), torch.float32, "contiguous")
+    cos, sin = hf_cache(1, 5, 16)
+    hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert len(kernel_calls) == 2
+    cos[..., -1] += 0.5  # its halves now differ: transformers' formula, which rotates no pairs
+    got = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert len(kernel_calls) == 2
+    torch.testing.assert_close(got[0], HF_APPLY(q, k, cos, sin)[0], rtol=0, atol=0)

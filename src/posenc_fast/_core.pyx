@@ -20,7 +20,7 @@ cimport cython
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.stdint cimport int64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 from posenc_fast._kernel_table cimport *
 

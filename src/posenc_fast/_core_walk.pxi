@@ -236,3 +236,31 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
         _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j],
                   layout == "half", inverse)
     return tuple(results)
+
+
+def entries_repeat(cache, bint pairs):
+    """Whether a C-contiguous cache's rows repeat bit for bit: entry 2i equals 2i + 1
+    (`pairs`) or the first half equals the second (else); None for any other array."""
+    cdef cnp.ndarray a
+    cdef Py_ssize_t width, rows, r, i, itemsize
+    cdef const char* row
+    if not cnp.PyArray_CheckExact(cache):
+        return None
+    a = <cnp.ndarray>cache
+    if cnp.PyArray_NDIM(a) < 1 or not cnp.PyArray_ISCARRAY_RO(a):
+        return None
+    width = cnp.PyArray_DIMS(a)[cnp.PyArray_NDIM(a) - 1]
+    if width % 2:
+        return None
+    itemsize = cnp.PyArray_ITEMSIZE(a)
+    rows = cnp.PyArray_SIZE(a) // width if width else 0
+    row = _data(a)
+    for r in range(rows):
+        if pairs:
+            for i in range(0, width, 2):
+                if memcmp(row + i * itemsize, row + (i + 1) * itemsize, itemsize):
+                    return False
+        elif memcmp(row, row + width // 2 * itemsize, width // 2 * itemsize):
+            return False
+        row += width * itemsize
+    return True
