@@ -1,4 +1,4 @@
-"""Print the goal table of issues 6 and 19: each goal's time / limit time, measured here, met or not.
+"""Print the goal table of issues 6, 19 and 29: each goal's time / limit time, measured here, met or not.
 
     python3 bench/report.py [--rounds N] [--quick] [--small] [--hog] [--contention] [--json]
 
@@ -6,7 +6,9 @@ The workloads are those of ``posenc_fast._bench.cases`` (also timed by the
 pytest-benchmark suite and ``python -m posenc_fast bench``); `GOALS` lists
 the rows, by regime: memory-bound (the workloads' own shapes, 64 MiB and
 more), in cache (W1 and apply_qk at 4 MiB ``(1,32,256,128)`` and 512 KiB
-``(1,32,32,128)`` float32), decode, tables, scores.  For every goal
+``(1,32,32,128)`` float32), decode, tables, scores, half types (bfloat16
+and float16 W1) and head sizes (W1 float32 at head_dim 64 to 256, 64 MiB
+each).  For every goal
 posenc_fast and its limit (the cheapest NumPy call that moves the same
 bytes) are timed in the same process, interleaved (ours, limit, limit,
 ours, ...), after a warm-up and a check against the float64 reference; the
@@ -81,6 +83,13 @@ GOALS = [
     Goal("scores", "alibi", "float32"),
     Goal("scores", "alibi", "float32", (32, 256, 256), 1.5),
     Goal("scores", "position_table", "float32"),
+    # issue 29: the half types, and head sizes of the model zoo (64 MiB of float32 each)
+    Goal("half types", "w1_oop", "bfloat16"),
+    Goal("half types", "w1_inplace", "bfloat16"),
+    Goal("half types", "w1_oop", "float16"),
+    Goal("half types", "w1_inplace", "float16"),
+    *(Goal("head sizes", key, "float32", (1, 32, (1 << 19) // dim, dim))
+      for dim in (64, 80, 96, 100, 160, 192, 256) for key in ("w1_oop", "w1_inplace")),
 ]
 THREADS_GOAL = ("W1 out-of-place with {n} threads", 1.6, 1.15)
 MAX_ULPS = 1.0                      # the tables' exactness goal (float32 ulps)
@@ -202,7 +211,7 @@ def _header(report, title, settings):
 
 
 def print_goal_table(report):
-    _header(report, "goal table (issues 6, 19)",
+    _header(report, "goal table (issues 6, 19, 29)",
             f"{report['rounds']} interleaved rounds; measured = median over rounds of "
             f"time/limit (quartiles); 1 thread unless stated"
             f"{'; SMALL shapes' if report['small'] else ''}")

@@ -169,6 +169,8 @@ class Case:
         self.key, self.title, self.goal = workload.key, workload.title, workload.goal
         self.goal_text = f"<= {workload.goal:g}x"
         self.limit_label = workload.limit_label
+        if workload.limit == "multiply" and dtype.itemsize == 2:
+            self.limit_label = "np.copyto of x (NumPy has no vector loops for half types)"
         written = sum(out.nbytes for out in parts.outputs)
         self.bytes_moved = written if workload.limit in ("fill", "alloc_fill") else 2 * written
         self._impls: dict[str, Impl] = {}
@@ -224,6 +226,13 @@ class Case:
                     for out, source in pairs:
                         np.copyto(out, source)
             expected = self.parts.sources
+        elif limit == "multiply" and self.dtype.itemsize == 2:
+            (out,) = outputs  # the same bytes read and written elsewhere
+            other = np.empty_like(out)
+
+            def run():
+                return np.copyto(other, out)
+            expected = self.parts.initial
         elif limit == "multiply":
             (out,) = outputs  # in place: one array
 
@@ -349,19 +358,19 @@ def _rope_rows(xs, positions, inv_freq):
     return reference, scale, angle
 
 
-def _rope_inv_freq():
-    return np.array(ref.rope_inv_freq(ROPE_DIM, BASE))
+def _rope_inv_freq(dim=ROPE_DIM):
+    return np.array(ref.rope_inv_freq(dim, BASE))
 
 
 def _rope(dtype, shape, *, positions=None, offset=0, in_place=False) -> Parts:
-    """W1/W2/W3: rotate x of `shape` ("half" layout, dim 128).
+    """W1/W2/W3: rotate x of `shape` ("half" layout, head_dim shape[-1]: 128 in the workloads).
 
     positions: None (arange along seq, plus offset) or an integer array.
     """
     import posenc_fast as pf
 
-    rope = pf.RotaryEmbedding(ROPE_DIM, base=BASE, layout="half")
-    inv_freq = _rope_inv_freq()
+    rope = pf.RotaryEmbedding(shape[-1], base=BASE, layout="half")
+    inv_freq = _rope_inv_freq(shape[-1])
     x0 = _random(shape, dtype)
     # float64 positions as they broadcast against x.shape[:-1]: (seq,) matches axis -2
     if positions is None:

@@ -1,0 +1,141 @@
+"""Deliberate bugs, one a line: each must make the tests it names fail (run.py applies them).
+
+Each mutant is (name, layer of docs/architecture.md, file under the
+repository root, the text replaced (exactly once in that file), its
+replacement, the tests that must notice).  A mutant of a compiled source
+(``.pyx``/``.pxi``/``.h``/``.tp``) is built before its tests run; ``isa``
+names the variant whose kernels it changes (the tests then run that one).
+"""
+
+from typing import NamedTuple
+
+
+class Mutant(NamedTuple):
+    name: str
+    layer: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    isa: str = "baseline"
+
+
+PKG = "src/posenc_fast/"
+KERNELS = PKG + "csrc/posenc_kernels.h.tp"
+
+MUTANTS = [
+    # row kernels
+    Mutant("rotation step sign (half layout, out of place)", "row kernels", KERNELS,
+           "            oa[i] = {{st}}(a * ci - b * si);", "            oa[i] = {{st}}(a * ci + b * si);",
+           ("tests/test_rotary.py",)),
+    Mutant("rotation step sign (half layout, in place)", "row kernels", KERNELS,
+           "            xb[i] = {{st}}(b * ci + a * si);", "            xb[i] = {{st}}(b * ci - a * si);",
+           ("tests/test_rotary.py",)),
+    Mutant("interleaved pairs written swapped", "row kernels", KERNELS,
+           "            out[2 * (i0 + i)] = ra[i];\n            out[2 * (i0 + i) + 1] = rb[i];",
+           "            out[2 * (i0 + i)] = rb[i];\n            out[2 * (i0 + i) + 1] = ra[i];",
+           ("tests/test_rotary.py",)),
+    Mutant("streamed run loses its last 16 bytes", "row kernels", KERNELS,
+           "    for (Py_ssize_t i = 0; i < nbytes; i += 16)",
+           "    for (Py_ssize_t i = 0; i + 16 < nbytes; i += 16)",
+           ("tests/test_sizes.py", "-k", "streamed"), isa="avx2"),
+    Mutant("bfloat16 rounding truncates", "row kernels", PKG + "csrc/posenc_half.h",
+           "    return (posenc_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+           "    return (posenc_bf16)(u >> 16);", ("tests/test_half.py",)),
+    Mutant("round-to-odd never sets the sticky bit", "row kernels", PKG + "csrc/posenc_half.h",
+           "        u |= 1;\n", "", ("tests/test_half.py",)),
+    # compiled layer
+    Mutant("block walk one row short", "compiled layer", PKG + "_core_rotary.pxi",
+           "    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first), o, r",
+           "    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first - 1), o, r",
+           ("tests/test_rotary.py", "tests/test_fast_path_rules.py")),
+    Mutant("KV cache value slot written from k", "compiled layer", PKG + "_core_cache.pxi",
+           "        memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, v + t * w.kv_heads * w.row_bytes,",
+           "        memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, k + t * w.kv_heads * w.row_bytes,",
+           ("tests/test_kv_cache.py",)),
+    Mutant("fast path out overlap check removed", "compiled layer", PKG + "_core_rotary.pxi",
+           "    if arr is not x and not _disjoint(arr, x):",
+           "    if False and arr is not x and not _disjoint(arr, x):",
+           ("tests/test_fast_path_rules.py",)),
+    Mutant("fast-path switch ignored by the cos/sin walk", "compiled layer", PKG + "_core_walk.pxi",
+           "    if (not _fast_paths_on or n > 2", "    if (n > 2", ("tests/test_fast_path_rules.py",)),
+    Mutant("attention factor left out of the cos/sin cache", "compiled layer", PKG + "_core_rotary.pxi",
+           "                     self.factor, table[rows:, 0], table[rows:, 1], work, threads)",
+           "                     1.0, table[rows:, 0], table[rows:, 1], work, threads)",
+           ("tests/test_rotary.py", "tests/test_frequencies.py")),
+    Mutant("vLLM fast path takes a cache of another dtype", "compiled layer", PKG + "_core_tokens.pxi",
+           "        if (cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(c)\n",
+           "        if (False\n", ("tests/test_vllm.py",)),
+    Mutant("vLLM fast path sees no overlap between q and k", "compiled layer", PKG + "_core_tokens.pxi",
+           "    if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):",
+           "    if False and not _rows_disjoint(&rows[0], &rows[1], tokens):", ("tests/test_vllm.py",)),
+    # thread pool
+    Mutant("a worker runs an item twice", "thread pool", PKG + "csrc/posenc_pool.h",
+           "        posenc_pool.fn(posenc_pool.ctx, (Py_ssize_t)(posenc_pool.n - left), (int)slot);",
+           "        posenc_pool.fn(posenc_pool.ctx, (Py_ssize_t)(posenc_pool.n - left), (int)slot);\n"
+           "        posenc_pool.fn(posenc_pool.ctx, (Py_ssize_t)(posenc_pool.n - left), (int)slot);",
+           ("tests/test_thread_pool.py",)),
+    # validation
+    Mutant("overlap check removed", "validation", PKG + "_validate.py",
+           "    return np.may_share_memory(a, b) and np.shares_memory(a, b)", "    return False",
+           ("tests/test_fast_path_rules.py", "tests/test_rotary.py")),
+    # public API
+    Mutant("sinusoidal layout switch inverted", "public API", PKG + "absolute.py",
+           "    kernels.sinusoidal_rows(positions, freqs, target, split,",
+           "    kernels.sinusoidal_rows(positions, freqs, target, not split,",
+           ("tests/test_sinusoidal.py",)),
+    Mutant("ALiBi slopes of the first power of two off by one", "public API", PKG + "relative.py",
+           "        result[h] = 2.0 ** (-8 * (h + 1) / closest)", "        result[h] = 2.0 ** (-8 * h / closest)",
+           ("tests/test_relative.py",)),
+    # scalings
+    Mutant("linear scaling multiplies", "model rules, scalings", PKG + "_frequencies.py",
+           '        inv_freq = _default_inv_freq(base, rotary_dim) / p["factor"]\n    elif rope_type == "proportional":',
+           '        inv_freq = _default_inv_freq(base, rotary_dim) * p["factor"]\n    elif rope_type == "proportional":',
+           ("tests/test_frequencies.py",)),
+    Mutant("mRoPE sections assigned in reverse", "model rules, scalings", PKG + "_streams.py",
+           "    return np.repeat(np.arange(len(section)), section)",
+           "    return np.repeat(np.arange(len(section))[::-1], section[::-1])", ("tests/test_streams.py",)),
+    # model rules
+    Mutant("a model rule's layout flipped (Cohere)", "model rules, scalings", PKG + "_hf_models.py",
+           '    "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),',
+           '    "cohere": ModelRule("cohere/modeling_cohere.py"),',
+           ("tests/test_hf_models.py", "-k", "cohere")),
+    # plan
+    Mutant("row table ignores broadcasting", "plan", PKG + "_rows.py",
+           "    broadcast = np.broadcast_to(index.astype(np.intp, copy=False), rows_shape)",
+           "    broadcast = np.resize(index.astype(np.intp, copy=False), rows_shape)",
+           ("tests/test_rotary_cos_sin.py",)),
+    Mutant("thread limit never applied", "plan", PKG + "_threads.py",
+           "    kernels.set_thread_limit(min(n, MAX_KERNEL_THREADS), MIN_ELEMENTS_PER_THREAD)",
+           "    kernels.set_thread_limit(MAX_KERNEL_THREADS, MIN_ELEMENTS_PER_THREAD)",
+           ("tests/test_build.py", "tests/test_thread_pool.py")),
+    # KV cache
+    Mutant("slot -1 accepted below", "KV cache", PKG + "_kv_cache.py",
+           "    if ntokens and (int(slots.min()) < -1 or", "    if ntokens and (int(slots.min()) < -2 or",
+           ("tests/test_kv_cache.py",)),
+    # integrations
+    Mutant("vLLM op's neox flag inverted", "integrations", PKG + "vllm.py",
+           '    layout = "half" if is_neox else "interleaved"\n    if key is None:',
+           '    layout = "interleaved" if is_neox else "half"\n    if key is None:', ("tests/test_vllm.py",)),
+    Mutant("the backward rotates forward again", "integrations", PKG + "hf.py",
+           "            transpose = function._replace(inverse=not function.inverse, deinterleaves=False,",
+           "            transpose = function._replace(inverse=function.inverse, deinterleaves=False,",
+           ("tests/test_hf.py", "-k", "gradient")),
+    Mutant("vLLM op's rope_dim_offset ignored", "integrations", PKG + "vllm.py",
+           "    if offset:  # the features from the offset on", "    if False:  # the features from the offset on",
+           ("tests/test_vllm.py",)),
+    # dispatch
+    Mutant("the tuned variant ignored", "dispatch", PKG + "_dispatch.py",
+           "    if tuned in usable:\n", "    if False:\n", ("tests/test_tune.py",)),
+    Mutant("AVX-512 chosen on Zen 4", "dispatch", PKG + "_dispatch.py",
+           '        return False, "AMD Zen 4 runs 512-bit operations as two 256-bit halves"',
+           '        return True, "AMD Zen 4 runs 512-bit operations as two 256-bit halves"',
+           ("tests/test_build.py",)),
+    # bench, CLI
+    Mutant("bench --compare never finds a slower ratio", "bench, CLI", PKG + "_cli_bench.py",
+           '"SLOWER" if now["ratio"] > entry["allowed"] else "ok")',
+           '"SLOWER" if now["ratio"] > 2 * entry["allowed"] else "ok")', ("tests/test_cli_bench.py",)),
+    Mutant("bench --compare accepts another CPU's file", "bench, CLI", PKG + "_cli_bench.py",
+           "    for key, want in (machine or {}).items():", "    for key, want in {}.items():",
+           ("tests/test_cli_bench.py", "-k", "cpu")),
+]
