@@ -113,8 +113,9 @@ def rotate_tokens_fast(tuple xs, cos_sin_cache, positions, Py_ssize_t head_size,
         d = posenc_dtype_index(cnp.PyArray_TYPE(x))
         itemsize = cnp.PyArray_ITEMSIZE(x)
         # vllm.py's rule: the cache in x's dtype, or float32 for a half type
-        if (cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(c)
-                and not (itemsize == 2 and table == POSENC_F32)) or not _disjoint(x, c):
+        if ((cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(c)
+                and not (itemsize == 2 and table == POSENC_F32))
+                or K.rotate[d][table][0] == NULL or not _disjoint(x, c)):
             return False
         if j == 1 and cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>xs[0]):
             return False
