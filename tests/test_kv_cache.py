@@ -88,6 +88,49 @@ def test_all_of_one_dtype_is_direct(dtype, route):
         assert bits(got).tobytes() == bits(w).tobytes()
 
 
+def _layouts(blocks, block_size, kv_heads, dim, dtype):
+    """(name, key cache, value cache): the same logical (num_blocks, block_size, kv_heads, dim)
+    caches in the memory orders servers use, NaN-filled."""
+    nan = np.array(np.nan, dtype)
+    flash = (np.full((blocks, block_size, kv_heads, dim), nan),) * 2
+    hnd = [np.full((blocks, kv_heads, block_size, dim), nan).transpose(0, 2, 1, 3) for _ in "kv"]
+    one = np.full((2, blocks, kv_heads, block_size, dim), nan).transpose(0, 1, 3, 2, 4)
+    padded = [np.full((blocks, block_size, kv_heads, dim + 8), nan)[..., :dim] for _ in "kv"]
+    return [("flash", flash[0], flash[1].copy()), ("blocks, heads, offsets", *hnd),
+            ("one tensor (2, blocks, heads, offsets, dim)", one[0], one[1]),
+            ("padded rows", *padded)]
+
+
+@pytest.mark.parametrize("cache_dtype", [np.float32, BFLOAT16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_every_cache_layout_gets_the_flash_layouts_rows(cache_dtype, layout, route):
+    # A layout is named by the view's axes (num_blocks, block_size, kv_heads, dim); its
+    # strides say where each row lies. Rows bitwise those of the flash layout, nothing
+    # else of the memory written.
+    rope = pf.RotaryEmbedding(32, rotary_dim=24, layout=layout)
+    q, k, v, positions, slots, _, _ = case(cache_dtype=cache_dtype)
+    results = []
+    for name, k_cache, v_cache in _layouts(3, 4, 2, 32, cache_dtype):
+        caches = (k_cache, v_cache)
+        memory = {id(m): m for m in (c.base if c.base is not None else c for c in caches)}
+        before = {key: bits(m).copy() for key, m in memory.items()}
+        results.append((name, rope.apply_qk_to_cache(q.copy(), k, v, positions, k_cache,
+                                                      v_cache, slots),
+                        np.ascontiguousarray(k_cache), np.ascontiguousarray(v_cache)))
+        for key, m in memory.items():
+            inside = np.zeros(m.nbytes, bool)  # the bytes of the caches' elements
+            for c in caches:
+                start = c.ctypes.data - m.ctypes.data
+                if 0 <= start < m.nbytes:
+                    np.lib.stride_tricks.as_strided(inside[start:], c.shape + (c.itemsize,),
+                                                    c.strides + (1,), writeable=True)[...] = True
+            assert (bits(m).reshape(-1)[~inside].tobytes()
+                    == before[key].reshape(-1)[~inside].tobytes()), name
+    for name, *arrays in results[1:]:
+        for got, want in zip(arrays, results[0][1:]):
+            assert bits(got).tobytes() == bits(want).tobytes(), name
+
+
 def test_against_the_float64_reference():
     rope = pf.RotaryEmbedding(16, layout="interleaved", base=500.0)
     q, k, v, positions, slots, k_cache, v_cache = case(dim=16, dtype=np.float64,
@@ -220,8 +263,11 @@ def bad_calls():
         TypeError, "the caches must have q's dtype"
     yield "half data, float32 cache", {"q": q.astype(np.float16), "k": k.astype(np.float16),
                                        "v": v.astype(np.float16)}, TypeError, "the caches"
-    yield "strided cache", {"k_cache": np.zeros((3, 8, 2, 32), np.float32)[:, ::2]}, \
-        ValueError, "C-contiguous"
+    yield "cache rows of stride 2", {"k_cache": np.zeros((3, 4, 2, 64), np.float32)[..., ::2]}, \
+        ValueError, "own contiguous memory"
+    yield "cache blocks in one place", {"k_cache": np.lib.stride_tricks.as_strided(
+        np.zeros((4, 2, 32), np.float32), (3, 4, 2, 32), (0, 256, 128, 4))}, \
+        ValueError, "own contiguous memory"
     yield "list cache", {"k_cache": k_cache.tolist()}, TypeError, "numpy.ndarray"
     yield "byte-swapped cache", {"v_cache": v_cache.astype(">f4")}, TypeError, "native"
     yield "read-only cache", {"v_cache": np.broadcast_to(v_cache, v_cache.shape)}, \
@@ -336,3 +382,26 @@ def test_vllm_entry_with_the_embeddings_cos_sin_is_bitwise_the_method(is_neox):
     with pytest.raises(ValueError, match="native byte order"):
         vllm.apply_qk_to_cache(positions, query.astype(">f4"), key, value, k_cache, v_cache,
                                slots, 32, cos_sin_cache, is_neox)
+
+
+def test_vllm_cpu_cache_layout_is_named_not_guessed():
+    # vLLM's CPU cache (2, num_blocks, kv_heads, block_size, head_size): kv_cache_layout="HND"
+    # writes the rows the flash layout gets; the shapes alone would also fit "NHD".
+    from posenc_fast import vllm
+
+    q, k, v, positions, slots, flash_k, flash_v = case(blocks=3, block_size=2, kv_heads=2)
+    inv_freq = 10000.0 ** (-np.arange(0, 32, 2) / 32)
+    angles = np.arange(300)[:, None] * inv_freq
+    cos_sin = np.concatenate((np.cos(angles), np.sin(angles)), 1).astype(np.float32)
+    q_flash = q.copy()
+    vllm.apply_qk_to_cache(positions, q_flash, k, v, flash_k, flash_v, slots, 32, cos_sin, True)
+    cpu = np.full((2, 3, 2, 2, 32), np.nan, np.float32)  # heads == block_size: shapes fit both
+    q_cpu = q.copy()
+    vllm.apply_qk_to_cache(positions, q_cpu, k, v, cpu[0], cpu[1], slots, 32, cos_sin, True,
+                           kv_cache_layout="HND")
+    assert bits(q_cpu).tobytes() == bits(q_flash).tobytes()
+    for got, want in zip(cpu, (flash_k, flash_v)):
+        assert bits(np.ascontiguousarray(got.transpose(0, 2, 1, 3))).tobytes() == bits(want).tobytes()
+    with pytest.raises(ValueError, match="kv_cache_layout must be one of"):
+        vllm.apply_qk_to_cache(positions, q.copy(), k, v, cpu[0], cpu[1], slots, 32, cos_sin,
+                               True, kv_cache_layout="nhd")

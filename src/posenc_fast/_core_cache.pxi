@@ -6,6 +6,17 @@
 from libc.stdlib cimport calloc, free
 
 
+cdef struct SlotLayout:
+    # Where a cache's slot (block * block_size + offset) and head h start:
+    # block * block_stride + offset * offset_stride + h * head_stride bytes in;
+    # a row's dim items are contiguous.  C-contiguous (num_blocks, block_size,
+    # kv_heads, dim) is vLLM's flash layout; other strides name other layouts.
+    Py_ssize_t block_size
+    Py_ssize_t block_stride
+    Py_ssize_t offset_stride
+    Py_ssize_t head_stride
+
+
 cdef struct CacheWrite:
     # Where token t's rows are and go (bytes); see rotate_into_kv_cache.
     Py_ssize_t heads
@@ -14,6 +25,22 @@ cdef struct CacheWrite:
     Py_ssize_t cache_row_bytes  # a cache row (dim items of the cache dtype)
     Py_ssize_t dim
     posenc_convert_fn narrow    # float32 -> cache dtype; NULL: same dtype, direct
+    SlotLayout k_layout
+    SlotLayout v_layout
+
+
+cdef inline SlotLayout _slot_layout(cnp.ndarray cache) noexcept:
+    cdef SlotLayout layout
+    layout.block_size = cache.shape[1]
+    layout.block_stride = cnp.PyArray_STRIDE(cache, 0)
+    layout.offset_stride = cnp.PyArray_STRIDE(cache, 1)
+    layout.head_stride = cnp.PyArray_STRIDE(cache, 2)
+    return layout
+
+
+cdef inline char* _slot_row(char* cache, const SlotLayout* layout, long long slot) noexcept nogil:
+    return (cache + (slot // layout.block_size) * layout.block_stride
+            + (slot % layout.block_size) * layout.offset_stride)
 
 
 cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char* out_q,
@@ -23,25 +50,39 @@ cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char*
                               const RowCall* k_call) noexcept nogil:
     cdef Py_ssize_t h
     cdef const char* k_row
+    cdef const char* v_row
     cdef char* k_slot
+    cdef char* v_slot
     _rotate_position_rows(q + t * w.heads * w.row_bytes, out_q + t * w.heads * w.row_bytes,
                           w.heads, c, s, q_call)
     if slot < 0:
         return
-    if w.narrow == NULL:  # the token's key rows go to consecutive rows of its slot
-        _rotate_position_rows(k + t * w.kv_heads * w.row_bytes,
-                              k_cache + slot * w.kv_heads * w.cache_row_bytes, w.kv_heads, c, s,
-                              k_call)
-        memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, v + t * w.kv_heads * w.row_bytes,
-               w.kv_heads * w.row_bytes)
+    k_row = k + t * w.kv_heads * w.row_bytes
+    v_row = v + t * w.kv_heads * w.row_bytes
+    k_slot = _slot_row(k_cache, &w.k_layout, slot)
+    v_slot = _slot_row(v_cache, &w.v_layout, slot)
+    if w.narrow == NULL and w.k_layout.head_stride == w.cache_row_bytes:
+        # the token's key rows go to consecutive rows of its slot
+        _rotate_position_rows(k_row, k_slot, w.kv_heads, c, s, k_call)
+    else:
+        for h in range(w.kv_heads):  # a half cache: rotated in float32, rounded once on store
+            if w.narrow == NULL:
+                _rotate_row(k_row + h * w.row_bytes, k_slot + h * w.k_layout.head_stride, c, s,
+                            k_call)
+            else:
+                _rotate_row(k_row + h * w.row_bytes, <char*>scratch, c, s, k_call)
+                w.narrow(scratch, k_slot + h * w.k_layout.head_stride, w.dim)
+    if w.v_layout.head_stride == w.cache_row_bytes:
+        if w.narrow == NULL:
+            memcpy(v_slot, v_row, w.kv_heads * w.row_bytes)
+        else:
+            w.narrow(v_row, v_slot, w.kv_heads * w.dim)
         return
-    for h in range(w.kv_heads):  # rotated in float32, rounded once on store
-        k_row = k + (t * w.kv_heads + h) * w.row_bytes
-        k_slot = k_cache + (slot * w.kv_heads + h) * w.cache_row_bytes
-        _rotate_row(k_row, <char*>scratch, c, s, k_call)
-        w.narrow(scratch, k_slot, w.dim)
-    w.narrow(v + t * w.kv_heads * w.row_bytes, v_cache + slot * w.kv_heads * w.cache_row_bytes,
-             w.kv_heads * w.dim)
+    for h in range(w.kv_heads):
+        if w.narrow == NULL:
+            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.row_bytes, w.row_bytes)
+        else:
+            w.narrow(v_row + h * w.row_bytes, v_slot + h * w.v_layout.head_stride, w.dim)
 
 
 cdef struct CacheTable:
@@ -111,6 +152,8 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     w.row_bytes = dim * cnp.PyArray_ITEMSIZE(q)
     w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
     w.narrow = NULL if cache == data else K.from_f32[cache]
+    w.k_layout = _slot_layout(k_cache)
+    w.v_layout = _slot_layout(v_cache)
     if cache != data and (data != POSENC_F32 or w.narrow == NULL):
         raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
     q_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(q), table.itemsize,
@@ -143,8 +186,10 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     """Rotate q into out_q, and k into its cache slots; copy v into its slots.
 
     q, out_q: C-contiguous (tokens, heads, dim), `out_q` may be `q`; k, v:
-    C-contiguous (tokens, kv_heads, dim), of q's dtype; caches: C-contiguous
-    (slots..., kv_heads, dim), of q's dtype or a half type for float32 q.
+    C-contiguous (tokens, kv_heads, dim), of q's dtype; caches: (num_blocks,
+    block_size, kv_heads, dim) views with contiguous rows, no two elements
+    in one place, any other strides (vLLM's flash layout, blocks-first, one
+    tensor of keys and values), of q's dtype or a half type for float32 q.
     slots, rows: int64 (tokens,): token t's cache slot (-1: none, others
     distinct and in range) and its cos/sin table row.  cos/sin tables: 2-D,
     unit stride along their last axis (npairs entries), any row stride.
@@ -171,14 +216,41 @@ cdef inline bint _index_array(object a, Py_ssize_t n):
 
 
 cdef inline bint _cache_array(object a, cnp.ndarray k):
-    # An exact, writeable, C-contiguous, native ndarray (slots..., kv_heads, dim) for k.
+    # An exact, writeable, aligned, native ndarray (num_blocks, block_size,
+    # kv_heads, dim) for k, whose strides place every element apart
+    # (_kv_cache.slot_strides_apart, the general path's rule).
     cdef cnp.ndarray arr
+    cdef Py_ssize_t stride[3]
+    cdef Py_ssize_t extent[3]
+    cdef Py_ssize_t inner, i, j, swap
     if not cnp.PyArray_CheckExact(a):
         return False
     arr = <cnp.ndarray>a
-    return (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0 and cnp.PyArray_ISCARRAY(arr)
-            and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_NDIM(arr) == 4
-            and arr.shape[2] == k.shape[1] and arr.shape[3] == k.shape[2])
+    if not (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0 and cnp.PyArray_ISWRITEABLE(arr)
+            and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr)
+            and cnp.PyArray_NDIM(arr) == 4 and arr.shape[2] == k.shape[1]
+            and arr.shape[3] == k.shape[2]
+            and (cnp.PyArray_STRIDE(arr, 3) == cnp.PyArray_ITEMSIZE(arr) or arr.shape[3] <= 1)):
+        return False
+    if cnp.PyArray_ISCARRAY(arr) or cnp.PyArray_SIZE(arr) == 0:
+        return True
+    for i in range(3):  # the outer axes by stride, each past the extent of those inside it
+        stride[i] = cnp.PyArray_STRIDE(arr, i)
+        extent[i] = arr.shape[i]
+        if stride[i] < 0:
+            return False
+    for i in range(3):
+        for j in range(2 - i):
+            if stride[j] > stride[j + 1]:
+                swap = stride[j]; stride[j] = stride[j + 1]; stride[j + 1] = swap
+                swap = extent[j]; extent[j] = extent[j + 1]; extent[j + 1] = swap
+    inner = arr.shape[3] * cnp.PyArray_ITEMSIZE(arr)
+    for i in range(3):
+        if extent[i] > 1:
+            if stride[i] < inner:
+                return False
+            inner = stride[i] * extent[i]
+    return True
 
 
 cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots):

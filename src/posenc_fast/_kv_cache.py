@@ -16,7 +16,7 @@ from ._rows import RowOutput
 
 
 class CacheCall(NamedTuple):
-    """A validated call: C-contiguous inputs and where the results go."""
+    """A validated call: C-contiguous inputs, caches by their strides, where the results go."""
 
     q: np.ndarray         # (tokens, heads, dim)
     k: np.ndarray         # (tokens, kv_heads, dim)
@@ -44,9 +44,32 @@ def _kv_cache(cache, name: str, kv_heads: int, dim: int) -> np.ndarray:
     if cache.ndim != 4 or cache.shape[2:] != (kv_heads, dim):
         raise ValueError(f"{name} must have shape (num_blocks, block_size, {kv_heads}, {dim}) "
                          f"(kv_heads, head_dim of k), got {cache.shape}")
-    if not cache.flags.c_contiguous or not cache.flags.writeable:
-        raise ValueError(f"{name} must be C-contiguous and writeable")
+    if not cache.flags.writeable or not cache.flags.aligned:
+        raise ValueError(f"{name} must be writeable and aligned")
+    if not slot_strides_apart(cache):
+        raise ValueError(f"{name} must hold each (block, offset, head) row in its own "
+                         f"contiguous memory (strides >= 0, rows of unit stride, no two rows "
+                         f"overlapping), got strides {cache.strides}")
     return cache
+
+
+def slot_strides_apart(cache: np.ndarray) -> bool:
+    """True when a (num_blocks, block_size, kv_heads, dim) view has contiguous rows and
+    outer strides that place every row apart (any order of the three: vLLM's flash
+    layout, blocks-first, a half of one key/value tensor)."""
+    if cache.size == 0 or cache.flags.c_contiguous:
+        return True
+    if cache.shape[3] > 1 and cache.strides[3] != cache.itemsize:
+        return False
+    inner = cache.shape[3] * cache.itemsize
+    for extent, stride in sorted(zip(cache.shape[:3], cache.strides[:3]), key=lambda a: a[1]):
+        if stride < 0:
+            return False
+        if extent > 1:
+            if stride < inner:
+                return False
+            inner = stride * extent
+    return True
 
 
 def token_indices(values, name: str, ntokens: int) -> np.ndarray:

@@ -315,7 +315,10 @@ class RotaryEmbedding(kernels.RotaryBase):
         positions : array_like of int, shape (tokens,)
             One position per token.
         k_cache, v_cache : ndarrays of shape (num_blocks, block_size, kv_heads, dim)
-            vLLM's flash layout, C-contiguous, written in place.  q's dtype,
+            Written in place; their strides say where each row lies: C-contiguous
+            is vLLM's flash layout; a transposed view of a (num_blocks,
+            kv_heads, block_size, dim) cache, or the two halves of one
+            (2, ...) tensor, work too (rows contiguous and apart).  q's dtype,
             or float16/bfloat16 for float32 q, k, v (rounded once on store).
         slot_mapping : array_like of int, shape (tokens,)
             Token t goes to slot ``block * block_size + offset``: row
@@ -335,9 +338,10 @@ class RotaryEmbedding(kernels.RotaryBase):
         ------
         TypeError, ValueError
             Shapes or dtypes that do not fit; a slot below -1, past the
-            cache or used twice; caches not C-contiguous or sharing memory
-            with another argument; an embedding with several position
-            streams.  Nothing is written then.
+            cache or used twice; caches sharing memory with another
+            argument, or whose rows are not contiguous or overlap; an
+            embedding with several position streams.  Nothing is written
+            then.
         """
         from ._kv_cache import apply_qk_to_cache
 

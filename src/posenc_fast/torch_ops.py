@@ -15,7 +15,7 @@ Importing this module registers, through `torch.library`:
 
 ``torch.ops.posenc_fast.apply_qk_to_cache``
     ``(positions, query, key, value, key_cache, value_cache, slot_mapping,
-    head_size, cos_sin_cache, is_neox) -> ()``:
+    head_size, cos_sin_cache, is_neox, kv_cache_layout="NHD") -> ()``:
     `posenc_fast.vllm.apply_qk_to_cache`, rotating `query` in place and
     writing the rotated key and the value into their cache slots.
 
@@ -105,14 +105,14 @@ apply_rotary.register_autograd(_apply_rotary_backward, setup_context=_apply_rota
 def apply_qk_to_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                       value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       slot_mapping: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor,
-                      is_neox: bool) -> None:
+                      is_neox: bool, kv_cache_layout: str = "NHD") -> None:
     """Rotate `query` in place, write the rotated key and the value into their cache slots
     (see `posenc_fast.vllm.apply_qk_to_cache`)."""
     vllm.apply_qk_to_cache(positions, query, key, value, key_cache, value_cache, slot_mapping,
-                           head_size, cos_sin_cache, is_neox)
+                           head_size, cos_sin_cache, is_neox, kv_cache_layout)
 
 
 @apply_qk_to_cache.register_fake
 def _(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
-      cos_sin_cache, is_neox) -> None:
+      cos_sin_cache, is_neox, kv_cache_layout="NHD") -> None:
     return None  # only mutates its inputs

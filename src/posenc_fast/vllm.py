@@ -216,7 +216,7 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
 def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor,
                       value: ArrayOrTensor, key_cache: ArrayOrTensor, value_cache: ArrayOrTensor,
                       slot_mapping: ArrayOrTensor, head_size: int, cos_sin_cache: ArrayOrTensor,
-                      is_neox: bool) -> None:
+                      is_neox: bool, kv_cache_layout: str = "NHD") -> None:
     """`rotary_embedding` and vLLM's ``reshape_and_cache_flash`` in one pass.
 
     `query` is rotated in place; `key` is rotated straight into its slots of
@@ -233,10 +233,18 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
         (kv_heads, head_size)``, query's dtype; any strides (e.g. slices of
         a fused qkv projection).
     key_cache, value_cache : torch.Tensor or ndarray
-        ``(num_blocks, block_size, kv_heads, head_size)``, C-contiguous,
-        query's dtype or float16/bfloat16 for float32 query (rounded once).
+        Laid out as `kv_cache_layout` says, any strides that keep each row
+        (head_size features) contiguous and apart (e.g. ``kv_cache[0]`` and
+        ``kv_cache[1]`` of vLLM's CPU cache ``(2, num_blocks, kv_heads,
+        block_size, head_size)`` with ``"HND"``); query's dtype or
+        float16/bfloat16 for float32 query (rounded once).
     slot_mapping : torch.Tensor or ndarray of int, positions.shape
         Each token's slot ``block * block_size + offset``; -1 skips it.
+    kv_cache_layout : {"NHD", "HND"}, optional
+        The caches' axes: ``"NHD"`` ``(num_blocks, block_size, kv_heads,
+        head_size)`` (vLLM's flash layout), ``"HND"`` ``(num_blocks,
+        kv_heads, block_size, head_size)`` (its CPU backend's, flashinfer's
+        HND).  Never read from the shapes: they can fit both.
 
     Raises
     ------
@@ -252,6 +260,9 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
                                 slot_mapping, cos_sin_cache),
                         written=("query", "key_cache", "value_cache"))
     positions, query, key, value, key_cache, value_cache, slot_mapping, cache = arrays
+    if v.choice(kv_cache_layout, "kv_cache_layout", ("NHD", "HND")) == "HND":
+        key_cache, value_cache = (np.swapaxes(c, 1, 2) if isinstance(c, np.ndarray) and c.ndim == 4
+                                  else c for c in (key_cache, value_cache))
     head_size = v.integer(head_size, "head_size", minimum=1)
     is_neox = v.flag(is_neox, "is_neox")
     positions = _token_positions(positions)
