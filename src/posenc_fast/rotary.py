@@ -300,6 +300,37 @@ class RotaryEmbedding(kernels.RotaryBase):
         return cos_sin_table(values.reshape(-1), freqs, 1.0 / factor if inverse else factor,
                              dtype)
 
+    def apply_qk_norm(self, q: ArrayLike, k: ArrayLike, q_weight: ArrayLike, k_weight: ArrayLike,
+                      positions: ArrayLike | None = None, *, eps: float = 1e-6,
+                      weight_offset: float = 0.0, offset: float = 0, seq_axis: int = -2,
+                      out_q: NDArray[np.floating[Any]] | None = None,
+                      out_k: NDArray[np.floating[Any]] | None = None
+                      ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
+        """RMSNorm each head of q and k, then rotate it: one pass (Qwen3's, Gemma's q/k norm).
+
+        Each row ``x`` (head_dim features) becomes ``rotate(x / sqrt(mean(x**2)
+        + eps) * (weight_offset + weight))``: ``weight_offset=1`` is Gemma's
+        ``(1 + weight)``.  Computed in float32 (float64 for float64 data; the
+        mean of squares in float64), half types rounded once.
+
+        Parameters
+        ----------
+        q_weight, k_weight : array_like of shape (dim,)
+            The q_norm and k_norm weights.
+        eps : float, optional
+            Added to the mean of squares.
+        q, k, positions, offset, seq_axis, out_q, out_k
+            As in `apply_qk` (one position stream).
+
+        Returns
+        -------
+        (q_out, k_out)
+        """
+        from ._qk_norm import apply_qk_norm
+
+        return apply_qk_norm(self, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
+                             weight_offset, out_q, out_k)
+
     def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
                           k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
                           slot_mapping: ArrayLike, *,

@@ -13,6 +13,11 @@ Importing this module registers, through `torch.library`:
     inverse=False) -> Tensor``: the same rotation into a new tensor, with a
     gradient (its backward the op with `inverse` flipped): for training.
 
+``torch.ops.posenc_fast.fused_qk_norm_rope``
+    ``(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
+    is_neox, eps=1e-6, weight_offset=0.0) -> ()``:
+    `posenc_fast.vllm.fused_qk_norm_rope`, q/k RMSNorm and RoPE in place.
+
 ``torch.ops.posenc_fast.apply_qk_to_cache``
     ``(positions, query, key, value, key_cache, value_cache, slot_mapping,
     head_size, cos_sin_cache, is_neox, kv_cache_layout="NHD") -> ()``:
@@ -44,7 +49,7 @@ except ImportError:
 
 from . import vllm
 
-__all__ = ["apply_qk_to_cache", "apply_rotary", "rotary_embedding"]
+__all__ = ["apply_qk_to_cache", "apply_rotary", "fused_qk_norm_rope", "rotary_embedding"]
 
 
 @torch.library.custom_op("posenc_fast::rotary_embedding", mutates_args=("query", "key"),
@@ -98,6 +103,23 @@ def _apply_rotary_backward(ctx, grad):
 
 
 apply_rotary.register_autograd(_apply_rotary_backward, setup_context=_apply_rotary_context)
+
+
+@torch.library.custom_op("posenc_fast::fused_qk_norm_rope", mutates_args=("query", "key"),
+                         device_types="cpu")
+def fused_qk_norm_rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       q_weight: torch.Tensor, k_weight: torch.Tensor, head_size: int,
+                       cos_sin_cache: torch.Tensor, is_neox: bool, eps: float = 1e-6,
+                       weight_offset: float = 0.0) -> None:
+    """RMSNorm and rotate `query` and `key` in place (see `posenc_fast.vllm.fused_qk_norm_rope`)."""
+    vllm.fused_qk_norm_rope(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
+                            is_neox, eps, weight_offset)
+
+
+@fused_qk_norm_rope.register_fake
+def _(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache, is_neox, eps=1e-6,
+      weight_offset=0.0) -> None:
+    return None  # only mutates its inputs
 
 
 @torch.library.custom_op("posenc_fast::apply_qk_to_cache",

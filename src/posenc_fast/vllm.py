@@ -300,3 +300,64 @@ def _token_heads(x, name: str, lead: tuple, head_size: int) -> np.ndarray:
                          f"heads, head_size); pass a contiguous array")
     return view
 
+
+
+def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor,
+                       q_weight: ArrayOrTensor, k_weight: ArrayOrTensor, head_size: int,
+                       cos_sin_cache: ArrayOrTensor, is_neox: bool, eps: float = 1e-6,
+                       weight_offset: float = 0.0) -> None:
+    """RMSNorm each head of `query` and `key` and rotate it, in place, in one pass.
+
+    What a server runs as ``q_norm``/``k_norm`` followed by `rotary_embedding`
+    (SGLang's CPU ``fused_qk_norm_rope``): each head row ``x`` becomes
+    ``rotate(x / sqrt(mean(x**2) + eps) * (weight_offset + weight))``, computed
+    in float32 (float64 for float64 data), half types rounded once.
+
+    Parameters
+    ----------
+    positions, query, key, head_size, cos_sin_cache, is_neox
+        As in `rotary_embedding` (key required).
+    q_weight, k_weight : torch.Tensor or ndarray of shape (head_size,)
+        The norms' weights (any float dtype).
+    eps : float, optional
+    weight_offset : float, optional
+        1.0 for Gemma's ``(1 + weight)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `rotary_embedding`, and weights not of shape (head_size,), eps
+        below 0; nothing is written then.
+    """
+    from ._qk_norm import norm_args, norm_rotate, norm_weight, token_rows
+
+    names = ("positions", "query", "key", "q_weight", "k_weight", "cos_sin_cache")
+    positions, query, key, q_weight, k_weight, cache = _as_arrays(
+        names, (positions, query, key, q_weight, k_weight, cos_sin_cache),
+        written=("query", "key"))
+    if key is None:
+        raise TypeError("key must be an array (fused_qk_norm_rope normalises both)")
+    head_size = v.integer(head_size, "head_size", minimum=1)
+    is_neox = v.flag(is_neox, "is_neox")
+    eps, weight_offset = norm_args(eps, weight_offset)
+    positions = _token_positions(positions)
+    query = _heads_view(query, "query", positions.shape, head_size)
+    key = _heads_view(key, "key", positions.shape, head_size)
+    if key.dtype != query.dtype:
+        raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
+    if v.overlaps(query, key):
+        raise ValueError("query and key share memory; pass separate arrays")
+    cos, sin = _cos_sin(np.asarray(cache), query.dtype, head_size)
+    for x, name in ((query, "query"), (key, "key")):
+        if v.overlaps(x, cache):
+            raise ValueError(f"{name} shares memory with cos_sin_cache")
+    tokens = positions.reshape(-1)
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cos.shape[0]):
+        raise ValueError(f"positions must lie in [0, {cos.shape[0]}) (rows of cos_sin_cache), "
+                         f"got values from {int(tokens.min())} to {int(tokens.max())}")
+    weights = (norm_weight(q_weight, "q_weight", head_size, weight_offset),
+               norm_weight(k_weight, "k_weight", head_size, weight_offset))
+    compute = v.compute_dtype(query.dtype)
+    cos, sin = cos.astype(compute, copy=False), sin.astype(compute, copy=False)
+    for x, weight in zip((query, key), weights):
+        norm_rotate(x, x, True, weight, eps, cos, sin, token_rows(tokens, x.shape[1]), is_neox)

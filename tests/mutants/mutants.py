@@ -69,6 +69,12 @@ MUTANTS = [
     Mutant("vLLM fast path sees no overlap between q and k", "compiled layer", PKG + "_core_tokens.pxi",
            "    if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):",
            "    if False and not _rows_disjoint(&rows[0], &rows[1], tokens):", ("tests/test_vllm.py",)),
+    Mutant("q/k norm without its eps", "compiled layer", PKG + "_core_norm.pxi",
+           "            scale = 1.0 / sqrt(total / dim + job.eps)", "            scale = 1.0 / sqrt(total / dim)",
+           ("tests/test_qk_norm.py",)),
+    Mutant("Gemma's 1 + weight lost", "KV cache, q/k norm", PKG + "_qk_norm.py",
+           "    return np.ascontiguousarray(weight.astype(np.float64) + weight_offset)",
+           "    return np.ascontiguousarray(weight.astype(np.float64))", ("tests/test_qk_norm.py",)),
     # thread pool
     Mutant("a worker runs an item twice", "thread pool", PKG + "csrc/posenc_pool.h",
            "        posenc_pool.fn(posenc_pool.ctx, (Py_ssize_t)(posenc_pool.n - left), (int)slot);",

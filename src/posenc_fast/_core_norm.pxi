@@ -1,0 +1,110 @@
+# RMSNorm of each q/k head row, then RoPE, in one pass over the row
+# (posenc_fast._qk_norm: RotaryEmbedding.apply_qk_norm and vLLM-style calls).
+#
+# A row is widened to float32 (float64 for float64 data) in a per-thread
+# scratch row, scaled by 1 / sqrt(mean(x**2) + eps) (the mean of squares in
+# float64) and by its weight, rotated by the float32 (float64) row kernel,
+# and stored, a half type rounded once.
+
+from libc.math cimport sqrt
+
+
+cdef struct NormJob:
+    const Py_ssize_t* rows   # the cos/sin table row of each row of x
+    const char* x
+    char* out
+    const char* cos
+    const char* sin
+    Py_ssize_t cos_stride
+    Py_ssize_t sin_stride
+    Py_ssize_t nrows
+    Py_ssize_t dim
+    Py_ssize_t itemsize
+    const double* weight     # dim factors: weight_offset + weight
+    double eps
+    int data                 # x's dtype index
+    char* scratch            # 2 * dim compute items per thread
+    const RowCall* call      # the compute dtype's rotation of one row
+
+
+cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    cdef const NormJob* job = <const NormJob*>job_
+    cdef Py_ssize_t r, i, t, dim = job.dim
+    cdef double total, scale
+    cdef float scale32
+    cdef const char* row
+    cdef char* out_row
+    cdef float* a32
+    cdef double* a64
+    cdef char* rotated
+    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
+        t = job.rows[r]
+        row = job.x + r * dim * job.itemsize
+        out_row = job.out + r * dim * job.itemsize
+        total = 0.0
+        if job.data == POSENC_F64:
+            a64 = <double*>(job.scratch + slot * 2 * dim * 8)
+            rotated = <char*>(a64 + dim)
+            for i in range(dim):
+                total += (<const double*>row)[i] * (<const double*>row)[i]
+            scale = 1.0 / sqrt(total / dim + job.eps)
+            for i in range(dim):
+                a64[i] = (<const double*>row)[i] * scale * job.weight[i]
+            _rotate_row(<char*>a64, rotated, job.cos + t * job.cos_stride,
+                        job.sin + t * job.sin_stride, job.call)
+            memcpy(out_row, rotated, dim * 8)
+            continue
+        a32 = <float*>(job.scratch + slot * 2 * dim * 4)
+        rotated = <char*>(a32 + dim)
+        if job.data == POSENC_F32:
+            memcpy(a32, row, dim * 4)
+        else:
+            K.to_f32[job.data](row, a32, dim)
+        for i in range(dim):
+            total += <double>a32[i] * a32[i]
+        scale32 = <float>(1.0 / sqrt(total / dim + job.eps))
+        for i in range(dim):
+            a32[i] = (a32[i] * scale32) * <float>job.weight[i]
+        _rotate_row(<char*>a32, rotated, job.cos + t * job.cos_stride,
+                    job.sin + t * job.sin_stride, job.call)
+        if job.data == POSENC_F32:
+            memcpy(out_row, rotated, dim * 4)
+        else:
+            K.from_f32[job.data](rotated, out_row, dim)
+
+
+def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
+                     cnp.ndarray weight not None, double eps, cnp.ndarray cos_table not None,
+                     cnp.ndarray sin_table not None, cnp.ndarray row_table not None,
+                     bint half_layout, int num_threads):
+    """RMSNorm each row r of x over its dim features (scaled by `weight`), rotate it by table
+    row row_table[r], write it to out.
+
+    x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; weight:
+    C-contiguous float64 (dim,), the factors (Gemma's ``1 + w`` already
+    added); cos/sin tables: 2-D float32 (float64 for float64 x), unit stride
+    along their last axis; row_table: intp (rows,).
+    """
+    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
+    cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    cdef int data = _dtype(x)
+    cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
+    cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4
+    cdef RowCall call = _row_call(compute, _dtype(cos_table), compute_size,
+                                  cnp.PyArray_ITEMSIZE(cos_table), cos_table.shape[1], dim,
+                                  half_layout, False, False, 0)
+    cdef cnp.ndarray scratch
+    if call.rotate == NULL or (data != compute and K.to_f32[data] == NULL):
+        raise TypeError(f"no fused norm and rotation for {x.dtype} data with a "
+                        f"{cos_table.dtype} table")
+    if nrows == 0 or dim == 0:
+        return
+    scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * 2 * dim * compute_size],
+                                cnp.NPY_UINT8, 0)
+    cdef NormJob job = NormJob(<const Py_ssize_t*>_data(row_table), _data(x), _data(out),
+                               _data(cos_table), _data(sin_table),
+                               cnp.PyArray_STRIDE(cos_table, 0), cnp.PyArray_STRIDE(sin_table, 0),
+                               nrows, dim, cnp.PyArray_ITEMSIZE(x),
+                               <const double*>_data(weight), eps, data, _data(scratch), &call)
+    with nogil:
+        posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)

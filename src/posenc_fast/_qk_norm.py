@@ -1,0 +1,80 @@
+"""q/k RMSNorm and RoPE in one pass: the checks, the cos/sin table and the kernel call.
+
+`RotaryEmbedding.apply_qk_norm` and `vllm.fused_qk_norm_rope` come here;
+``_core.norm_rotate_rows`` normalises and rotates each head row in one pass.
+"""
+
+import numpy as np
+
+from . import _validate as v
+from ._dispatch import kernels
+from ._rows import RowOutput, row_index, row_table
+from ._threads import threads_for
+
+
+def norm_weight(weight, name: str, dim: int, weight_offset: float) -> np.ndarray:
+    """The dim factors ``weight_offset + weight`` in float64 (the weight of any float dtype)."""
+    weight = v.float_array(weight, name)
+    if weight.shape != (dim,):
+        raise ValueError(f"{name} must have shape (head_dim,) = ({dim},), got {weight.shape}")
+    return np.ascontiguousarray(weight.astype(np.float64) + weight_offset)
+
+
+def norm_args(eps, weight_offset) -> tuple[float, float]:
+    """`eps` (a real >= 0) and `weight_offset` (a real) checked."""
+    eps = v.real(eps, "eps")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return eps, v.real(weight_offset, "weight_offset")
+
+
+def norm_rotate(x: np.ndarray, out, in_place: bool, weight: np.ndarray, eps: float,
+                cos: np.ndarray, sin: np.ndarray, rows: np.ndarray, half: bool) -> np.ndarray:
+    """Normalise and rotate every row of `x` (row r by cos/sin row rows[r]) into `out`."""
+    result = RowOutput(x, out, in_place)
+    kernels.norm_rotate_rows(result.x_rows, result.rows, weight, eps, cos, sin,
+                             np.ascontiguousarray(rows, dtype=np.intp), half,
+                             threads_for(x.size))
+    return result.result()
+
+
+def apply_qk_norm(rope, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
+                  weight_offset, out_q, out_k):
+    """RotaryEmbedding.apply_qk_norm (see its docstring)."""
+    from .rotary import _call_positions, _data
+
+    if rope.n_streams != 1:
+        raise ValueError(f"apply_qk_norm takes one position stream; this embedding has "
+                         f"{rope.n_streams} (normalise, then apply_qk)")
+    q = _data(q, "q", rope.dim)
+    k = _data(k, "k", rope.dim)
+    eps, weight_offset = norm_args(eps, weight_offset)
+    q_weight = norm_weight(q_weight, "q_weight", rope.dim, weight_offset)
+    k_weight = norm_weight(k_weight, "k_weight", rope.dim, weight_offset)
+    offset = v.real(offset, "offset")
+    values, q_index = _call_positions(q.shape[:-1], positions, offset, seq_axis, "q")
+    if positions is None:
+        k_values, k_index = _call_positions(k.shape[:-1], None, offset, seq_axis, "k")
+        if k_values.shape != values.shape:
+            raise ValueError(f"q and k must have the same length along seq_axis={seq_axis}, "
+                             f"got {values.shape[0]} and {k_values.shape[0]}")
+    else:
+        v.broadcast_target(values.shape, k.shape[:-1], "positions", "k.shape[:-1]")
+        k_index = values.shape
+    out_q, q_in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
+                                 must_not_overlap=(k,))
+    out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
+                                 must_not_overlap=(q, out_q))
+    half = rope.layout == "half"
+    results = []
+    for x, out, in_place, weight, index in ((q, out_q, q_in_place, q_weight, q_index),
+                                            (k, out_k, k_in_place, k_weight, k_index)):
+        cos, sin = rope._table(values, v.compute_dtype(x.dtype))
+        results.append(norm_rotate(x, out, in_place, weight, eps, cos, sin,
+                                   row_table(index, x.shape[:-1]), half))
+    return tuple(results)
+
+
+def token_rows(positions: np.ndarray, heads: int) -> np.ndarray:
+    """The table row of each (token, head) row: the token's position, broadcast over heads."""
+    return row_index(positions.reshape(-1, 1), (positions.size, heads))

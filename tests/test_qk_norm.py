@@ -1,0 +1,162 @@
+"""q/k RMSNorm + RoPE in one pass: against a float64 reference, transformers' own norms, bad input.
+
+`RotaryEmbedding.apply_qk_norm`, `vllm.fused_qk_norm_rope` and the torch op
+(torch cases skip without torch/transformers).
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import posenc_fast as pf
+from posenc_fast import reference, vllm
+from helpers import untouched
+
+HALVES = {"bfloat16": (ml_dtypes.bfloat16, 8), "float16": (np.float16, 11)}
+
+
+def normed(x, weight, eps, weight_offset=0.0):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (weight_offset + weight)
+
+
+def expected(rope, x, weight, positions, eps=1e-6, weight_offset=0.0):
+    return reference.apply_rotary(normed(x, weight, eps, weight_offset), positions,
+                                  list(rope.inv_freq), layout=rope.layout)
+
+
+def data(rng, shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dim, weight_offset", [(None, 0.0), (12, 1.0)])
+def test_float64_is_the_reference(layout, rotary_dim, weight_offset):
+    rng = np.random.default_rng(1)
+    rope = pf.RotaryEmbedding(16, rotary_dim=rotary_dim, layout=layout)
+    q, k = data(rng, (2, 4, 5, 16)), data(rng, (2, 2, 5, 16))
+    wq, wk = data(rng, 16), data(rng, 16)
+    got_q, got_k = rope.apply_qk_norm(q, k, wq, wk, offset=7, eps=1e-5,
+                                      weight_offset=weight_offset)
+    positions = 7.0 + np.arange(5)
+    np.testing.assert_allclose(got_q, expected(rope, q, wq, positions, 1e-5, weight_offset),
+                               rtol=0, atol=1e-13)
+    np.testing.assert_allclose(got_k, expected(rope, k, wk, positions, 1e-5, weight_offset),
+                               rtol=0, atol=1e-13)
+    # in place, and explicit positions, give the same bits
+    q2, k2 = q.copy(), k.copy()
+    rope.apply_qk_norm(q2, k2, wq, wk, np.arange(7, 12), eps=1e-5, weight_offset=weight_offset,
+                       out_q=q2, out_k=k2)
+    assert q2.tobytes() == got_q.tobytes() and k2.tobytes() == got_k.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", *HALVES])
+def test_float32_arithmetic_half_types_rounded_once(dtype):
+    rng = np.random.default_rng(2)
+    rope = pf.RotaryEmbedding(32, layout="half")
+    np_dtype, bits = HALVES.get(dtype, (np.float32, 24))
+    q, k = data(rng, (1, 4, 6, 32), np_dtype), data(rng, (1, 2, 6, 32), np_dtype)
+    wq, wk = data(rng, 32, np.float32), data(rng, 32, np.float32)
+    got_q, _ = rope.apply_qk_norm(q, k, wq, wk, offset=1000)
+    assert got_q.dtype == np_dtype
+    exact = expected(rope, q.astype(np.float64), wq.astype(np.float64), 1000.0 + np.arange(6))
+    ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(exact), 1e-30))) - (bits - 1))
+    # one rounding to the data's type, plus float32's own error in the products and sums
+    bound = 0.5 * ulp + 2.0**-21 * np.abs(normed(q, wq, 1e-6)).max()
+    assert (np.abs(got_q.astype(np.float64) - exact) <= bound).all()
+
+
+def test_the_server_function_is_the_method():
+    rng = np.random.default_rng(3)
+    rope = pf.RotaryEmbedding(16, rotary_dim=12, layout="interleaved")
+    positions = rng.integers(0, 64, 7)
+    cos, sin = rope.cos_sin(np.arange(64), dtype=np.float32)
+    cache = np.concatenate((cos, sin), 1)
+    qkv = data(rng, (7, (4 + 2 * 2) * 16), np.float32)
+    query, key = qkv[:, :64], qkv[:, 64:96]  # slices of a fused projection
+    wq, wk = data(rng, 16, np.float32), data(rng, 16, np.float32)
+    want_q, want_k = rope.apply_qk_norm(query.reshape(7, 4, 16).copy(),
+                                        key.reshape(7, 2, 16).copy(), wq, wk, positions[:, None],
+                                        weight_offset=1.0)
+    rest = qkv[:, 96:].copy()
+    vllm.fused_qk_norm_rope(positions, query, key, wq, wk, 16, cache, False, weight_offset=1.0)
+    assert query.reshape(7, 4, 16).tobytes() == want_q.tobytes()
+    assert key.reshape(7, 2, 16).tobytes() == want_k.tobytes()
+    assert qkv[:, 96:].tobytes() == rest.tobytes()  # the value part untouched
+
+
+def valid():
+    rng = np.random.default_rng(4)
+    cache = np.concatenate((np.ones((9, 4)), np.zeros((9, 4))), 1).astype(np.float32)
+    return dict(positions=np.arange(3), query=data(rng, (3, 16), np.float32),
+                key=data(rng, (3, 8), np.float32), q_weight=np.ones(8), k_weight=np.ones(8),
+                head_size=8, cos_sin_cache=cache, is_neox=True)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(q_weight=np.ones(7)), ValueError, "q_weight must have shape (head_dim,) = (8,)"),
+    (dict(eps=-1.0), ValueError, "eps must be >= 0"),
+    (dict(eps="small"), TypeError, "eps must be"),
+    (dict(key=None), TypeError, "key must be an array"),
+    (dict(positions=np.array([0, 9, 1])), ValueError, "positions must lie in [0, 9)"),
+    (dict(key=np.ones((3, 8))), TypeError, "key must have query's dtype"),
+    (dict(cos_sin_cache=np.ones((9, 10), np.float32)), ValueError, "rot_dim"),
+])
+def test_bad_input_is_refused_with_nothing_written(change, error, words):
+    call = dict(valid(), **change)
+    before = {n: np.array(call[n], copy=True) for n in ("query", "key") if call[n] is not None}
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        vllm.fused_qk_norm_rope(**call)
+    for name, a in before.items():
+        assert untouched(a, call[name])
+    rope = pf.RotaryEmbedding(8)
+    q = np.ones((1, 2, 3, 8))
+    with pytest.raises(ValueError, match="k_weight must have shape"):
+        rope.apply_qk_norm(q, q.copy(), np.ones(8), np.ones(9), out_q=q)
+    assert (q == 1).all()
+    with pytest.raises(ValueError, match="one position stream"):
+        pf.RotaryEmbedding(8, mrope_section=[2, 1, 1]).apply_qk_norm(q, q.copy(), np.ones(8),
+                                                                     np.ones(8))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_transformers_norm_then_rotation(family):
+    # transformers' own q_norm/k_norm modules, then its own apply_rotary_pos_emb (float32).
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    norm_class = getattr(module, "Qwen3RMSNorm" if family == "qwen3" else "Gemma3RMSNorm")
+    generator = torch.Generator().manual_seed(5)
+    norm = norm_class(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=generator))
+    rope = pf.RotaryEmbedding(64, layout="half", base=1e6)
+    q = torch.randn(1, 4, 9, 64, generator=generator)
+    positions = np.arange(100, 109)
+    cos, sin = rope.cos_sin(positions)
+    cos_full = torch.from_numpy(np.concatenate((cos, cos), -1))[None]
+    sin_full = torch.from_numpy(np.concatenate((sin, sin), -1))[None]
+    with torch.no_grad():
+        want, _ = module.apply_rotary_pos_emb(norm(q), norm(q), cos_full, sin_full)
+    offset = 1.0 if family == "gemma3" else 0.0
+    got, _ = rope.apply_qk_norm(q.numpy(), q.numpy(), norm.weight.detach().numpy(),
+                                norm.weight.detach().numpy(), positions, weight_offset=offset)
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=2e-5 * float(want.abs().max()))
+
+
+def test_the_torch_op_compiles_and_is_the_function():
+    torch = pytest.importorskip("torch")
+    import posenc_fast.torch_ops  # noqa: F401
+
+    call = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in valid().items()}
+    call["cos_sin_cache"] = torch.from_numpy(np.concatenate(
+        pf.RotaryEmbedding(8).cos_sin(np.arange(9)), 1))
+    q, k = call["query"].clone(), call["key"].clone()
+    vllm.fused_qk_norm_rope(**dict(call, query=q, key=k))
+    op = torch.ops.posenc_fast.fused_qk_norm_rope
+    compiled = torch.compile(lambda *a: op(*a), fullgraph=True, backend="aot_eager")
+    compiled(*call.values())
+    assert torch.equal(call["query"], q) and torch.equal(call["key"], k)
+    torch.library.opcheck(op, tuple(dict(call, query=q.clone(), key=k.clone()).values()))
