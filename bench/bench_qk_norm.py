@@ -1,0 +1,69 @@
+"""q/k RMSNorm + RoPE: the fused pass against one copy of q and k, and the unfused alternative.
+
+    PYTHONPATH=src python3 bench/bench_qk_norm.py [--rounds N]
+
+One thread; a 4096-token prefill, 32 query and 8 key heads of 128, float32
+and bfloat16: ``RotaryEmbedding.apply_qk_norm`` in place, the limit
+``np.copyto`` of q and k, and (with torch) transformers' Qwen3 norm in torch
+followed by posenc_fast's rotation.  Medians of interleaved per-round ratios.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+try:
+    import posenc_fast as pf
+except ImportError:  # run from a source checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    import posenc_fast as pf
+
+from posenc_fast._bench.timing import machine_line, measure, paired_ratio
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    pf.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    rope = pf.RotaryEmbedding(128, layout="half", base=1e6)
+    print(f"{machine_line()}; one thread; medians of {args.rounds} interleaved rounds")
+    for name, dtype in (("float32", np.float32), ("bfloat16", ml_dtypes.bfloat16)):
+        q = rng.standard_normal((1, 32, 4096, 128)).astype(dtype)
+        k = rng.standard_normal((1, 8, 4096, 128)).astype(dtype)
+        wq, wk = rng.standard_normal(128), rng.standard_normal(128)
+        dq, dk = np.empty_like(q), np.empty_like(k)
+        funcs = {"fused": lambda: rope.apply_qk_norm(q, k, wq, wk, out_q=q, out_k=k),
+                 "copy": lambda: (np.copyto(dq, q), np.copyto(dk, k))}
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+            norm = Qwen3RMSNorm(128)
+            tq, tk = (torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if dtype != np.float32
+                      else torch.from_numpy(a) for a in (q, k))
+            norm = norm.to(tq.dtype)
+
+            def unfused():
+                with torch.inference_mode():
+                    nq, nk = norm(tq), norm(tk)
+                from posenc_fast.hf import numpy_view
+                rope.apply_qk(numpy_view(torch, nq), numpy_view(torch, nk),
+                              out_q=numpy_view(torch, nq), out_k=numpy_view(torch, nk))
+            funcs["unfused (torch norm, then apply_qk)"] = unfused
+        except ImportError:
+            pass
+        t = measure(funcs, rounds=args.rounds)
+        for label in funcs:
+            if label != "copy":
+                print(f"{name:9s} {label:38s} {paired_ratio(t[label], t['copy']):.2f}x a copy of q and k")
+
+
+if __name__ == "__main__":
+    main()
