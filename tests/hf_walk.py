@@ -1,9 +1,12 @@
 """Walk every model type of the installed transformers that defines a text rotary embedding.
 
-For each one: its default config, the model's own rotary module and its own
-``apply_rotary_pos_emb`` on random q/k at random positions, compared with
+For each one: its default config, the model's own rotary module and the
+rotation function its attention classes call (read from their source), on
+random q/k at random positions, compared with
 ``RotaryEmbedding.from_hf_config(config).apply_qk`` through the attention
-scores q·k (which do not depend on where a model writes each rotated pair).
+scores q·k (which do not depend on where a model writes each rotated pair);
+per layer type (each with its own head_dim, from ``per_layer_config``), and
+for a DSA indexer as ``attention="indexer"``.
 Used by ``test_hf_models.py`` and ``make_models_table.py``; needs torch and
 transformers.
 """
@@ -19,6 +22,7 @@ import transformers
 from transformers.models.auto import configuration_auto
 
 import posenc_fast as pf
+from posenc_fast import _hf_models
 
 SEQ = 12
 HEADS = 2
@@ -64,11 +68,41 @@ def text_rotary_class(module):
     return text[0] if len(text) == 1 else None
 
 
-def head_dim(config):
-    """The width of the q/k the model's attention rotates."""
+def head_dim(config, kind="main"):
+    """The width of the q/k the model's attention (`kind`: "main" or "indexer") rotates."""
+    if kind == "indexer":
+        return config.index_head_dim  # its leading qk_rope_head_dim features rotate
     if getattr(config, "qk_rope_head_dim", None):
         return config.qk_rope_head_dim  # MLA: only the rope part of q/k rotates
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def layer_config(config, layer_type):
+    """The config of `layer_type`'s layers (a heterogeneous config's per_layer_config), else `config`."""
+    if layer_type is None or not getattr(config, "is_heterogeneous", False):
+        return config
+    # its first layer's: from_hf_config refuses a layer type whose layers differ in what a RoPE reads
+    return config.per_layer_config[config.layer_types.index(layer_type)]
+
+
+_ROTATION_CALL = re.compile(r"\b(apply_rotary_pos_emb\w*|apply_rotary_emb\w*)\s*\(")
+
+
+def attention_rotations(module, kind="main"):
+    """{function name: [class names]}: the rotations the module's text attention (or indexer) classes call."""
+    suffixes = ("Indexer",) if kind == "indexer" else ("Attention", "MLA")
+    found = {}
+    for name, cls in vars(module).items():
+        if (inspect.isclass(cls) and cls.__module__ == module.__name__ and name.endswith(suffixes)
+                and not _NOT_TEXT.search(name)):
+            for function in sorted(set(_ROTATION_CALL.findall(inspect.getsource(cls)))):
+                found.setdefault(function, []).append(name)
+    return found
+
+
+def attention_kinds(module):
+    """"main", and "indexer" where the module has an indexer class that rotates."""
+    return ["main"] + (["indexer"] if attention_rotations(module, "indexer") else [])
 
 
 class Skip(Exception):
@@ -91,6 +125,9 @@ def check(model_type, partial_rotary_factor=None, seed=0):
         params = getattr(text, "rope_parameters", None)
         if not params or "rope_type" not in params or params["rope_type"] != "default":
             raise Skip("no single default RoPE to give a partial rotary factor")
+        if text is not config and getattr(config, "rope_parameters", None) == params:
+            # get_text_config made a copy of a flat encoder/decoder config (Moonshine): from_hf_config reads the top
+            config.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
         text.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
     rotary_class = text_rotary_class(module)
     if rotary_class is None:
@@ -105,15 +142,24 @@ def check(model_type, partial_rotary_factor=None, seed=0):
     positions = np.stack([np.sort(rng.choice(limit, SEQ, replace=False)) for _ in range(streams)])
     model_positions = torch.from_numpy(positions)[:, None] if streams > 1 else torch.from_numpy(positions)
     positions = positions if streams > 1 else positions[0]
-    dim = head_dim(text)
-    q = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
-    k = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
     layer_types = [None]
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         layer_types = sorted(set(getattr(text, "layer_types", None) or ())) or [None]
+    rule = _hf_models.MODEL_RULES.get(text.model_type)
     results = []
-    for layer_type in layer_types:
+    for layer_type, kind in ((t, kind) for t in layer_types for kind in attention_kinds(module)):
         extra = {} if layer_type is None else {"layer_type": layer_type}
+        if kind == "indexer" and (rule is None or rule.indexer is None or layer_type not in (None, "indexed_attention")):
+            # an indexer posenc_fast does not read must be refused, never answered with the main attention's RoPE
+            try:
+                pf.RotaryEmbedding.from_hf_config(config.to_dict(), attention="indexer", **extra)
+            except ValueError:
+                results.append((layer_type, kind, None))
+                continue
+            raise AssertionError("attention='indexer' accepted for a model whose indexer has no rule")
+        dim = head_dim(layer_config(text, layer_type), kind)
+        q = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
+        k = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
         with torch.no_grad():
             try:
                 rotary_out = rotary(torch.from_numpy(q), model_positions, **extra)
@@ -121,12 +167,17 @@ def check(model_type, partial_rotary_factor=None, seed=0):
                 if partial_rotary_factor is None:
                     raise
                 raise Skip(f"its rotary module fails with partial_rotary_factor={partial_rotary_factor}") from error
-            q_hf, k_hf = _model_rotation(module, text, rotary_out, torch.from_numpy(q), torch.from_numpy(k))
-        rope = pf.RotaryEmbedding.from_hf_config(config.to_dict(), **extra)
+            try:
+                q_hf, k_hf = _model_rotation(module, text, rotary_out, torch.from_numpy(q), torch.from_numpy(k), kind)
+            except RuntimeError as error:
+                if partial_rotary_factor is None:
+                    raise
+                raise Skip(f"its attention fails with partial_rotary_factor={partial_rotary_factor}") from error
+        rope = pf.RotaryEmbedding.from_hf_config(config.to_dict(), attention=kind, **extra)
         assert rope.dim == dim, f"dim {rope.dim}, the model rotates {dim}"
         assert rope.n_streams == streams, f"{rope.n_streams} position streams, the model has {streams}"
         q_ours, k_ours = rope.apply_qk(q.astype(np.float64), k.astype(np.float64), positions)
-        results.append((layer_type, _score_error(q_hf, k_hf, q_ours, k_ours, q, k)))
+        results.append((layer_type, kind, _score_error(q_hf, k_hf, q_ours, k_ours, q, k)))
     return results
 
 
@@ -155,19 +206,32 @@ CONFIG_OVERRIDES = {
 }
 
 
-def _model_rotation(module, config, rotary_out, q, k):
+def rotation_function(module, config, kind="main"):
+    """The rotation function the module's `kind` attention classes call for `config` (read from their code)."""
+    calls = attention_rotations(module, kind)
+    if set(calls) == {"apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"}:
+        # MLA: `if self.config.rope_interleave:` chooses between them in the attention's code
+        sources = [inspect.getsource(getattr(module, name)) for name in set(sum(calls.values(), []))]
+        if not all("rope_interleave" in source for source in sources):
+            raise RuntimeError(f"{module.__name__}'s {kind} classes call both rotations: {calls}")
+        calls = {"apply_rotary_pos_emb_interleave" if config.rope_interleave else "apply_rotary_pos_emb": None}
+    if len(calls) != 1:
+        raise RuntimeError(f"{module.__name__}'s {kind} attention classes call {calls or 'no rotation function'}")
+    return getattr(module, next(iter(calls)))
+
+
+def _model_rotation(module, config, rotary_out, q, k, kind="main"):
     """q and k (batch, heads, seq, dim) rotated by the model's own function, as its attention calls it."""
-    if isinstance(rotary_out, torch.Tensor):  # complex freqs_cis (Llama 4, DeepSeek-V2)
-        function, tables = module.apply_rotary_emb, (rotary_out,)
-    elif hasattr(module, "apply_rotary_pos_emb_interleave") and (
-            getattr(config, "rope_interleave", False) or not hasattr(module, "apply_rotary_pos_emb")):
-        function, tables = module.apply_rotary_pos_emb_interleave, rotary_out  # MLA's choice, or its only one
-    else:
-        function, tables = module.apply_rotary_pos_emb, rotary_out
+    function = rotation_function(module, config, kind)
+    tables = (rotary_out,) if isinstance(rotary_out, torch.Tensor) else rotary_out  # complex freqs_cis: one
     names = list(inspect.signature(function).parameters)
     pairwise = names[1] in ("k", "xk", "key", "k_embed")
     cos = tables[0] if len(tables) == 1 or names.index("cos") < names.index("sin") else tables[1]
     widths = [q.shape[-1]] + [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
+    if kind == "indexer":
+        widths = [config.qk_rope_head_dim]  # it splits off and rotates its leading qk_rope_head_dim features
+    elif getattr(config, "qk_rope_head_dim", None):
+        widths = [q.shape[-1]]  # MLA: the attention rotates the whole rope part
     errors = []
     for width in widths:  # the attention passes the leading `width` features (partial rotary)
         for axes in ((1, 2), None):  # (batch, heads, seq, dim) or (batch, seq, heads, dim)

@@ -429,3 +429,77 @@ def test_mrope_configs():
     kwargs = rotary_kwargs_from_hf_config(ernie)
     assert kwargs["layout"] == "interleaved"
     assert kwargs["pair_streams"] == [1, 2] * 22 + [0] * 20
+
+
+DSA = {"model_type": "deepseek_v32", "hidden_size": 256, "num_attention_heads": 2, "qk_rope_head_dim": 32,
+       "index_head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+
+
+def test_dsa_attention_and_indexer_rotate_differently():
+    # DeepseekV32Attention calls apply_rotary_pos_emb_interleave whatever rope_interleave says; its indexer
+    # rotates the leading qk_rope_head_dim of index_head_dim features with apply_rotary_pos_emb (half)
+    for config in (DSA, dict(DSA, rope_interleave=False), dict(DSA, model_type="axk2")):
+        assert rotary_kwargs_from_hf_config(config) == dict(dim=32, rotary_dim=32, base=1e4,
+                                                            layout="interleaved", scaling=None)
+        assert rotary_kwargs_from_hf_config(config, attention="indexer") == dict(
+            dim=64, rotary_dim=32, base=1e4, layout="half", scaling=None)
+    dots3 = dict(DSA, model_type="dots3_note_text", layer_types=["indexed_attention", "sliding_attention"])
+    assert rotary_kwargs_from_hf_config(dots3, attention="indexer", layer_type="indexed_attention")["layout"] \
+        == "interleaved"
+    with pytest.raises(ValueError, match="only the 'indexed_attention' layers have an indexer"):
+        rotary_kwargs_from_hf_config(dots3, attention="indexer", layer_type="sliding_attention")
+    llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2}
+    with pytest.raises(ValueError, match="reads no indexer of model_type 'llama'"):
+        pf.RotaryEmbedding.from_hf_config(llama, attention="indexer")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        rotary_kwargs_from_hf_config(llama, attention="vision")
+
+
+GEMMA4 = {"model_type": "gemma4_text", "hidden_size": 512, "num_attention_heads": 2, "head_dim": 64,
+          "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+          "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                              "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                 "rope_theta": 1e6}},
+          "per_layer_config": {"01": {"head_dim": 128}, "03": {"head_dim": 128, "sliding_window": None}}}
+
+
+def test_per_layer_config_gives_each_layer_type_its_head_dim():
+    sliding = rotary_kwargs_from_hf_config(GEMMA4, layer_type="sliding_attention")
+    assert sliding == dict(dim=64, rotary_dim=64, base=1e4, layout="half", scaling=None)
+    full = rotary_kwargs_from_hf_config(GEMMA4, layer_type="full_attention")
+    assert (full["dim"], full["rotary_dim"], full["base"]) == (128, 128, 1e6)
+    assert full["scaling"] == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    with pytest.raises(ValueError, match="pass layer_type="):
+        rotary_kwargs_from_hf_config(GEMMA4)
+    uneven = dict(GEMMA4, per_layer_config={"01": {"head_dim": 128}})  # layer 3 keeps head_dim 64
+    with pytest.raises(ValueError, match="layers of type 'full_attention' differ in 'per_layer_config'"):
+        rotary_kwargs_from_hf_config(uneven, layer_type="full_attention")
+    same_rope = dict(GEMMA4, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="different configs .*pass layer_type="):
+        rotary_kwargs_from_hf_config(same_rope)
+    with pytest.raises(ValueError, match="layer_type='chunked_attention' is not a layer type"):
+        rotary_kwargs_from_hf_config(GEMMA4, layer_type="chunked_attention")
+
+
+def test_config_key_names_and_composites():
+    dbrx = {"model_type": "dbrx", "d_model": 256, "n_heads": 4, "rope_parameters": {"rope_theta": 5e5}}
+    assert rotary_kwargs_from_hf_config(dbrx)["dim"] == 64
+    codegen = {"model_type": "codegen", "n_embd": 256, "n_head": 4, "rotary_dim": 32}
+    assert rotary_kwargs_from_hf_config(codegen) == dict(dim=64, rotary_dim=32, base=1e4, layout="interleaved",
+                                                         scaling=None)
+    moonshine = {"model_type": "moonshine", "hidden_size": 288, "decoder_num_attention_heads": 8,
+                 "encoder_num_attention_heads": 4, "partial_rotary_factor": 0.9}
+    assert rotary_kwargs_from_hf_config(moonshine) == dict(dim=36, rotary_dim=32, base=1e4, layout="interleaved",
+                                                           scaling=None)
+    text = {"model_type": "qwen2_5_omni_text", "hidden_size": 256, "num_attention_heads": 2,
+            "rope_parameters": {"rope_theta": 1e6, "mrope_section": [16, 24, 24]}}
+    omni = {"model_type": "qwen2_5_omni", "talker_config": {"model_type": "qwen2_5_omni_talker"},
+            "thinker_config": {"model_type": "qwen2_5_omni_thinker", "text_config": text}}
+    assert rotary_kwargs_from_hf_config(omni)["base"] == 1e6
+    voxtral = {"model_type": "voxtral_realtime", "hidden_size": 3072,  # the top level has no attention heads
+               "audio_config": {"model_type": "voxtral_realtime_encoder"},
+               "text_config": {"model_type": "voxtral_realtime_text", "hidden_size": 256, "num_attention_heads": 2}}
+    assert rotary_kwargs_from_hf_config(voxtral)["dim"] == 128
+    dia = {"model_type": "dia", "encoder_config": {"model_type": "dia_encoder"},
+           "decoder_config": {"model_type": "dia_decoder", "hidden_size": 256, "num_attention_heads": 4}}
+    assert rotary_kwargs_from_hf_config(dia)["dim"] == 64

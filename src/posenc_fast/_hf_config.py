@@ -95,8 +95,8 @@ def _real(value, key: str, where: str) -> float:
 
 
 def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int:
-    if model_type == "gptj":
-        # GPTJConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
+    if model_type in ("gptj", "codegen"):
+        # GPTJConfig / CodeGenConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
         hidden = _int(cfg, "n_embd", where) if "n_embd" in cfg else _int(cfg, "hidden_size", where)
         heads = _int(cfg, "n_head", where) if "n_head" in cfg else _int(cfg, "num_attention_heads", where)
         return hidden // heads
@@ -105,7 +105,49 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
     if cfg.get(rule.head_dim_key) is not None:
         return _int(cfg, rule.head_dim_key, where)
     # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
-    return _int(cfg, "hidden_size", where) // _int(cfg, "num_attention_heads", where)
+    return _int(cfg, rule.hidden_key, where) // _int(cfg, rule.heads_key, where)
+
+
+# the keys a RoPE is read from (per_layer_config overrides of others, a sliding window, do not matter here)
+_ROPE_KEYS = frozenset({"head_dim", "kv_channels", "attention_head_dim", "hidden_size", "d_model", "n_embd",
+                        "num_attention_heads", "n_heads", "n_head", "decoder_num_attention_heads",
+                        "qk_rope_head_dim", "index_head_dim", "rope_interleave", "partial_rotary_factor",
+                        "rotary_dim", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
+                        "original_max_position_embeddings", "mrope_section", "mrope_interleaved"})
+
+
+def _layer_config(cfg: Mapping, layer_type, where: str) -> dict:
+    """The config of `layer_type`'s layers: `per_layer_config`'s overrides (heterogeneous configs) applied."""
+    overrides = cfg.get("per_layer_config")
+    if not overrides:
+        return dict(cfg)
+    declared = cfg.get("layer_types")
+    if not isinstance(overrides, Mapping) or not isinstance(declared, (list, tuple)):
+        raise ValueError(f"{where}: 'per_layer_config' must be an object of per-layer overrides beside a "
+                         f"'layer_types' list")
+    try:
+        by_index = {int(index): value for index, value in overrides.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: the keys of 'per_layer_config' must be layer indices") from None
+    if any(not isinstance(value, Mapping) for value in by_index.values()):
+        raise ValueError(f"{where}: each 'per_layer_config' entry must be an object")
+    by_index = {index: {key: value[key] for key in value if key in _ROPE_KEYS} for index, value in by_index.items()}
+    per_type: dict = {}
+    for index, name in enumerate(declared):
+        found = per_type.setdefault(name, by_index.get(index, {}))
+        if found != by_index.get(index, {}):
+            # transformers' per_layer_config[layer_type] refuses the same
+            raise ValueError(f"{where}: the layers of type {name!r} differ in 'per_layer_config' (layer {index}); "
+                             f"posenc_fast reads one config per layer type")
+    if layer_type is None:
+        if len({repr(sorted(value.items())) for value in per_type.values()}) > 1:
+            raise ValueError(f"{where}: 'per_layer_config' gives the layer types {sorted(per_type)} different "
+                             f"configs (head sizes); pass layer_type= to choose one")
+        return {**cfg, **next(iter(per_type.values()), {})}
+    if layer_type not in per_type:
+        raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
+                         f"expected one of {sorted(per_type)}")
+    return {**cfg, **per_type[layer_type]}
 
 
 def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
@@ -242,15 +284,18 @@ def _arithmetic_as_value_error(function):
     return checked
 
 
-# where composite configs (vision-language, speech) keep their text model's config
-_TEXT_CONFIG_KEYS = ("text_config", "decoder", "generator", "text_encoder")
+# where composite configs (vision-language, speech, omni) keep their text model's config, in that order
+_TEXT_CONFIG_KEYS = ("thinker_config", "text_config", "decoder_config", "decoder", "generator", "text_encoder")
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
 def _text_part(cfg: dict, where: str) -> tuple[dict, str]:
-    for key in _TEXT_CONFIG_KEYS:
-        if isinstance(cfg.get(key), Mapping) and "hidden_size" not in cfg:
-            return dict(cfg[key]), f"{where}[{key!r}]"
+    # a top level without its own attention heads holds no text model (VoxtralRealtime keeps a hidden_size)
+    while "num_attention_heads" not in cfg or "hidden_size" not in cfg:
+        key = next((key for key in _TEXT_CONFIG_KEYS if isinstance(cfg.get(key), Mapping)), None)
+        if key is None:
+            break
+        cfg, where = dict(cfg[key]), f"{where}[{key!r}]"
     return cfg, where
 
 
@@ -272,8 +317,12 @@ def _rule(model_type, layout, where: str) -> ModelRule:
     return rule
 
 
+ATTENTION_KINDS = ("main", "indexer")
+
+
 @_arithmetic_as_value_error
-def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layout: str | None = None) -> dict:
+def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layout: str | None = None,
+                                 attention: str = "main") -> dict:
     """Keyword arguments for ``RotaryEmbedding`` from a Hugging Face model config.
 
     Parameters
@@ -292,6 +341,12 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     layout : {"half", "interleaved"}, optional
         The pair layout, for a ``model_type`` without a rule in
         ``_hf_models.MODEL_RULES`` (refused without it).
+    attention : {"main", "indexer"}, optional
+        Which attention's RoPE: ``"main"`` (default), the model's attention;
+        ``"indexer"``, the DSA indexer of DeepSeek-V3.2-style models (its
+        ``index_head_dim`` features, the leading ``qk_rope_head_dim`` of
+        them rotating, in its own pair layout).  Refused for a model without
+        an indexer posenc_fast reads.
 
     Returns
     -------
@@ -313,6 +368,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         If the file cannot be read or is not a JSON object, a needed key is
         missing (named in the message), a value is invalid, the RoPE type is
         unsupported, the model type has no rule and no ``layout`` was given,
+        ``attention="indexer"`` names an indexer the model lacks,
         the model rotates in a way ``RotaryEmbedding`` does not (the
         reversed direction, an unread assignment of pairs to position
         streams), or the config holds
@@ -331,7 +387,12 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     - Multi-head latent attention (DeepSeek-V3 and others) rotates the
       ``qk_rope_head_dim`` features, interleaved unless ``rope_interleave``
       is false (for the families that read it); those features are the
-      whole array it rotates, so ``dim == rotary_dim``.
+      whole array it rotates, so ``dim == rotary_dim``.  DeepSeek-V3.2's
+      and AXK2's indexer rotates in the half layout, their MLA attention
+      interleaved pairs: ``attention=`` chooses.
+    - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
+      attention layers have their own ``head_dim``) is read for
+      `layer_type`; ``layer_type`` is then required where layer types differ.
     - Models that rotate the whole head (Llama and most others) ignore
       ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
       ``partial_rotary_factor < 1`` transformers computes fewer frequencies
@@ -339,6 +400,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     - ``"proportional"`` RoPE (Gemma 4) rotates the whole head with zero
       frequencies past ``partial_rotary_factor``.
     """
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {list(ATTENTION_KINDS)}, got {attention!r}")
     cfg, where = _load(config)
     cfg, where = _text_part(cfg, where)
     model_type = cfg.get("model_type")
@@ -346,14 +409,23 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
     where = f"{where} (model_type {model_type!r})"
     rule = _rule(model_type, layout, where)
+    if attention == "indexer" and rule.indexer is None:
+        raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
+                         f"{model_type!r}; its main attention is attention='main'")
+    if (attention == "indexer" and layer_type not in (None, "indexed_attention")
+            and "indexed_attention" in (cfg.get("layer_types") or ())):
+        raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
+                         f"not layer_type={layer_type!r}")
+    cfg = _layer_config(cfg, layer_type, where)
     if rule.reversed:
         raise ValueError(
             f"{where}: this model rotates by -theta (its rotate_half is cat(x2, -x1), {rule.source}); "
             "RotaryEmbedding rotates by +theta. Its rotation is RotaryEmbedding(...).apply(x, positions, "
             "inverse=True) of the same RoPE when the attention factor is 1")
 
-    if model_type == "gptj":
-        # GPTJRotaryEmbedding: create_sinusoidal_positions(n_positions, rotary_dim or hidden_size), base 10000
+    if model_type in ("gptj", "codegen"):
+        # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,
+        # rotary_dim or hidden_size), base 10000
         head_dim = _head_dim(cfg, model_type, rule, where)
         rotary_dim = cfg.get("rotary_dim", 64)
         rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
@@ -378,6 +450,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64 if model_type == "deepseek_v3" else None)
         interleave = cfg.get("rope_interleave") if rule.reads_rope_interleave else None
         layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
+        if attention == "indexer":
+            # the indexer splits its index_head_dim features into [qk_rope_head_dim rotated, the rest passed]
+            dim, layout = _int(cfg, "index_head_dim", where), rule.indexer
     else:
         dim = _head_dim(cfg, model_type, rule, where)
         layout = rule.layout

@@ -58,6 +58,13 @@ class ModelRule(NamedTuple):
     """Flat config key of the sliding-window layers' ``rope_theta`` (one RoPE per layer type)."""
     local_scaled: bool = False
     """A flat ``rope_scaling`` applies to the sliding-window layers too (else to full attention only)."""
+    indexer: str | None = None
+    """Pair layout of its DSA indexer (``attention="indexer"``), which rotates the leading
+    ``qk_rope_head_dim`` of its ``index_head_dim`` features; None: no indexer posenc_fast reads."""
+    hidden_key: str = "hidden_size"
+    """The config key of the hidden size (``attribute_map``: ``d_model``, ``n_embd``)."""
+    heads_key: str = "num_attention_heads"
+    """The config key of the attention head count (``attribute_map``: ``n_heads``, decoder heads)."""
 
 
 # Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
@@ -68,7 +75,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "arcee": ModelRule("arcee/modeling_arcee.py"),
     "aria_text": ModelRule("aria/modeling_aria.py"),
     "axk1": ModelRule("axk1/modeling_axk1.py", "interleaved", mla=True),
-    "axk2": ModelRule("axk2/modeling_axk2.py", mla=True),
+    "axk2": ModelRule("axk2/modeling_axk2.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "bailing_hybrid": ModelRule("bailing_hybrid/modeling_bailing_hybrid.py", "interleaved", mla=True, reads_rope_interleave=False),
     "bamba": ModelRule("bamba/modeling_bamba.py", whole_head=False),
     "bitnet": ModelRule("bitnet/modeling_bitnet.py"),
@@ -77,6 +84,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "blt_local_encoder": ModelRule("blt/modeling_blt.py", "interleaved"),
     "blt_patcher": ModelRule("blt/modeling_blt.py", "interleaved"),
     "chameleon": ModelRule("chameleon/modeling_chameleon.py"),
+    "codegen": ModelRule("codegen/modeling_codegen.py", "interleaved", whole_head=False),
     "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
     "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
     "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
@@ -84,18 +92,21 @@ MODEL_RULES: dict[str, ModelRule] = {
     "csm": ModelRule("csm/modeling_csm.py"),
     "csm_depth_decoder_model": ModelRule("csm/modeling_csm.py"),
     "cwm": ModelRule("cwm/modeling_cwm.py"),
+    "dbrx": ModelRule("dbrx/modeling_dbrx.py", hidden_key="d_model", heads_key="n_heads"),
     "deepseek_ocr2_encoder": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True),
     "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
-    "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", mla=True),
+    "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
     "dia_encoder": ModelRule("dia/modeling_dia.py"),
     "diffllama": ModelRule("diffllama/modeling_diffllama.py"),
+    "diffusion_gemma_text": ModelRule("diffusion_gemma/modeling_diffusion_gemma.py"),
     "doge": ModelRule("doge/modeling_doge.py"),
     "dory": ModelRule("dory/modeling_dory.py"),
     "dots1": ModelRule("dots1/modeling_dots1.py"),
-    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", mla=True),
+    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved"),
+    "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py"),
     "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
     "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
     "ernie4_5_moe": ModelRule("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved"),
@@ -113,13 +124,16 @@ MODEL_RULES: dict[str, ModelRule] = {
     "gemma2": ModelRule("gemma2/modeling_gemma2.py"),
     "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
     "gemma3n_text": ModelRule("gemma3n/modeling_gemma3n.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
+    "gemma4_text": ModelRule("gemma4/modeling_gemma4.py"),
+    "gemma4_unified_text": ModelRule("gemma4_unified/modeling_gemma4_unified.py"),
     "glm": ModelRule("glm/modeling_glm.py", "interleaved", whole_head=False),
     "glm4": ModelRule("glm4/modeling_glm4.py", "interleaved", whole_head=False),
     "glm4_moe": ModelRule("glm4_moe/modeling_glm4_moe.py", whole_head=False),
+    "glm4_moe_lite": ModelRule("glm4_moe_lite/modeling_glm4_moe_lite.py", "interleaved", mla=True),
     "glm4v_moe_text": ModelRule("glm4v_moe/modeling_glm4v_moe.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glm4v_text": ModelRule("glm4v/modeling_glm4v.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glm_image_text": ModelRule("glm_image/modeling_glm_image.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
-    "glm_moe_dsa": ModelRule("glm_moe_dsa/modeling_glm_moe_dsa.py", "interleaved", mla=True, reads_rope_interleave=False),
+    "glm_moe_dsa": ModelRule("glm_moe_dsa/modeling_glm_moe_dsa.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved"),
     "glm_ocr_text": ModelRule("glm_ocr/modeling_glm_ocr.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glmasr_encoder": ModelRule("glmasr/modeling_glmasr.py", whole_head=False),
     "gpt_neox": ModelRule("gpt_neox/modeling_gpt_neox.py", whole_head=False),
@@ -177,6 +191,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
     "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
     "molmo2_text": ModelRule("molmo2/modeling_molmo2.py"),
+    "moonshine": ModelRule("moonshine/modeling_moonshine.py", "interleaved", whole_head=False, heads_key="decoder_num_attention_heads"),
     "moshi": ModelRule("moshi/modeling_moshi.py"),
     "muse_glimmer_assistant": ModelRule("muse_glimmer_assistant/modeling_muse_glimmer_assistant.py"),
     "muse_glimmer_text": ModelRule("muse_glimmer/modeling_muse_glimmer.py"),

@@ -218,7 +218,8 @@ class RotaryEmbedding:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], *,
                        layer_type: str | None = None,
-                       layout: Literal["interleaved", "half"] | None = None) -> "RotaryEmbedding":
+                       layout: Literal["interleaved", "half"] | None = None,
+                       attention: Literal["main", "indexer"] = "main") -> "RotaryEmbedding":
         """Build the rotary embedding a Hugging Face model config describes.
 
         Parameters
@@ -230,11 +231,17 @@ class RotaryEmbedding:
             rotary, ``rope_theta``/``rope_scaling`` or ``rope_parameters``,
             pair layout; the text model's part of a composite config).
         layer_type : str, optional
-            Which layer type's RoPE, for configs with one per layer type
-            (Gemma 3: ``"full_attention"`` or ``"sliding_attention"``).
+            Which layer type's RoPE (and head size), for configs with one per
+            layer type (Gemma 3: ``"full_attention"`` or
+            ``"sliding_attention"``; Gemma 4's ``per_layer_config``).
         layout : {"interleaved", "half"}, optional
             Pair layout of a ``model_type`` posenc_fast has no rule for
             (refused without it: never a guess).
+        attention : {"main", "indexer"}, optional
+            Whose RoPE: the model's attention (default) or its DSA indexer
+            (DeepSeek-V3.2, AXK2, GLM-MoE-DSA, dots3: ``index_head_dim``
+            features, in the indexer's own pair layout).  Refused where
+            posenc_fast reads no indexer of the model.
 
         Returns
         -------
@@ -250,7 +257,7 @@ class RotaryEmbedding:
         """
         from ._hf_config import rotary_kwargs_from_hf_config
 
-        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout)
+        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention)
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
