@@ -193,13 +193,13 @@ def position_streams(rotary):
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]}
 # Default configs that cannot be compared as they are, and the change that makes them comparable
 CONFIG_OVERRIDES = {
-    # GLM-4.5's default head_dim is 4096 // 96 = 42, so int(42 * 0.5) = 21 features would rotate;
-    # the released checkpoints set head_dim = 128
-    "glm4_moe": {"head_dim": 128},
-    # GLM-4V's default mrope_section [8, 12, 12] covers 32 pairs: its released checkpoints rotate half the head
+    # GLM-4V's default mrope_section [8, 12, 12] covers 32 pairs, its default RoPE 64 (its own rotary module
+    # fails, as from_hf_config refuses): its released checkpoints rotate half the head
     "glm4v": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
     "glm4v_text": {"rope_parameters": _GLM4V_ROPE},
-    "glm4v_moe": {"text_config": {"head_dim": 128}},  # as glm4_moe
+    # GLM-4.5V's default head_dim 4096 // 96 = 42 rotates 11 pairs (int(42 * 0.5) = 21 features, as glm4_moe's
+    # default does), which [8, 12, 12] does not cover (its rotary module fails); the checkpoints set 128
+    "glm4v_moe": {"text_config": {"head_dim": 128}},
     "glm4v_moe_text": {"head_dim": 128},
     "glm_image": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
     "glm_image_text": {"rope_parameters": _GLM4V_ROPE},

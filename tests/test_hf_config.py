@@ -503,3 +503,20 @@ def test_config_key_names_and_composites():
     dia = {"model_type": "dia", "encoder_config": {"model_type": "dia_encoder"},
            "decoder_config": {"model_type": "dia_decoder", "hidden_size": 256, "num_attention_heads": 4}}
     assert rotary_kwargs_from_hf_config(dia)["dim"] == 64
+
+
+def test_odd_partial_width_rotates_what_transformers_rotates():
+    # GLM-4.5's default: head_dim 42, int(42 * 0.5) = 21: transformers computes base ** (-arange(0, 21, 2) / 21)
+    # (11 frequencies) and rotates cos.shape[-1] = 22 features
+    glm = {"model_type": "glm4_moe", "hidden_size": 4032, "num_attention_heads": 96,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
+    rope = pf.RotaryEmbedding.from_hf_config(glm)
+    assert (rope.dim, rope.rotary_dim) == (42, 22)
+    want = 1.0 / 1e4 ** (np.arange(0, 21, 2) / 21)
+    np.testing.assert_allclose(rope.inv_freq, want, rtol=1e-14, atol=0)
+    scaled = dict(glm, rope_parameters=dict(glm["rope_parameters"], rope_type="linear", factor=2.0))
+    with pytest.raises(ValueError, match="rotated width must be even"):
+        rotary_kwargs_from_hf_config(scaled)
+    llama = {"model_type": "llama", "hidden_size": 4032, "num_attention_heads": 64}  # a whole odd head: refused
+    with pytest.raises(ValueError, match="rotated width must be even"):
+        rotary_kwargs_from_hf_config(llama)

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_models import MODEL_RULES, ModelRule
+from ._hf_models import MODEL_RULES, ROTARY_FUNCTIONS, ModelRule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
 
@@ -399,6 +399,10 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       than they rotate, which is rejected here.
     - ``"proportional"`` RoPE (Gemma 4) rotates the whole head with zero
       frequencies past ``partial_rotary_factor``.
+    - An odd partial width ``w = int(head_dim * partial_rotary_factor)``
+      (GLM-4.5's default, 21) rotates ``w + 1`` features with transformers'
+      frequencies ``base ** (-2i / w)``: ``base`` is then
+      ``rope_theta ** ((w + 1) / w)``.  Refused with a scaled RoPE.
     """
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {list(ATTENTION_KINDS)}, got {attention!r}")
@@ -464,6 +468,11 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
             f"{where}: partial_rotary_factor={partial!r} with rope_type {rope_type!r}: transformers computes "
             f"int(head_dim * partial_rotary_factor) frequencies but this model rotates all {dim} head features"
         )
+    if rotary_dim % 2 and rotary_dim < dim and scaling is None and _rotates_the_cache_width(rule):
+        # compute_default_rope_parameters gives the ceil(w / 2) frequencies base ** (-2i / w) of an odd width w,
+        # and its apply_rotary_pos_emb rotates cos.shape[-1] = w + 1 features (GLM-4.5: w = 21, 11 pairs):
+        # base ** (-2i / w) is (base ** ((w + 1) / w)) ** (-2i / (w + 1))
+        base, rotary_dim = base ** ((rotary_dim + 1) / rotary_dim), rotary_dim + 1
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(
             f"{where}: the rotated width must be even and >= 2, got rotary_dim={rotary_dim} "
@@ -473,6 +482,12 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     if rule.streams is not None:
         kwargs["pair_streams"] = _pair_streams(rule, params.get("mrope_section"), rotary_dim // 2, where)
     return kwargs
+
+
+def _rotates_the_cache_width(rule: ModelRule) -> bool:
+    """The model's apply_rotary_pos_emb rotates as many leading features as its cos/sin cache is wide."""
+    function = ROTARY_FUNCTIONS.get(rule.source.split("/")[0])
+    return function is not None and function.partial and function.cache == "halves"
 
 
 def _pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:
