@@ -59,8 +59,27 @@ def model_types():
     return types
 
 
-def text_rotary_class(module):
-    """The module's text rotary embedding (None when it only has vision/audio ones)."""
+def _built_rotary_class(module, config):
+    """The rotary class the module's model for `config`'s class builds (`self.rotary_emb = X(...)`), or None."""
+    built = set()
+    for cls in vars(module).values():
+        if not (inspect.isclass(cls) and cls.__module__ == module.__name__ and "__init__" in vars(cls)):
+            continue
+        annotation = inspect.signature(cls.__init__).parameters.get("config")
+        annotation = getattr(annotation, "annotation", None)
+        if getattr(annotation, "__name__", annotation) == type(config).__name__:
+            built |= set(re.findall(r"=\s*(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
+    built = [getattr(module, name) for name in built if hasattr(module, name)]
+    return built[0] if len(built) == 1 and not _NOT_TEXT.search(built[0].__name__) else None
+
+
+def text_rotary_class(module, config=None):
+    """The module's text rotary embedding (None when it only has vision/audio ones).
+
+    With `config`, the one the model of its configuration class builds, where the module says.
+    """
+    if config is not None and (built := _built_rotary_class(module, config)) is not None:
+        return built
     classes = rotary_classes(module)
     text = [c for c in classes if not _NOT_TEXT.search(c.__name__)]
     if len(text) > 1:
@@ -129,7 +148,7 @@ def check(model_type, partial_rotary_factor=None, seed=0):
             # get_text_config made a copy of a flat encoder/decoder config (Moonshine): from_hf_config reads the top
             config.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
         text.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
-    rotary_class = text_rotary_class(module)
+    rotary_class = text_rotary_class(module, text)
     if rotary_class is None:
         raise Skip("no text rotary embedding (vision/audio only)")
     try:
@@ -203,6 +222,11 @@ CONFIG_OVERRIDES = {
     "glm4v_moe_text": {"head_dim": 128},
     "glm_image": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
     "glm_image_text": {"rope_parameters": _GLM4V_ROPE},
+    # Qwen3-Omni's default text head_dim is 2048 // 28 = 73, odd (its own rotation fails, from_hf_config
+    # refuses it); the released checkpoints set head_dim = 128
+    "qwen3_omni_moe": {"thinker_config": {"text_config": {"head_dim": 128}}},
+    "qwen3_omni_moe_thinker": {"text_config": {"head_dim": 128}},
+    "qwen3_omni_moe_text": {"head_dim": 128},
 }
 
 

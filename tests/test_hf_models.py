@@ -15,7 +15,6 @@ import hf_walk  # noqa: E402  (needs torch)
 
 import posenc_fast as pf  # noqa: E402
 
-_ODD_HEAD = "its default config's head_dim is odd (2048 // 28 = 73): its own rotation fails"
 _FULL_WIDTH = ("its default config has no mrope_section (its rotary module fails); sections over the full "
                "width are not one rotation per pair in general: refused by from_hf_config")
 
@@ -29,9 +28,6 @@ OUT_OF_SCOPE = {
     "lfm3_vl": "its rotary module has no RoPE for the default config's layer types",
     "nanochat": "rotates by -theta (rotate_half = cat(x2, -x1)): refused by from_hf_config",
     "moonshine_streaming": "no rule: its rotation differs from both layouts (not read yet)",
-    "qwen3_omni_moe": _ODD_HEAD, "qwen3_omni_moe_text": _ODD_HEAD, "qwen3_omni_moe_thinker": _ODD_HEAD,
-    "qwen3_omni_moe_talker_code_predictor": "its module defines several text rotary classes; the walk runs the "
-                                            "talker's (3 streams), not the code predictor's",
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
 

@@ -114,6 +114,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "esm": ModelRule("esm/modeling_esm.py"),
     "esmc": ModelRule("esmc/modeling_esmc.py"),
     "eurobert": ModelRule("eurobert/modeling_eurobert.py"),
+    "evolla": ModelRule("evolla/modeling_evolla.py"),
     "exaone4": ModelRule("exaone4/modeling_exaone4.py"),
     "exaone_moe": ModelRule("exaone_moe/modeling_exaone_moe.py"),
     "falcon": ModelRule("falcon/modeling_falcon.py"),
