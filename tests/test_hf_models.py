@@ -77,3 +77,14 @@ def test_families_that_always_interleave_ignore_rope_interleave(model_type):
         assert pf.RotaryEmbedding.from_hf_config({**config, "rope_interleave": flag}).layout == "interleaved"
     deepseek = hf_walk.configuration_auto.CONFIG_MAPPING["deepseek_v3"]().to_dict()
     assert pf.RotaryEmbedding.from_hf_config({**deepseek, "rope_interleave": False}).layout == "half"
+
+
+@pytest.mark.parametrize("model_type", sorted(pf._hf_models.NO_ROPE))
+def test_text_models_without_rope_are_refused_with_that_reason(model_type):
+    config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
+    module = hf_walk.modeling_module(model_type)
+    assert hf_walk.attention_rotations(module) == {}  # no text attention class calls a rotation
+    assert hf_walk.text_rotary_class(module, config) is None
+    for data in (config.to_dict(), {"model_type": model_type.removesuffix("_text"), "text_config": config.to_dict()}):
+        with pytest.raises(ValueError, match="this model's text attention has no RoPE"):
+            pf.RotaryEmbedding.from_hf_config(data)

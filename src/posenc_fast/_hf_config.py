@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_models import MODEL_RULES, ROTARY_FUNCTIONS, ModelRule
+from ._hf_models import MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
 
@@ -304,6 +304,10 @@ def _rule(model_type, layout, where: str) -> ModelRule:
     rule = MODEL_RULES.get(model_type) or MODEL_RULES.get(f"{model_type}_text")
     if layout is not None and layout not in ("half", "interleaved"):
         raise ValueError(f"layout must be 'half', 'interleaved' or None, got {layout!r}")
+    no_rope = NO_ROPE.get(model_type) or NO_ROPE.get(f"{model_type}_text")
+    if no_rope is not None:
+        raise ValueError(f"{where}: this model's text attention has no RoPE ({no_rope}); only its vision tower "
+                         f"rotates")
     if rule is None:
         if layout is None:
             raise ValueError(
@@ -367,7 +371,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     ValueError
         If the file cannot be read or is not a JSON object, a needed key is
         missing (named in the message), a value is invalid, the RoPE type is
-        unsupported, the model type has no rule and no ``layout`` was given,
+        unsupported, the model's text attention has no RoPE (GLM-5-next,
+        Inkling2), the model type has no rule and no ``layout`` was given,
         ``attention="indexer"`` names an indexer the model lacks,
         the model rotates in a way ``RotaryEmbedding`` does not (the
         reversed direction, an unread assignment of pairs to position

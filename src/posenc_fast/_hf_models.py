@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ModelRule", "MODEL_RULES", "RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS",
+__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS",
            "NOT_PATCHED"]
 
 
@@ -255,6 +255,13 @@ MODEL_RULES: dict[str, ModelRule] = {
     "youtu": ModelRule("youtu/modeling_youtu.py", "interleaved", mla=True),
     "zamba2": ModelRule("zamba2/modeling_zamba2.py", head_dim_key="attention_head_dim"),
     "zaya": ModelRule("zaya/modeling_zaya.py", whole_head=False),
+}
+
+
+# Text model types whose text attention has no RoPE (only their vision tower rotates): what they use instead.
+NO_ROPE: dict[str, str] = {
+    "glm5_next_text": "glm5_next/modeling_glm5_next.py: MLA with qk_rope_head_dim = 0 beside linear attention",
+    "inkling2_text": "inkling2/modeling_inkling2.py: a relative position bias and a log-position scaling",
 }
 
 
