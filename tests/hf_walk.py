@@ -148,10 +148,10 @@ def check(model_type, partial_rotary_factor=None, seed=0):
             # get_text_config made a copy of a flat encoder/decoder config (Moonshine): from_hf_config reads the top
             config.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
         text.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
+    if text.model_type in _hf_models.NO_ROPE:
+        raise Skip("its text attention has no RoPE (from_hf_config refuses it with that reason)")
     rotary_class = text_rotary_class(module, text)
     if rotary_class is None:
-        if text.model_type in _hf_models.NO_ROPE:
-            raise Skip("its text attention has no RoPE (from_hf_config refuses it with that reason)")
         raise Skip("no text rotary embedding (vision/audio only)")
     try:
         rotary = rotary_class(config=text)

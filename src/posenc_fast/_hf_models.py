@@ -262,6 +262,7 @@ MODEL_RULES: dict[str, ModelRule] = {
 NO_ROPE: dict[str, str] = {
     "glm5_next_text": "glm5_next/modeling_glm5_next.py: MLA with qk_rope_head_dim = 0 beside linear attention",
     "inkling2_text": "inkling2/modeling_inkling2.py: a relative position bias and a log-position scaling",
+    "moshi_depth": "moshi/modeling_moshi.py: its depth decoder's layers are built with use_rope=False",
 }
 
 
