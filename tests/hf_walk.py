@@ -168,8 +168,19 @@ def check(model_type, partial_rotary_factor=None, seed=0):
         layer_types = sorted(set(getattr(text, "layer_types", None) or ())) or [None]
     rule = _hf_models.MODEL_RULES.get(text.model_type)
     results = []
+    params = getattr(text, "rope_parameters", None) or {}
+    per_type = any(isinstance(value, dict) for value in params.values())
     for layer_type, kind in ((t, kind) for t in layer_types for kind in attention_kinds(module)):
         extra = {} if layer_type is None else {"layer_type": layer_type}
+        if layer_type is not None and per_type and not isinstance(params.get(layer_type), dict):
+            # a layer type without RoPE (Beam's NoPE full attention, LFM3's convolutions) must be refused,
+            # never answered with another layer type's
+            try:
+                pf.RotaryEmbedding.from_hf_config(config.to_dict(), attention=kind, **extra)
+            except ValueError:
+                results.append((layer_type, kind, None))
+                continue
+            raise AssertionError(f"layer_type={layer_type!r} has no RoPE but from_hf_config gave one")
         if kind == "indexer" and (rule is None or rule.indexer is None or layer_type not in (None, "indexed_attention")):
             # an indexer posenc_fast does not read must be refused, never answered with the main attention's RoPE
             try:
