@@ -9,6 +9,7 @@ transformers' float32 error budget, as in ``test_frequencies.py``.
 
 import copy
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -224,7 +225,6 @@ def test_unreadable_paths_raise_value_error(tmp_path):
             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
          r"one RoPE per layer type \['full_attention', 'sliding_attention'\]; pass layer_type="),
-        ({"model_type": "nanochat", "hidden_size": 128, "num_attention_heads": 2}, "rotates by -theta"),
         ({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5,
           "rope_scaling": {"type": "linear", "factor": 2.0}}, "partial_rotary_factor=0.5 with rope_type 'linear'"),
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 0.2625},
@@ -520,3 +520,25 @@ def test_odd_partial_width_rotates_what_transformers_rotates():
     llama = {"model_type": "llama", "hidden_size": 4032, "num_attention_heads": 64}  # a whole odd head: refused
     with pytest.raises(ValueError, match="rotated width must be even"):
         rotary_kwargs_from_hf_config(llama)
+
+
+def test_nanochat_rotates_by_minus_theta():
+    # NanoChat's rotate_half is cat(x2, -x1): q * cos + rotate_half(q) * sin rotates each pair by -theta
+    config = {"model_type": "nanochat", "hidden_size": 128, "num_attention_heads": 2}
+    assert rotary_kwargs_from_hf_config(config) == dict(dim=64, rotary_dim=64, base=1e4, layout="half",
+                                                        scaling=None, reverse=True)
+    rope = pf.RotaryEmbedding.from_hf_config(config)
+    forward = pf.RotaryEmbedding(64, layout="half")
+    x = np.random.default_rng(0).standard_normal((2, 5, 64))
+    assert rope.reverse and np.array_equal(rope.inv_freq, -forward.inv_freq)
+    np.testing.assert_array_equal(rope.apply(x), forward.apply(x, inverse=True))
+    x1, x2 = x[..., :32], x[..., 32:]
+    theta = np.arange(5)[:, None] * forward.inv_freq
+    want = np.concatenate([x1 * np.cos(theta) + x2 * np.sin(theta), x2 * np.cos(theta) - x1 * np.sin(theta)], -1)
+    np.testing.assert_allclose(rope.apply(x), want, rtol=0, atol=1e-12)
+    halves = np.arange(5) + 0.5  # the general path, and the cos/sin table
+    np.testing.assert_array_equal(rope.apply(x, halves), forward.apply(x, halves, inverse=True))
+    np.testing.assert_array_equal(rope.cos_sin(halves)[1], -forward.cos_sin(halves)[1])
+    copy = pickle.loads(pickle.dumps(rope))
+    assert copy.reverse and "reverse=True" in repr(copy)
+    np.testing.assert_array_equal(copy.apply(x), rope.apply(x))

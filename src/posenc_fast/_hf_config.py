@@ -362,7 +362,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         only, ``original_max_position_embeddings`` and ``factor`` filled in
         as transformers derives them); for multimodal RoPE also
         ``pair_streams`` (a list: each pair's position stream, from the
-        config's ``mrope_section`` or the model's default).
+        config's ``mrope_section`` or the model's default); ``reverse=True``
+        for a model that rotates by ``-theta`` (NanoChat).
 
     Raises
     ------
@@ -374,9 +375,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         unsupported, the model's text attention has no RoPE (GLM-5-next,
         Inkling2), the model type has no rule and no ``layout`` was given,
         ``attention="indexer"`` names an indexer the model lacks,
-        the model rotates in a way ``RotaryEmbedding`` does not (the
-        reversed direction, an unread assignment of pairs to position
-        streams), or the config holds
+        the model rotates in a way ``RotaryEmbedding`` does not (an unread
+        assignment of pairs to position streams), or the config holds
         differing RoPEs per layer type and no ``layer_type`` was given.
 
     Notes
@@ -426,11 +426,6 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
                          f"not layer_type={layer_type!r}")
     cfg = _layer_config(cfg, layer_type, where)
-    if rule.reversed:
-        raise ValueError(
-            f"{where}: this model rotates by -theta (its rotate_half is cat(x2, -x1), {rule.source}); "
-            "RotaryEmbedding rotates by +theta. Its rotation is RotaryEmbedding(...).apply(x, positions, "
-            "inverse=True) of the same RoPE when the attention factor is 1")
 
     if model_type in ("gptj", "codegen"):
         # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,
@@ -484,6 +479,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
             f"(head_dim={dim}, partial_rotary_factor={partial!r})"
         )
     kwargs = dict(dim=dim, rotary_dim=rotary_dim, base=base, layout=layout, scaling=scaling)
+    if rule.reversed:
+        kwargs["reverse"] = True  # its rotate_half is cat(x2, -x1): it rotates by -theta
     if rule.streams is not None:
         kwargs["pair_streams"] = _pair_streams(rule, params.get("mrope_section"), rotary_dim // 2, where)
     return kwargs
