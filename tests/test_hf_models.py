@@ -26,7 +26,6 @@ OUT_OF_SCOPE = {
                     "qk_rope_head_dim (64) of its 512 head features (x[..., -rope_dim:], interleaved pairs) and its "
                     "RoPEs are keyed 'main' / 'compress', not by layer type; RotaryEmbedding rotates leading "
                     "features only"),
-    "moonshine_streaming": "no rule: its rotation differs from both layouts (not read yet)",
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
 

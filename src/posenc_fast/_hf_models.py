@@ -195,6 +195,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
     "molmo2_text": ModelRule("molmo2/modeling_molmo2.py"),
     "moonshine": ModelRule("moonshine/modeling_moonshine.py", "interleaved", whole_head=False, heads_key="decoder_num_attention_heads"),
+    "moonshine_streaming": ModelRule("moonshine_streaming/modeling_moonshine_streaming.py", "interleaved", whole_head=False),
     "moshi": ModelRule("moshi/modeling_moshi.py"),
     "muse_glimmer_assistant": ModelRule("muse_glimmer_assistant/modeling_muse_glimmer_assistant.py"),
     "muse_glimmer_text": ModelRule("muse_glimmer/modeling_muse_glimmer.py"),
