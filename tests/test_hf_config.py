@@ -218,7 +218,10 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 2,
           "rope_parameters": {"rope_type": "default", "mrope_section": "16"}}, "list of ints"),
         ({"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_parameters": {"rope_type": "default", "mrope_section": [16, 16]}}, "pair_streams="),
+          "rope_parameters": {"rope_type": "default", "mrope_section": [16, 16]}},
+         r"two features of pair 0 the angles of streams 0 and 1.*not a rotation of pairs"),
+        ({"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default"}}, "no mrope_section"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_scaling": "linear"},
          "must be an object"),
         ({"model_type": "gemma3_text", "head_dim": 64, "rope_parameters": {
@@ -542,3 +545,10 @@ def test_nanochat_rotates_by_minus_theta():
     copy = pickle.loads(pickle.dumps(rope))
     assert copy.reverse and "reverse=True" in repr(copy)
     np.testing.assert_array_equal(copy.apply(x), rope.apply(x))
+
+
+def test_hunyuan_vl_full_width_sections_with_one_stream_per_pair():
+    # one section: every pair's two features take stream 0 (plain RoPE with one stream)
+    config = {"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+              "rope_parameters": {"rope_type": "default", "mrope_section": [32]}}
+    assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [0] * 32

@@ -15,8 +15,10 @@ import hf_walk  # noqa: E402  (needs torch)
 
 import posenc_fast as pf  # noqa: E402
 
-_FULL_WIDTH = ("its default config has no mrope_section (its rotary module fails); sections over the full "
-               "width are not one rotation per pair in general: refused by from_hf_config")
+_FULL_WIDTH = ("cannot be a RoPE of pairs: its recomposition splits the full-width cos/sin (cat(freqs, freqs)) by "
+               "2 * mrope_section, so with two or more sections the two features of a rotate_half pair take "
+               "different streams' angles (not a rotation where those positions differ; from_hf_config names the "
+               "pair); its default config has no mrope_section (its own rotary module fails)")
 
 OUT_OF_SCOPE = {
     "mlcd": "vision tower (2-D rotary)", "mlcd_vision_model": "vision tower (2-D rotary)",
@@ -92,3 +94,21 @@ def test_text_models_without_rope_are_refused_with_that_reason(model_type):
     for data in (config.to_dict(), {"model_type": model_type.removesuffix("_text"), "text_config": config.to_dict()}):
         with pytest.raises(ValueError, match="this model's text attention has no RoPE"):
             pf.RotaryEmbedding.from_hf_config(data)
+
+
+def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():
+    # with two sections its own rotation changes a pair's norm wherever the two streams' positions differ:
+    # no RoPE of pairs gives it, and from_hf_config refuses it
+    config = hf_walk.configuration_auto.CONFIG_MAPPING["hunyuan_vl_text"](
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [32, 32]})
+    module = hf_walk.modeling_module("hunyuan_vl")
+    rotary = hf_walk.text_rotary_class(module, config)(config=config)
+    q = hf_walk.torch.randn(1, 1, 3, 128, dtype=hf_walk.torch.float64)
+    positions = hf_walk.torch.tensor([[[0, 5, 9]], [[0, 1, 2]]])  # stream 0 and stream 1 differ past token 0
+    cos, sin = rotary(q, positions)
+    rotated, _ = module.apply_rotary_pos_emb(q, q, cos.double(), sin.double())
+    pairs = lambda x: x[..., :64] ** 2 + x[..., 64:] ** 2  # noqa: E731  (rotate_half pairs)
+    assert hf_walk.torch.allclose(pairs(rotated)[..., 0, :], pairs(q)[..., 0, :])
+    assert not hf_walk.torch.allclose(pairs(rotated)[..., 1:, :], pairs(q)[..., 1:, :], rtol=1e-3)
+    with pytest.raises(ValueError, match="not a rotation of pairs"):
+        pf.RotaryEmbedding.from_hf_config(config.to_dict())

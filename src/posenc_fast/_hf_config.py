@@ -517,6 +517,19 @@ def _pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int
     if rule.streams == "chunked":
         # Qwen2-VL: torch.cat([m[i % 3] for i, m in enumerate(freq.split(mrope_section, dim=-1))])
         return [i % 3 for i, n in enumerate(section) for _ in range(n)]
+    if rule.streams == "full_width":
+        # HunYuan-VL: cat((freq, freq)) split by 2 * mrope_section, chunk i taking stream i: feature j's stream.
+        # A rotate_half pair (j, j + npairs) rotates only where both features take one stream's angle.
+        feature = [i for i, n in enumerate(section) for _ in range(2 * n)]
+        streams = feature[:npairs]
+        if streams != feature[npairs:]:
+            pair = next(j for j in range(npairs) if feature[j] != feature[j + npairs])
+            raise ValueError(
+                f"{where}: mrope_section {section} gives the two features of pair {pair} the angles of streams "
+                f"{feature[pair]} and {feature[pair + npairs]} (its rotary module splits cat(freqs, freqs) by "
+                f"2 * mrope_section): not a rotation of pairs wherever those positions differ, which "
+                f"RotaryEmbedding cannot express ({rule.source})")
+        return streams
     if rule.streams == "hw_interleaved_t" and len(section) == 3:
         # ERNIE-4.5-VL: pre-rotated frequencies, h and w pair by pair over section[0] + section[1] pairs, then t
         return [(1 if j % 2 == 0 else 2) if j < section[0] + section[1] else 0 for j in range(npairs)]
