@@ -238,6 +238,14 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "cohere", "hidden_size": 128, "num_attention_heads": 2,
           "rope_scaling": {"type": "yarn", "factor": 4.0}}, "missing 'max_position_embeddings'"),
         ({"model_type": 7}, "'model_type' must be a string"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": [{"a": 1}],
+          "per_layer_config": {"0": {"head_dim": 8}}}, "'layer_types' list of strings"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": ["x"], "per_layer_config": [1]},
+         "'per_layer_config' must be an object"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": ["x"], "per_layer_config": {"a": {}}},
+         "keys of 'per_layer_config' must be layer indices"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": ["x"], "per_layer_config": {"0": 3}},
+         "each 'per_layer_config' entry must be an object"),
     ],
 )
 def test_bad_configs_raise_value_error(config, match):

@@ -122,9 +122,10 @@ def _layer_config(cfg: Mapping, layer_type, where: str) -> dict:
     if not overrides:
         return dict(cfg)
     declared = cfg.get("layer_types")
-    if not isinstance(overrides, Mapping) or not isinstance(declared, (list, tuple)):
+    if (not isinstance(overrides, Mapping) or not isinstance(declared, (list, tuple))
+            or not all(isinstance(name, str) for name in declared)):
         raise ValueError(f"{where}: 'per_layer_config' must be an object of per-layer overrides beside a "
-                         f"'layer_types' list")
+                         f"'layer_types' list of strings")
     try:
         by_index = {int(index): value for index, value in overrides.items()}
     except (TypeError, ValueError):
@@ -411,6 +412,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     """
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {list(ATTENTION_KINDS)}, got {attention!r}")
+    if layer_type is not None and not isinstance(layer_type, str):
+        raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
     cfg, where = _load(config)
     cfg, where = _text_part(cfg, where)
     model_type = cfg.get("model_type")
@@ -421,8 +424,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     if attention == "indexer" and rule.indexer is None:
         raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
                          f"{model_type!r}; its main attention is attention='main'")
-    if (attention == "indexer" and layer_type not in (None, "indexed_attention")
-            and "indexed_attention" in (cfg.get("layer_types") or ())):
+    declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
+    if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
                          f"not layer_type={layer_type!r}")
     cfg = _layer_config(cfg, layer_type, where)
