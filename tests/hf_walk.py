@@ -222,6 +222,8 @@ def position_streams(rotary):
     return len(rotary.mrope_section) if found.group(1).startswith("len") else int(found.group(1))
 
 
+_COMPASS_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 5e4, "mrope_section": [24, 20, 20]},
+                 "full_attention": None}
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]}
 # Default configs that cannot be compared as they are, and the change that makes them comparable
 CONFIG_OVERRIDES = {
@@ -240,6 +242,12 @@ CONFIG_OVERRIDES = {
     "qwen3_omni_moe": {"thinker_config": {"text_config": {"head_dim": 128}}},
     "qwen3_omni_moe_thinker": {"text_config": {"head_dim": 128}},
     "qwen3_omni_moe_text": {"head_dim": 128},
+    # Cohere-Compass' default rope_parameters are empty (its rotary module fails, from_hf_config refuses); walked
+    # as sliding layers with a RoPE and NoPE full layers (None, which its rotary module skips)
+    "cohere_compass": {"text_config": {"layer_types": ["sliding_attention", "full_attention"] * 2,
+                                       "num_hidden_layers": 4, "rope_parameters": _COMPASS_ROPE}},
+    "cohere_compass_text": {"layer_types": ["sliding_attention", "full_attention"] * 2, "num_hidden_layers": 4,
+                            "rope_parameters": _COMPASS_ROPE},
 }
 
 

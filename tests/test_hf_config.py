@@ -560,3 +560,19 @@ def test_hunyuan_vl_full_width_sections_with_one_stream_per_pair():
     config = {"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
               "rope_parameters": {"rope_type": "default", "mrope_section": [32]}}
     assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [0] * 32
+
+
+def test_layer_types_without_rope_parameters_have_no_rope():
+    # Cohere-Compass: a layer type without its own rope_parameters entry is NoPE (None: its rotary module skips
+    # it; absent: its rotary module fails), never the default RoPE
+    compass = {"model_type": "cohere_compass_text", "hidden_size": 256, "num_attention_heads": 2,
+               "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {}}
+    with pytest.raises(ValueError, match="give no layer type a RoPE"):
+        rotary_kwargs_from_hf_config(compass)
+    compass["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+                                  "full_attention": None}
+    with pytest.raises(ValueError, match="has no RoPE for layer_type='full_attention'"):
+        rotary_kwargs_from_hf_config(compass, layer_type="full_attention")
+    sliding = rotary_kwargs_from_hf_config(compass, layer_type="sliding_attention")
+    assert sliding["base"] == 5e4 and sliding["dim"] == 128 and len(sliding["pair_streams"]) == 64
+    assert rotary_kwargs_from_hf_config(compass) == sliding  # the config's one RoPE is the default

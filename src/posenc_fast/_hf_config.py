@@ -168,6 +168,10 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
         if layer_type not in known:
             raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
                              f"expected one of {known}")
+    if rule.rope_per_type_only and not nested:
+        # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
+        raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
+                         f"only per-layer-type entries)")
     if nested:
         # standardize_rope_params: top-level rope_theta / partial_rotary_factor fill each layer type's dict
         per_type = {key: {**_top_level(cfg, rule), **value} for key, value in nested.items()}

@@ -65,6 +65,8 @@ class ModelRule(NamedTuple):
     """The config key of the hidden size (``attribute_map``: ``d_model``, ``n_embd``)."""
     heads_key: str = "num_attention_heads"
     """The config key of the attention head count (``attribute_map``: ``n_heads``, decoder heads)."""
+    rope_per_type_only: bool = False
+    """Its RoPEs are the per-layer-type entries of ``rope_parameters`` only: a layer type without one is NoPE."""
 
 
 # Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
@@ -88,6 +90,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "codegen": ModelRule("codegen/modeling_codegen.py", "interleaved", whole_head=False),
     "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
     "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
+    "cohere_compass_text": ModelRule("cohere_compass/modeling_cohere_compass.py", streams="thw_interleaved", default_section=(24, 20, 20), rope_per_type_only=True),
     "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
     "cosmos3_edge_text": ModelRule("cosmos3_edge/modeling_cosmos3_edge.py", streams="thw_interleaved", default_section=(24, 20, 20)),
     "csm": ModelRule("csm/modeling_csm.py"),
