@@ -112,3 +112,26 @@ def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():
     assert not hf_walk.torch.allclose(pairs(rotated)[..., 1:, :], pairs(q)[..., 1:, :], rtol=1e-3)
     with pytest.raises(ValueError, match="not a rotation of pairs"):
         pf.RotaryEmbedding.from_hf_config(config.to_dict())
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text", "diffusion_gemma_text",
+                                        "embedding_gemma2_text"])
+@pytest.mark.parametrize("form", ["global_head_dim", "class defaults"])
+def test_gemma4_config_json_form_reads_as_its_configuration_class(model_type, form):
+    # a checkpoint's config.json holds global_head_dim (no per_layer_config); its configuration class builds
+    # per_layer_config from it, and the per-layer-type rope_parameters when there are none
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]
+    raw = {key: value for key, value in cls().to_dict().items() if key != "per_layer_config"}
+    if form == "global_head_dim":
+        raw["global_head_dim"] = 384
+    else:
+        del raw["rope_parameters"]
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    for layer_type in ("full_attention", "sliding_attention"):
+        ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=layer_type)
+        want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type)  # walked
+        assert (ours.dim, ours.rotary_dim, ours.scaling) == (want.dim, want.rotary_dim, want.scaling)
+        assert ours.dim == config.per_layer_config[config.layer_types.index(layer_type)].head_dim
+        hf_walk.np.testing.assert_array_equal(ours.inv_freq, want.inv_freq)
+    with pytest.raises(ValueError, match="pass layer_type="):
+        pf.RotaryEmbedding.from_hf_config(raw)

@@ -116,9 +116,17 @@ _ROPE_KEYS = frozenset({"head_dim", "kv_channels", "attention_head_dim", "hidden
                         "original_max_position_embeddings", "mrope_section", "mrope_interleaved"})
 
 
-def _layer_config(cfg: Mapping, layer_type, where: str) -> dict:
+def _layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
     """The config of `layer_type`'s layers: `per_layer_config`'s overrides (heterogeneous configs) applied."""
     overrides = cfg.get("per_layer_config")
+    if rule.global_head_dim and "per_layer_config" not in cfg:
+        # Gemma4TextConfig.__post_init__: per_layer_config = {full-attention layer: {"head_dim": global_head_dim}}
+        global_head_dim = cfg["global_head_dim"] if "global_head_dim" in cfg else 512
+        if layer_type == "full_attention":
+            return {**cfg, "head_dim": global_head_dim}
+        if layer_type is None and global_head_dim != cfg.get("head_dim"):
+            raise ValueError(f"{where}: the full-attention layers have head_dim global_head_dim={global_head_dim}, "
+                             f"the others head_dim={cfg.get('head_dim')}; pass layer_type= to choose one")
     if not overrides:
         return dict(cfg)
     declared = cfg.get("layer_types")
@@ -154,7 +162,7 @@ def _layer_config(cfg: Mapping, layer_type, where: str) -> dict:
 def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
     """The rope parameter dict transformers standardises for `layer_type`: rope_scaling wins over rope_parameters."""
     # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or rule.default_rope or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
@@ -432,7 +440,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
                          f"not layer_type={layer_type!r}")
-    cfg = _layer_config(cfg, layer_type, where)
+    cfg = _layer_config(cfg, rule, layer_type, where)
 
     if model_type in ("gptj", "codegen"):
         # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,

@@ -67,7 +67,18 @@ class ModelRule(NamedTuple):
     """The config key of the attention head count (``attribute_map``: ``n_heads``, decoder heads)."""
     rope_per_type_only: bool = False
     """Its RoPEs are the per-layer-type entries of ``rope_parameters`` only: a layer type without one is NoPE."""
+    global_head_dim: bool = False
+    """Without ``per_layer_config``, its full-attention layers' head_dim is ``global_head_dim`` (default 512), as
+    Gemma 4's configuration class builds ``per_layer_config`` from it."""
+    default_rope: dict | None = None
+    """``rope_parameters`` when the config has none (the configuration class's per-layer-type default)."""
 
+
+# Gemma4TextConfig.__post_init__ (and its relatives'): the RoPE of each layer type when the config gives none
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
+_EMBEDDING_GEMMA2_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
 
 # Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
 MODEL_RULES: dict[str, ModelRule] = {
@@ -105,12 +116,12 @@ MODEL_RULES: dict[str, ModelRule] = {
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
     "dia_encoder": ModelRule("dia/modeling_dia.py"),
     "diffllama": ModelRule("diffllama/modeling_diffllama.py"),
-    "diffusion_gemma_text": ModelRule("diffusion_gemma/modeling_diffusion_gemma.py"),
+    "diffusion_gemma_text": ModelRule("diffusion_gemma/modeling_diffusion_gemma.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
     "doge": ModelRule("doge/modeling_doge.py"),
     "dory": ModelRule("dory/modeling_dory.py"),
     "dots1": ModelRule("dots1/modeling_dots1.py"),
     "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved"),
-    "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py"),
+    "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py", global_head_dim=True, default_rope=_EMBEDDING_GEMMA2_ROPE),
     "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
     "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
     "ernie4_5_moe": ModelRule("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved"),
@@ -129,8 +140,8 @@ MODEL_RULES: dict[str, ModelRule] = {
     "gemma2": ModelRule("gemma2/modeling_gemma2.py"),
     "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
     "gemma3n_text": ModelRule("gemma3n/modeling_gemma3n.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
-    "gemma4_text": ModelRule("gemma4/modeling_gemma4.py"),
-    "gemma4_unified_text": ModelRule("gemma4_unified/modeling_gemma4_unified.py"),
+    "gemma4_text": ModelRule("gemma4/modeling_gemma4.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
+    "gemma4_unified_text": ModelRule("gemma4_unified/modeling_gemma4_unified.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
     "glm": ModelRule("glm/modeling_glm.py", "interleaved", whole_head=False),
     "glm4": ModelRule("glm4/modeling_glm4.py", "interleaved", whole_head=False),
     "glm4_moe": ModelRule("glm4_moe/modeling_glm4_moe.py", whole_head=False),
