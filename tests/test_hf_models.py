@@ -135,3 +135,20 @@ def test_gemma4_config_json_form_reads_as_its_configuration_class(model_type, fo
         hf_walk.np.testing.assert_array_equal(ours.inv_freq, want.inv_freq)
     with pytest.raises(ValueError, match="pass layer_type="):
         pf.RotaryEmbedding.from_hf_config(raw)
+
+
+@pytest.mark.parametrize("swa", [{}, {"swa_qk_rope_head_dim": 32, "swa_head_dim": 224, "swa_rope_theta": 4e4,
+                                      "rope_theta": 7e7}])
+def test_dots3_config_json_form_reads_as_its_configuration_class(swa):
+    # the released checkpoint's config.json keeps the sliding layers' sizes and rope_theta in swa_* keys
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING["dots3_note_text"]
+    raw = {key: value for key, value in cls().to_dict().items() if key not in ("per_layer_config", "rope_parameters")}
+    raw.update(swa)
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    for layer_type in ("indexed_attention", "sliding_attention"):
+        for attention in ("main", "indexer") if layer_type == "indexed_attention" else ("main",):
+            ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=layer_type, attention=attention)
+            want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type, attention=attention)
+            assert (ours.dim, ours.rotary_dim, ours.base, ours.layout) == (want.dim, want.rotary_dim, want.base,
+                                                                          want.layout)
+    assert want.dim == config.per_layer_config[config.layer_types.index("sliding_attention")].qk_rope_head_dim

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
+from ._hf_layers import canonical_config, layer_config
 from ._hf_models import MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
@@ -106,57 +107,6 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
         return _int(cfg, rule.head_dim_key, where)
     # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
     return _int(cfg, rule.hidden_key, where) // _int(cfg, rule.heads_key, where)
-
-
-# the keys a RoPE is read from (per_layer_config overrides of others, a sliding window, do not matter here)
-_ROPE_KEYS = frozenset({"head_dim", "kv_channels", "attention_head_dim", "hidden_size", "d_model", "n_embd",
-                        "num_attention_heads", "n_heads", "n_head", "decoder_num_attention_heads",
-                        "qk_rope_head_dim", "index_head_dim", "rope_interleave", "partial_rotary_factor",
-                        "rotary_dim", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
-                        "original_max_position_embeddings", "mrope_section", "mrope_interleaved"})
-
-
-def _layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
-    """The config of `layer_type`'s layers: `per_layer_config`'s overrides (heterogeneous configs) applied."""
-    overrides = cfg.get("per_layer_config")
-    if rule.global_head_dim and "per_layer_config" not in cfg:
-        # Gemma4TextConfig.__post_init__: per_layer_config = {full-attention layer: {"head_dim": global_head_dim}}
-        global_head_dim = cfg["global_head_dim"] if "global_head_dim" in cfg else 512
-        if layer_type == "full_attention":
-            return {**cfg, "head_dim": global_head_dim}
-        if layer_type is None and global_head_dim != cfg.get("head_dim"):
-            raise ValueError(f"{where}: the full-attention layers have head_dim global_head_dim={global_head_dim}, "
-                             f"the others head_dim={cfg.get('head_dim')}; pass layer_type= to choose one")
-    if not overrides:
-        return dict(cfg)
-    declared = cfg.get("layer_types")
-    if (not isinstance(overrides, Mapping) or not isinstance(declared, (list, tuple))
-            or not all(isinstance(name, str) for name in declared)):
-        raise ValueError(f"{where}: 'per_layer_config' must be an object of per-layer overrides beside a "
-                         f"'layer_types' list of strings")
-    try:
-        by_index = {int(index): value for index, value in overrides.items()}
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: the keys of 'per_layer_config' must be layer indices") from None
-    if any(not isinstance(value, Mapping) for value in by_index.values()):
-        raise ValueError(f"{where}: each 'per_layer_config' entry must be an object")
-    by_index = {index: {key: value[key] for key in value if key in _ROPE_KEYS} for index, value in by_index.items()}
-    per_type: dict = {}
-    for index, name in enumerate(declared):
-        found = per_type.setdefault(name, by_index.get(index, {}))
-        if found != by_index.get(index, {}):
-            # transformers' per_layer_config[layer_type] refuses the same
-            raise ValueError(f"{where}: the layers of type {name!r} differ in 'per_layer_config' (layer {index}); "
-                             f"posenc_fast reads one config per layer type")
-    if layer_type is None:
-        if len({repr(sorted(value.items())) for value in per_type.values()}) > 1:
-            raise ValueError(f"{where}: 'per_layer_config' gives the layer types {sorted(per_type)} different "
-                             f"configs (head sizes); pass layer_type= to choose one")
-        return {**cfg, **next(iter(per_type.values()), {})}
-    if layer_type not in per_type:
-        raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
-                         f"expected one of {sorted(per_type)}")
-    return {**cfg, **per_type[layer_type]}
 
 
 def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
@@ -440,7 +390,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
                          f"not layer_type={layer_type!r}")
-    cfg = _layer_config(cfg, rule, layer_type, where)
+    cfg = layer_config(canonical_config(cfg, rule), rule, layer_type, where)
 
     if model_type in ("gptj", "codegen"):
         # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,

@@ -72,6 +72,9 @@ class ModelRule(NamedTuple):
     Gemma 4's configuration class builds ``per_layer_config`` from it."""
     default_rope: dict | None = None
     """``rope_parameters`` when the config has none (the configuration class's per-layer-type default)."""
+    swa_aliases: bool = False
+    """Without ``per_layer_config``, its sliding layers' head sizes and rope_theta are the checkpoint's ``swa_*``
+    keys (dots3: ``Dots3NoteTextConfig.__post_init__``)."""
 
 
 # Gemma4TextConfig.__post_init__ (and its relatives'): the RoPE of each layer type when the config gives none
@@ -120,7 +123,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "doge": ModelRule("doge/modeling_doge.py"),
     "dory": ModelRule("dory/modeling_dory.py"),
     "dots1": ModelRule("dots1/modeling_dots1.py"),
-    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved"),
+    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved", default_theta=80_000_000.0, swa_aliases=True),
     "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py", global_head_dim=True, default_rope=_EMBEDDING_GEMMA2_ROPE),
     "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
     "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
