@@ -142,12 +142,21 @@ def check(model_type, partial_rotary_factor=None, seed=0):
         module = modeling_module(model_type)
     if partial_rotary_factor is not None:
         params = getattr(text, "rope_parameters", None)
-        if not params or "rope_type" not in params or params["rope_type"] != "default":
+        if params and all(isinstance(value, dict) or value is None for value in params.values()):
+            # one RoPE per layer type: each default one gets the factor
+            changed = {key: {**value, "partial_rotary_factor": partial_rotary_factor}
+                       if isinstance(value, dict) and value.get("rope_type") == "default" else value
+                       for key, value in params.items()}
+            if changed == params:
+                raise Skip("no default RoPE to give a partial rotary factor")
+        elif not params or "rope_type" not in params or params["rope_type"] != "default":
             raise Skip("no single default RoPE to give a partial rotary factor")
+        else:
+            changed = {**params, "partial_rotary_factor": partial_rotary_factor}
         if text is not config and getattr(config, "rope_parameters", None) == params:
             # get_text_config made a copy of a flat encoder/decoder config (Moonshine): from_hf_config reads the top
-            config.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
-        text.rope_parameters = {**params, "partial_rotary_factor": partial_rotary_factor}
+            config.rope_parameters = changed
+        text.rope_parameters = changed
     if text.model_type in _hf_models.NO_ROPE:
         raise Skip("its text attention has no RoPE (from_hf_config refuses it with that reason)")
     rotary_class = text_rotary_class(module, text)
@@ -265,6 +274,16 @@ def rotation_function(module, config, kind="main"):
     return getattr(module, next(iter(calls)))
 
 
+_SLICES_ROTARY = re.compile(r"\[(?:\.\.\.|:, :, :), *: *self\.rotary_\w+\]")
+
+
+def _attention_slices_rotary_features(module):
+    """The module's text attention cuts the rotated features out of q/k itself (Phi, GPT-J) before rotating."""
+    return any(_SLICES_ROTARY.search(inspect.getsource(cls)) for name, cls in vars(module).items()
+               if inspect.isclass(cls) and cls.__module__ == module.__name__ and name.endswith("Attention")
+               and not _NOT_TEXT.search(name))
+
+
 def _model_rotation(module, config, rotary_out, q, k, kind="main"):
     """q and k (batch, heads, seq, dim) rotated by the model's own function, as its attention calls it."""
     function = rotation_function(module, config, kind)
@@ -272,13 +291,17 @@ def _model_rotation(module, config, rotary_out, q, k, kind="main"):
     names = list(inspect.signature(function).parameters)
     pairwise = names[1] in ("k", "xk", "key", "k_embed")
     cos = tables[0] if len(tables) == 1 or names.index("cos") < names.index("sin") else tables[1]
-    widths = [q.shape[-1]] + [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
+    widths = [q.shape[-1]]
+    if _attention_slices_rotary_features(module):
+        # the attention itself passes the leading rotary features (query[..., : self.rotary_ndims], GPT-J's
+        # query[:, :, :, : self.rotary_dim]): as wide as the cos/sin cache, or twice (half-width caches)
+        widths += [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
     if kind == "indexer":
         widths = [config.qk_rope_head_dim]  # it splits off and rotates its leading qk_rope_head_dim features
     elif getattr(config, "qk_rope_head_dim", None):
         widths = [q.shape[-1]]  # MLA: the attention rotates the whole rope part
     errors = []
-    for width in widths:  # the attention passes the leading `width` features (partial rotary)
+    for width in widths:  # the attention passes the leading `width` features
         for axes in ((1, 2), None):  # (batch, heads, seq, dim) or (batch, seq, heads, dim)
             qq, kk = (x[..., :width] if axes is None else x[..., :width].transpose(1, 2) for x in (q, k))
             args = tuple(tables)  # in the order the rotary module returns and the function takes them

@@ -261,7 +261,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "solar_open": ModelRule("solar_open/modeling_solar_open.py", whole_head=False),
     "stablelm": ModelRule("stablelm/modeling_stablelm.py", whole_head=False),
     "starcoder2": ModelRule("starcoder2/modeling_starcoder2.py"),
-    "step3p5": ModelRule("step3p7/modeling_step3p7.py"),
+    "step3p5": ModelRule("step3p7/modeling_step3p7.py", whole_head=False),
     "t5_gemma_module": ModelRule("t5gemma/modeling_t5gemma.py"),
     "t5gemma2_decoder": ModelRule("t5gemma2/modeling_t5gemma2.py"),
     "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
