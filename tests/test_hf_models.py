@@ -152,3 +152,23 @@ def test_dots3_config_json_form_reads_as_its_configuration_class(swa):
             assert (ours.dim, ours.rotary_dim, ours.base, ours.layout) == (want.dim, want.rotary_dim, want.base,
                                                                           want.layout)
     assert want.dim == config.per_layer_config[config.layer_types.index("sliding_attention")].qk_rope_head_dim
+
+
+@pytest.mark.parametrize("form", [
+    {"rope_theta": [1e4, 5e5] * 3, "partial_rotary_factors": [0.5, 1.0] * 3},
+    {"rope_theta": 5e5, "partial_rotary_factors": [0.5, 1.0] * 3,
+     "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"rope_theta": [1e4, 5e5] * 3 + [7e5]},  # an MTP layer's entry past the layers
+])
+def test_step3p5_config_json_form_reads_as_its_configuration_class(form):
+    # Step-3.7's checkpoint keeps one rope_theta and one partial rotary factor per layer
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING["step3p5"]
+    raw = {key: value for key, value in cls().to_dict().items()
+           if key not in ("rope_parameters", "mlp_layer_types", "mtp_mlp_layer_types")}
+    raw.update(form, num_hidden_layers=6, layer_types=["full_attention", "sliding_attention"] * 3)
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    for layer_type in ("full_attention", "sliding_attention"):
+        ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=layer_type)
+        want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type)  # walked
+        assert (ours.dim, ours.rotary_dim, ours.base, ours.scaling) == (want.dim, want.rotary_dim, want.base,
+                                                                       want.scaling)

@@ -1,5 +1,6 @@
 """Per-layer-type configs: a heterogeneous config's ``per_layer_config``, and the checkpoint forms
-configuration classes turn into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys)."""
+configuration classes turn into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's
+per-layer ``rope_theta`` and ``partial_rotary_factors``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,37 @@ def canonical_config(cfg: dict, rule: ModelRule) -> dict:
     """`cfg` as its configuration class stores it, where that class rewrites a checkpoint's keys."""
     if rule.swa_aliases and "per_layer_config" not in cfg:
         return _dots3_config(cfg)
+    if rule.per_layer_lists:
+        return _step3p5_config(cfg)
     return cfg
+
+
+def _step3p5_config(cfg: dict) -> dict:
+    # Step3p7TextConfig.__post_init__: a checkpoint's rope_theta (a number or one per layer) and
+    # partial_rotary_factors (one per layer) give each layer type its RoPE, read at its first layer;
+    # rope_scaling applies to the full-attention layers only
+    params = cfg.get("rope_parameters") or {}
+    layer_types = cfg.get("layer_types")
+    if layer_types is None and isinstance(cfg.get("num_hidden_layers"), int):
+        layer_types = ["full_attention"] * cfg["num_hidden_layers"]
+    if (not isinstance(layer_types, list) or not all(isinstance(name, str) for name in layer_types)
+            or all(isinstance(params.get(name), Mapping) for name in layer_types)):
+        return cfg  # already one dict per layer type (as transformers saves it), or refused later
+    theta, partials = cfg.get("rope_theta", 10000.0), cfg.get("partial_rotary_factors")
+    per_type = {}
+    for name in set(layer_types):
+        index = layer_types.index(name)
+        value = theta[index] if isinstance(theta, list) and index < len(theta) else theta
+        per_type[name] = {"rope_type": "default", "rope_theta": value}
+        if partials:
+            if not isinstance(partials, list) or index >= len(partials):
+                raise ValueError(f"config (model_type {cfg.get('model_type')!r}): 'partial_rotary_factors' must be "
+                                 f"a list with one factor per layer, got {partials!r}")
+            per_type[name]["partial_rotary_factor"] = partials[index]
+    if isinstance(cfg.get("rope_scaling"), Mapping) and "full_attention" in per_type:
+        per_type["full_attention"].update(cfg["rope_scaling"])
+    cfg = {key: value for key, value in cfg.items() if key not in ("rope_theta", "rope_scaling")}
+    return {**cfg, "layer_types": layer_types, "rope_parameters": per_type}
 
 
 def _dots3_config(cfg: dict) -> dict:

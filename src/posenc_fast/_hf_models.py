@@ -72,6 +72,8 @@ class ModelRule(NamedTuple):
     Gemma 4's configuration class builds ``per_layer_config`` from it."""
     default_rope: dict | None = None
     """``rope_parameters`` when the config has none (the configuration class's per-layer-type default)."""
+    per_layer_lists: bool = False
+    """A checkpoint's ``rope_theta`` / ``partial_rotary_factors`` may be lists, one entry per layer (Step-3.7)."""
     swa_aliases: bool = False
     """Without ``per_layer_config``, its sliding layers' head sizes and rope_theta are the checkpoint's ``swa_*``
     keys (dots3: ``Dots3NoteTextConfig.__post_init__``)."""
@@ -261,7 +263,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "solar_open": ModelRule("solar_open/modeling_solar_open.py", whole_head=False),
     "stablelm": ModelRule("stablelm/modeling_stablelm.py", whole_head=False),
     "starcoder2": ModelRule("starcoder2/modeling_starcoder2.py"),
-    "step3p5": ModelRule("step3p7/modeling_step3p7.py", whole_head=False),
+    "step3p5": ModelRule("step3p7/modeling_step3p7.py", whole_head=False, per_layer_lists=True),
     "t5_gemma_module": ModelRule("t5gemma/modeling_t5gemma.py"),
     "t5gemma2_decoder": ModelRule("t5gemma2/modeling_t5gemma2.py"),
     "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
