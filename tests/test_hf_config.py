@@ -158,6 +158,10 @@ def test_model_rules():
     # GPT-NeoX ignores top-level rope_theta / partial_rotary_factor: rotary_emb_base and rotary_pct, defaults
     assert rotary_kwargs_from_hf_config(neox) == dict(dim=64, rotary_dim=16, base=10000.0, layout="half",
                                                       scaling=None)
+    japanese = dict(neox, model_type="gpt_neox_japanese")  # GPTNeoXJapaneseConfig: rotary_pct default 1.0
+    assert rotary_kwargs_from_hf_config(japanese)["rotary_dim"] == 64
+    assert rotary_kwargs_from_hf_config(dict(japanese, rotary_pct=0.5, rotary_emb_base=5e4)) == dict(
+        dim=64, rotary_dim=32, base=5e4, layout="half", scaling=None)
     llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5}
     assert rotary_kwargs_from_hf_config(llama)["rotary_dim"] == 128
     qwen3 = {"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 4, "head_dim": None}

@@ -51,6 +51,9 @@ _PARTIAL_DEFAULTS = {
     "stablelm": 0.25,  # StableLmConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25)
 }
 
+# model types that read rotary_pct (its default) and rotary_emb_base for partial_rotary_factor and rope_theta
+_ROTARY_PCT = {"gpt_neox": 0.25, "gpt_neox_japanese": 1.0}
+
 _SCALED_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
 
 
@@ -163,8 +166,8 @@ def _top_level(cfg: Mapping, rule: ModelRule) -> dict:
 def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, where: str) -> float:
     if params.get("rope_theta") is not None:
         return _real(params["rope_theta"], "rope_theta", where)
-    if model_type == "gpt_neox":
-        # GPTNeoXConfig.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
+    if model_type in _ROTARY_PCT:
+        # GPTNeoX(Japanese)Config.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
         value, key = cfg.get("rotary_emb_base", _DEFAULT_THETA), "rotary_emb_base"
     else:
         value, key = cfg.get(rule.theta_key, rule.default_theta), rule.theta_key
@@ -176,9 +179,9 @@ def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, wher
 def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
     if params.get("partial_rotary_factor") is not None:
         value, key = params["partial_rotary_factor"], "rope_parameters['partial_rotary_factor']"
-    elif model_type == "gpt_neox":
+    elif model_type in _ROTARY_PCT:
         # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25))
-        value, key = cfg.get("rotary_pct", 0.25), "rotary_pct"
+        value, key = cfg.get("rotary_pct", _ROTARY_PCT[model_type]), "rotary_pct"
     else:
         value = cfg.get("partial_rotary_factor")
         if value is None:
@@ -349,7 +352,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       wins. transformers 5.24 itself rejects a ``"su"`` dict that lacks
       ``original_max_position_embeddings``; this reads it as transformers 4
       did.
-    - GPT-NeoX reads ``rotary_emb_base`` and ``rotary_pct`` (default 0.25).
+    - GPT-NeoX reads ``rotary_emb_base`` and ``rotary_pct`` (default 0.25),
+      GPT-NeoX-Japanese the same (default 1.0).
     - GPT-J rotates ``rotary_dim`` (default 64) features in interleaved
       pairs with a fixed base of 10000 and no scaling.
     - Multi-head latent attention (DeepSeek-V3 and others) rotates the
