@@ -34,6 +34,14 @@ SCORE_RTOL = 1e-3
 _NOT_TEXT = re.compile(r"Vision|ViT|DiT|Talker|Audio|Video")
 
 
+def _not_text(module, name):
+    """`name` is a vision/audio/talker class: past the module's own model name (Granite4Vision, HiggsAudioV2)."""
+    prefixes = [n[: -len("PreTrainedModel")] for n in vars(module) if n.endswith("PreTrainedModel")] + [""]
+    prefixes = [p for p in prefixes if p] or [""]
+    prefix = min((p for p in prefixes if name.startswith(p)), key=len, default="")
+    return bool(_NOT_TEXT.search(name[len(prefix):]))
+
+
 def modeling_module(model_type):
     name = configuration_auto.model_type_to_module_name(model_type)
     try:
@@ -70,7 +78,7 @@ def _built_rotary_class(module, config):
         if getattr(annotation, "__name__", annotation) == type(config).__name__:
             built |= set(re.findall(r"=\s*(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
     built = [getattr(module, name) for name in built if hasattr(module, name)]
-    return built[0] if len(built) == 1 and not _NOT_TEXT.search(built[0].__name__) else None
+    return built[0] if len(built) == 1 and not _not_text(module, built[0].__name__) else None
 
 
 def text_rotary_class(module, config=None):
@@ -81,7 +89,7 @@ def text_rotary_class(module, config=None):
     if config is not None and (built := _built_rotary_class(module, config)) is not None:
         return built
     classes = rotary_classes(module)
-    text = [c for c in classes if not _NOT_TEXT.search(c.__name__)]
+    text = [c for c in classes if not _not_text(module, c.__name__)]
     if len(text) > 1:
         text = [c for c in text if "Text" in c.__name__] or text
     return text[0] if len(text) == 1 else None
@@ -113,7 +121,7 @@ def attention_rotations(module, kind="main"):
     found = {}
     for name, cls in vars(module).items():
         if (inspect.isclass(cls) and cls.__module__ == module.__name__ and name.endswith(suffixes)
-                and not _NOT_TEXT.search(name)):
+                and not _not_text(module, name)):
             for function in sorted(set(_ROTATION_CALL.findall(inspect.getsource(cls)))):
                 found.setdefault(function, []).append(name)
     return found
@@ -281,7 +289,7 @@ def _attention_slices_rotary_features(module):
     """The module's text attention cuts the rotated features out of q/k itself (Phi, GPT-J) before rotating."""
     return any(_SLICES_ROTARY.search(inspect.getsource(cls)) for name, cls in vars(module).items()
                if inspect.isclass(cls) and cls.__module__ == module.__name__ and name.endswith("Attention")
-               and not _NOT_TEXT.search(name))
+               and not _not_text(module, name))
 
 
 def _model_rotation(module, config, rotary_out, q, k, kind="main"):
