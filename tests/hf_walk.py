@@ -189,24 +189,21 @@ def check(model_type, partial_rotary_factor=None, seed=0):
     per_type = any(isinstance(value, dict) for value in params.values())
     for layer_type, kind in ((t, kind) for t in layer_types for kind in attention_kinds(module)):
         extra = {} if layer_type is None else {"layer_type": layer_type}
-        if layer_type is not None and per_type and not isinstance(params.get(layer_type), dict):
-            # a layer type without RoPE (Beam's NoPE full attention, LFM3's convolutions) must be refused,
-            # never answered with another layer type's
+        # must be refused, never answered with another's RoPE: a layer type without RoPE (Beam's NoPE full
+        # attention, LFM3's convolutions), an indexer posenc_fast does not read or a layer type without one
+        no_rope = layer_type is not None and per_type and not isinstance(params.get(layer_type), dict)
+        unread = kind == "indexer" and (rule is None or rule.indexer is None
+                                        or layer_type not in (None, "indexed_attention"))
+        if no_rope or unread:
             try:
                 pf.RotaryEmbedding.from_hf_config(config.to_dict(), attention=kind, **extra)
             except ValueError:
                 results.append((layer_type, kind, None))
                 continue
-            raise AssertionError(f"layer_type={layer_type!r} has no RoPE but from_hf_config gave one")
-        if kind == "indexer" and (rule is None or rule.indexer is None or layer_type not in (None, "indexed_attention")):
-            # an indexer posenc_fast does not read must be refused, never answered with the main attention's RoPE
-            try:
-                pf.RotaryEmbedding.from_hf_config(config.to_dict(), attention="indexer", **extra)
-            except ValueError:
-                results.append((layer_type, kind, None))
-                continue
-            raise AssertionError("attention='indexer' accepted for a model whose indexer has no rule")
-        dim = head_dim(layer_config(text, layer_type), kind)
+            raise AssertionError(f"from_hf_config gave a RoPE for layer_type={layer_type!r}, attention={kind!r}, "
+                                 f"which has none it reads")
+        layer = layer_config(text, layer_type)
+        dim = head_dim(layer, kind)
         q = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
         k = rng.standard_normal((1, HEADS, SEQ, dim)).astype(np.float32)
         with torch.no_grad():
@@ -217,7 +214,7 @@ def check(model_type, partial_rotary_factor=None, seed=0):
                     raise
                 raise Skip(f"its rotary module fails with partial_rotary_factor={partial_rotary_factor}") from error
             try:
-                q_hf, k_hf = _model_rotation(module, text, rotary_out, torch.from_numpy(q), torch.from_numpy(k), kind)
+                q_hf, k_hf = _model_rotation(module, layer, rotary_out, torch.from_numpy(q), torch.from_numpy(k), kind)
             except RuntimeError as error:
                 if partial_rotary_factor is None:
                     raise
@@ -305,7 +302,12 @@ def _model_rotation(module, config, rotary_out, q, k, kind="main"):
         # query[:, :, :, : self.rotary_dim]): as wide as the cos/sin cache, or twice (half-width caches)
         widths += [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
     if kind == "indexer":
-        widths = [config.qk_rope_head_dim]  # it splits off and rotates its leading qk_rope_head_dim features
+        # it splits off and rotates its leading qk_rope_head_dim features (HY-V4's rotates its trailing ones)
+        classes = sum(attention_rotations(module, kind).values(), [])
+        sources = [inspect.getsource(getattr(module, name)) for name in classes]
+        if not all(re.search(r"q_rot, q_pass = torch\.split\(", source) for source in sources):
+            raise RuntimeError(f"{module.__name__}'s indexer does not split off its leading rotated features")
+        widths = [config.qk_rope_head_dim]
     elif getattr(config, "qk_rope_head_dim", None):
         widths = [q.shape[-1]]  # MLA: the attention rotates the whole rope part
     errors = []
