@@ -136,14 +136,21 @@ class Skip(Exception):
     """The family is out of the walk's reach; the message says why."""
 
 
-def check(model_type, partial_rotary_factor=None, seed=0):
-    """Compare one model type; return [(layer_type, worst score error relative to |q_i| |k_j|)].
+def check(model_type, partial_rotary_factor=None, seed=0, rope_interleave=None):
+    """Compare one model type; return [(layer_type, attention kind, worst score error relative to |q_i| |k_j|)].
 
     With `partial_rotary_factor`, its default config gets that factor first
-    (a family that rotates the whole head ignores it).
+    (a family that rotates the whole head ignores it); with
+    `rope_interleave`, an MLA config's ``rope_interleave`` is set to it.
     """
     config = configuration_auto.CONFIG_MAPPING[model_type](**CONFIG_OVERRIDES.get(model_type, {}))
     text = config.get_text_config(decoder=True)
+    if rope_interleave is not None:
+        if not getattr(text, "qk_rope_head_dim", None):
+            raise Skip("not MLA: no rope_interleave to set")
+        text.rope_interleave = rope_interleave  # where the attention's code does not read it, it changes nothing
+        if text is not config and getattr(config, "rope_interleave", None) is not None:
+            config.rope_interleave = rope_interleave
     # a composite model's text part rotates as its own model type does (GLM-ASR's text model is a Llama)
     module = modeling_module(text.model_type) if text is not config else None
     if module is None or not rotary_classes(module):

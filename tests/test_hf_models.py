@@ -42,10 +42,10 @@ OUT_OF_SCOPE = {
 MODEL_TYPES = hf_walk.model_types()
 
 
-def _agrees(model_type, partial_rotary_factor=None):
+def _agrees(model_type, partial_rotary_factor=None, **options):
     # error None: refused, as it must be (an indexer without a rule, a layer type without RoPE); agreeing needs
     # at least one RoPE compared
-    results = hf_walk.check(model_type, partial_rotary_factor)
+    results = hf_walk.check(model_type, partial_rotary_factor, **options)
     errors = [error for *_, error in results if error is not None]
     return bool(errors) and all(error <= hf_walk.SCORE_RTOL for error in errors), results
 
@@ -69,6 +69,12 @@ def test_rope_matches_the_model(model_type):
             pytest.fail(f"{model_type} has a rule ({text_type}) but the walk skips it: {skip}")
         pytest.skip(str(skip))
     assert agrees, results
+    for flag in (False, True):  # MLA: the attention's code reads rope_interleave, or ignores what it says
+        try:
+            agrees, results = _agrees(model_type, rope_interleave=flag)
+        except hf_walk.Skip:
+            break
+        assert agrees, f"with rope_interleave={flag}: {results}"
     try:  # the whole-head / partial rule, with a partial rotary factor in the same config
         agrees, results = _agrees(model_type, 0.5)
     except hf_walk.Skip:

@@ -39,7 +39,7 @@ class ModelRule(NamedTuple):
     """Multi-head latent attention: rotates the ``qk_rope_head_dim`` features; ``rope_interleave``
     (when the config has it and `reads_rope_interleave`) picks the layout."""
     reads_rope_interleave: bool = True
-    """False: its attention always calls ``apply_rotary_pos_emb_interleave``, whatever the config's
+    """False: its attention always calls the same rotation (`layout`), whatever the config's
     ``rope_interleave`` says."""
     streams: str | None = None
     """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
@@ -115,7 +115,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "dbrx": ModelRule("dbrx/modeling_dbrx.py", hidden_key="d_model", heads_key="n_heads"),
     "deepseek_ocr2_encoder": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
-    "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True),
+    "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True, reads_rope_interleave=False),
     "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
     "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
@@ -178,7 +178,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py"),
     "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width"),
     "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
-    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True),
+    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True, reads_rope_interleave=False),
     "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", streams="thw_interleaved", default_section=(24, 20, 20)),
     "hyperclovax": ModelRule("hyperclovax/modeling_hyperclovax.py"),
     "idefics": ModelRule("idefics/modeling_idefics.py"),
@@ -201,7 +201,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
     "mimi_encoder": ModelRule("mimi/modeling_mimi.py"),
     "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False),
-    "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True),
+    "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True, reads_rope_interleave=False),
     "minimax": ModelRule("minimax/modeling_minimax.py"),
     "minimax_m2": ModelRule("minimax_m2/modeling_minimax_m2.py", whole_head=False),
     "minimax_m3_vl_text": ModelRule("minimax_m3_vl/modeling_minimax_m3_vl.py", whole_head=False),
