@@ -9,6 +9,7 @@ transformers' float32 error budget, as in ``test_frequencies.py``.
 
 import copy
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +158,10 @@ def test_model_rules():
     # GPT-NeoX ignores top-level rope_theta / partial_rotary_factor: rotary_emb_base and rotary_pct, defaults
     assert rotary_kwargs_from_hf_config(neox) == dict(dim=64, rotary_dim=16, base=10000.0, layout="half",
                                                       scaling=None)
+    japanese = dict(neox, model_type="gpt_neox_japanese")  # GPTNeoXJapaneseConfig: rotary_pct default 1.0
+    assert rotary_kwargs_from_hf_config(japanese)["rotary_dim"] == 64
+    assert rotary_kwargs_from_hf_config(dict(japanese, rotary_pct=0.5, rotary_emb_base=5e4)) == dict(
+        dim=64, rotary_dim=32, base=5e4, layout="half", scaling=None)
     llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5}
     assert rotary_kwargs_from_hf_config(llama)["rotary_dim"] == 128
     qwen3 = {"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 4, "head_dim": None}
@@ -217,14 +222,16 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 2,
           "rope_parameters": {"rope_type": "default", "mrope_section": "16"}}, "list of ints"),
         ({"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_parameters": {"rope_type": "default", "mrope_section": [16, 16]}}, "pair_streams="),
+          "rope_parameters": {"rope_type": "default", "mrope_section": [16, 16]}},
+         r"two features of pair 0 the angles of streams 0 and 1.*not a rotation of pairs"),
+        ({"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default"}}, "no mrope_section"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_scaling": "linear"},
          "must be an object"),
         ({"model_type": "gemma3_text", "head_dim": 64, "rope_parameters": {
             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
          r"one RoPE per layer type \['full_attention', 'sliding_attention'\]; pass layer_type="),
-        ({"model_type": "nanochat", "hidden_size": 128, "num_attention_heads": 2}, "rotates by -theta"),
         ({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2, "partial_rotary_factor": 0.5,
           "rope_scaling": {"type": "linear", "factor": 2.0}}, "partial_rotary_factor=0.5 with rope_type 'linear'"),
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 0.2625},
@@ -235,6 +242,14 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "cohere", "hidden_size": 128, "num_attention_heads": 2,
           "rope_scaling": {"type": "yarn", "factor": 4.0}}, "missing 'max_position_embeddings'"),
         ({"model_type": 7}, "'model_type' must be a string"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": [{"a": 1}],
+          "per_layer_config": {"0": {"head_dim": 8}}}, "'layer_types' list of strings"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": ["x"], "per_layer_config": [1]},
+         "'per_layer_config' must be an object"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": ["x"], "per_layer_config": {"a": {}}},
+         "keys of 'per_layer_config' must be layer indices"),
+        ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": ["x"], "per_layer_config": {"0": 3}},
+         "each 'per_layer_config' entry must be an object"),
     ],
 )
 def test_bad_configs_raise_value_error(config, match):
@@ -429,3 +444,139 @@ def test_mrope_configs():
     kwargs = rotary_kwargs_from_hf_config(ernie)
     assert kwargs["layout"] == "interleaved"
     assert kwargs["pair_streams"] == [1, 2] * 22 + [0] * 20
+
+
+DSA = {"model_type": "deepseek_v32", "hidden_size": 256, "num_attention_heads": 2, "qk_rope_head_dim": 32,
+       "index_head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+
+
+def test_dsa_attention_and_indexer_rotate_differently():
+    # DeepseekV32Attention calls apply_rotary_pos_emb_interleave whatever rope_interleave says; its indexer
+    # rotates the leading qk_rope_head_dim of index_head_dim features with apply_rotary_pos_emb (half)
+    for config in (DSA, dict(DSA, rope_interleave=False), dict(DSA, model_type="axk2")):
+        assert rotary_kwargs_from_hf_config(config) == dict(dim=32, rotary_dim=32, base=1e4,
+                                                            layout="interleaved", scaling=None)
+        assert rotary_kwargs_from_hf_config(config, attention="indexer") == dict(
+            dim=64, rotary_dim=32, base=1e4, layout="half", scaling=None)
+    dots3 = dict(DSA, model_type="dots3_note_text", layer_types=["indexed_attention", "sliding_attention"])
+    assert rotary_kwargs_from_hf_config(dots3, attention="indexer", layer_type="indexed_attention")["layout"] \
+        == "interleaved"
+    with pytest.raises(ValueError, match="only the 'indexed_attention' layers have an indexer"):
+        rotary_kwargs_from_hf_config(dots3, attention="indexer", layer_type="sliding_attention")
+    llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2}
+    with pytest.raises(ValueError, match="reads no indexer of model_type 'llama'"):
+        pf.RotaryEmbedding.from_hf_config(llama, attention="indexer")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        rotary_kwargs_from_hf_config(llama, attention="vision")
+
+
+GEMMA4 = {"model_type": "gemma4_text", "hidden_size": 512, "num_attention_heads": 2, "head_dim": 64,
+          "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+          "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                              "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                 "rope_theta": 1e6}},
+          "per_layer_config": {"01": {"head_dim": 128}, "03": {"head_dim": 128, "sliding_window": None}}}
+
+
+def test_per_layer_config_gives_each_layer_type_its_head_dim():
+    sliding = rotary_kwargs_from_hf_config(GEMMA4, layer_type="sliding_attention")
+    assert sliding == dict(dim=64, rotary_dim=64, base=1e4, layout="half", scaling=None)
+    full = rotary_kwargs_from_hf_config(GEMMA4, layer_type="full_attention")
+    assert (full["dim"], full["rotary_dim"], full["base"]) == (128, 128, 1e6)
+    assert full["scaling"] == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    with pytest.raises(ValueError, match="pass layer_type="):
+        rotary_kwargs_from_hf_config(GEMMA4)
+    uneven = dict(GEMMA4, per_layer_config={"01": {"head_dim": 128}})  # layer 3 keeps head_dim 64
+    with pytest.raises(ValueError, match="layers of type 'full_attention' differ in 'per_layer_config'"):
+        rotary_kwargs_from_hf_config(uneven, layer_type="full_attention")
+    same_rope = dict(GEMMA4, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="different configs .*pass layer_type="):
+        rotary_kwargs_from_hf_config(same_rope)
+    with pytest.raises(ValueError, match="layer_type='chunked_attention' is not a layer type"):
+        rotary_kwargs_from_hf_config(GEMMA4, layer_type="chunked_attention")
+
+
+def test_config_key_names_and_composites():
+    dbrx = {"model_type": "dbrx", "d_model": 256, "n_heads": 4, "rope_parameters": {"rope_theta": 5e5}}
+    assert rotary_kwargs_from_hf_config(dbrx)["dim"] == 64
+    codegen = {"model_type": "codegen", "n_embd": 256, "n_head": 4, "rotary_dim": 32}
+    assert rotary_kwargs_from_hf_config(codegen) == dict(dim=64, rotary_dim=32, base=1e4, layout="interleaved",
+                                                         scaling=None)
+    moonshine = {"model_type": "moonshine", "hidden_size": 288, "decoder_num_attention_heads": 8,
+                 "encoder_num_attention_heads": 4, "partial_rotary_factor": 0.9}
+    assert rotary_kwargs_from_hf_config(moonshine) == dict(dim=36, rotary_dim=32, base=1e4, layout="interleaved",
+                                                           scaling=None)
+    text = {"model_type": "qwen2_5_omni_text", "hidden_size": 256, "num_attention_heads": 2,
+            "rope_parameters": {"rope_theta": 1e6, "mrope_section": [16, 24, 24]}}
+    omni = {"model_type": "qwen2_5_omni", "talker_config": {"model_type": "qwen2_5_omni_talker"},
+            "thinker_config": {"model_type": "qwen2_5_omni_thinker", "text_config": text}}
+    assert rotary_kwargs_from_hf_config(omni)["base"] == 1e6
+    voxtral = {"model_type": "voxtral_realtime", "hidden_size": 3072,  # the top level has no attention heads
+               "audio_config": {"model_type": "voxtral_realtime_encoder"},
+               "text_config": {"model_type": "voxtral_realtime_text", "hidden_size": 256, "num_attention_heads": 2}}
+    assert rotary_kwargs_from_hf_config(voxtral)["dim"] == 128
+    dia = {"model_type": "dia", "encoder_config": {"model_type": "dia_encoder"},
+           "decoder_config": {"model_type": "dia_decoder", "hidden_size": 256, "num_attention_heads": 4}}
+    assert rotary_kwargs_from_hf_config(dia)["dim"] == 64
+
+
+def test_odd_partial_width_rotates_what_transformers_rotates():
+    # GLM-4.5's default: head_dim 42, int(42 * 0.5) = 21: transformers computes base ** (-arange(0, 21, 2) / 21)
+    # (11 frequencies) and rotates cos.shape[-1] = 22 features
+    glm = {"model_type": "glm4_moe", "hidden_size": 4032, "num_attention_heads": 96,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
+    rope = pf.RotaryEmbedding.from_hf_config(glm)
+    assert (rope.dim, rope.rotary_dim) == (42, 22)
+    want = 1.0 / 1e4 ** (np.arange(0, 21, 2) / 21)
+    np.testing.assert_allclose(rope.inv_freq, want, rtol=1e-14, atol=0)
+    scaled = dict(glm, rope_parameters=dict(glm["rope_parameters"], rope_type="linear", factor=2.0))
+    with pytest.raises(ValueError, match="rotated width must be even"):
+        rotary_kwargs_from_hf_config(scaled)
+    llama = {"model_type": "llama", "hidden_size": 4032, "num_attention_heads": 64}  # a whole odd head: refused
+    with pytest.raises(ValueError, match="rotated width must be even"):
+        rotary_kwargs_from_hf_config(llama)
+
+
+def test_nanochat_rotates_by_minus_theta():
+    # NanoChat's rotate_half is cat(x2, -x1): q * cos + rotate_half(q) * sin rotates each pair by -theta
+    config = {"model_type": "nanochat", "hidden_size": 128, "num_attention_heads": 2}
+    assert rotary_kwargs_from_hf_config(config) == dict(dim=64, rotary_dim=64, base=1e4, layout="half",
+                                                        scaling=None, reverse=True)
+    rope = pf.RotaryEmbedding.from_hf_config(config)
+    forward = pf.RotaryEmbedding(64, layout="half")
+    x = np.random.default_rng(0).standard_normal((2, 5, 64))
+    assert rope.reverse and np.array_equal(rope.inv_freq, -forward.inv_freq)
+    np.testing.assert_array_equal(rope.apply(x), forward.apply(x, inverse=True))
+    x1, x2 = x[..., :32], x[..., 32:]
+    theta = np.arange(5)[:, None] * forward.inv_freq
+    want = np.concatenate([x1 * np.cos(theta) + x2 * np.sin(theta), x2 * np.cos(theta) - x1 * np.sin(theta)], -1)
+    np.testing.assert_allclose(rope.apply(x), want, rtol=0, atol=1e-12)
+    halves = np.arange(5) + 0.5  # the general path, and the cos/sin table
+    np.testing.assert_array_equal(rope.apply(x, halves), forward.apply(x, halves, inverse=True))
+    np.testing.assert_array_equal(rope.cos_sin(halves)[1], -forward.cos_sin(halves)[1])
+    copy = pickle.loads(pickle.dumps(rope))
+    assert copy.reverse and "reverse=True" in repr(copy)
+    np.testing.assert_array_equal(copy.apply(x), rope.apply(x))
+
+
+def test_hunyuan_vl_full_width_sections_with_one_stream_per_pair():
+    # one section: every pair's two features take stream 0 (plain RoPE with one stream)
+    config = {"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
+              "rope_parameters": {"rope_type": "default", "mrope_section": [32]}}
+    assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [0] * 32
+
+
+def test_layer_types_without_rope_parameters_have_no_rope():
+    # Cohere-Compass: a layer type without its own rope_parameters entry is NoPE (None: its rotary module skips
+    # it; absent: its rotary module fails), never the default RoPE
+    compass = {"model_type": "cohere_compass_text", "hidden_size": 256, "num_attention_heads": 2,
+               "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {}}
+    with pytest.raises(ValueError, match="give no layer type a RoPE"):
+        rotary_kwargs_from_hf_config(compass)
+    compass["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
+                                  "full_attention": None}
+    with pytest.raises(ValueError, match="has no RoPE for layer_type='full_attention'"):
+        rotary_kwargs_from_hf_config(compass, layer_type="full_attention")
+    sliding = rotary_kwargs_from_hf_config(compass, layer_type="sliding_attention")
+    assert sliding["base"] == 5e4 and sliding["dim"] == 128 and len(sliding["pair_streams"]) == 64
+    assert rotary_kwargs_from_hf_config(compass) == sliding  # the config's one RoPE is the default

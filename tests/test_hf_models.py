@@ -15,41 +15,39 @@ import hf_walk  # noqa: E402  (needs torch)
 
 import posenc_fast as pf  # noqa: E402
 
-_ODD_HEAD = "its default config's head_dim is odd (2048 // 28 = 73): its own rotation fails"
-_FULL_WIDTH = ("its default config has no mrope_section (its rotary module fails); sections over the full "
-               "width are not one rotation per pair in general: refused by from_hf_config")
-_PER_LAYER_HEAD = "head_dim differs per layer (per_layer_config): not read"
-_KEYS = "no rule: its config names the head sizes differently (encoder/decoder, n_embd, d_model)"
+_FULL_WIDTH = ("cannot be a RoPE of pairs: its recomposition splits the full-width cos/sin (cat(freqs, freqs)) by "
+               "2 * mrope_section, so with two or more sections the two features of a rotate_half pair take "
+               "different streams' angles (not a rotation where those positions differ; from_hf_config names the "
+               "pair); its default config has no mrope_section (its own rotary module fails)")
 
 OUT_OF_SCOPE = {
     "mlcd": "vision tower (2-D rotary)", "mlcd_vision_model": "vision tower (2-D rotary)",
     "efficientloftr": "vision (2-D rotary)", "eomt_dinov3": "vision (2-D rotary)",
     "qwen2_5_omni_dit": "speech DiT rotary, not a text model",
-    "beam": "its rotary module has no RoPE for the default config's layer types",
-    "deepseek_v4": "its rotary module has no RoPE for the default config's layer types",
-    "lfm3": "its rotary module has no RoPE for the default config's layer types",
-    "lfm3_vl": "its rotary module has no RoPE for the default config's layer types",
-    "diffusion_gemma": _PER_LAYER_HEAD, "diffusion_gemma_text": _PER_LAYER_HEAD,
-    "embedding_gemma2": _PER_LAYER_HEAD, "embedding_gemma2_text": _PER_LAYER_HEAD,
-    "gemma4": _PER_LAYER_HEAD, "gemma4_text": _PER_LAYER_HEAD,
-    "gemma4_unified": _PER_LAYER_HEAD, "gemma4_unified_text": _PER_LAYER_HEAD,
-    "nanochat": "rotates by -theta (rotate_half = cat(x2, -x1)): refused by from_hf_config",
-    "codegen": _KEYS, "dbrx": _KEYS, "dia": _KEYS, "moonshine": _KEYS, "voxtral_realtime": _KEYS,
-    "qwen2_5_omni": "composite config without text_config (thinker_config): not read",
-    "moonshine_streaming": "no rule: its rotation differs from both layouts (not read yet)",
-    "glm4_moe_lite": "no rule: MLA with a partial rope head (not read yet)",
-    "qwen3_omni_moe": _ODD_HEAD, "qwen3_omni_moe_text": _ODD_HEAD, "qwen3_omni_moe_thinker": _ODD_HEAD,
-    "qwen3_omni_moe_talker_code_predictor": "its module defines several text rotary classes; the walk runs the "
-                                            "talker's (3 streams), not the code predictor's",
+    # audio/video towers whose model name holds "Audio"/"Video" (the walk reads class names past it): no rule yet
+    "pe_audio_encoder": "audio tower, not a text model: its apply_rotary_pos_emb multiplies by a stacked freqs_cis",
+    "pe_video_encoder": "video tower, not a text model: its apply_rotary_pos_emb multiplies by a stacked freqs_cis",
+    "pe_audio_video_encoder": ("audio/video tower, not a text model: its apply_rotary_pos_emb multiplies by a "
+                               "stacked freqs_cis"),
+    "pocket_tts_audio_tokenizer": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
+    "pocket_tts_audio_tokenizer_decoder": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
+    "pocket_tts_audio_tokenizer_encoder": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
+    "deepseek_v4": ("needs a kernel feature: its apply_rotary_pos_emb(x, cos, sin) rotates the last "
+                    "qk_rope_head_dim (64) of its 512 head features (x[..., -rope_dim:], interleaved pairs) and its "
+                    "RoPEs are keyed 'main' / 'compress', not by layer type; RotaryEmbedding rotates leading "
+                    "features only"),
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
 
 MODEL_TYPES = hf_walk.model_types()
 
 
-def _agrees(model_type, partial_rotary_factor=None):
-    results = hf_walk.check(model_type, partial_rotary_factor)
-    return all(error <= hf_walk.SCORE_RTOL for _, error in results), results
+def _agrees(model_type, partial_rotary_factor=None, **options):
+    # error None: refused, as it must be (an indexer without a rule, a layer type without RoPE); agreeing needs
+    # at least one RoPE compared
+    results = hf_walk.check(model_type, partial_rotary_factor, **options)
+    errors = [error for *_, error in results if error is not None]
+    return bool(errors) and all(error <= hf_walk.SCORE_RTOL for error in errors), results
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -66,8 +64,17 @@ def test_rope_matches_the_model(model_type):
     try:
         agrees, results = _agrees(model_type)
     except hf_walk.Skip as skip:
+        text_type = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().get_text_config(decoder=True).model_type
+        if text_type in pf._hf_models.MODEL_RULES:  # a rule the walk does not check: it could be wrong unseen
+            pytest.fail(f"{model_type} has a rule ({text_type}) but the walk skips it: {skip}")
         pytest.skip(str(skip))
     assert agrees, results
+    for flag in (False, True):  # MLA: the attention's code reads rope_interleave, or ignores what it says
+        try:
+            agrees, results = _agrees(model_type, rope_interleave=flag)
+        except hf_walk.Skip:
+            break
+        assert agrees, f"with rope_interleave={flag}: {results}"
     try:  # the whole-head / partial rule, with a partial rotary factor in the same config
         agrees, results = _agrees(model_type, 0.5)
     except hf_walk.Skip:
@@ -90,3 +97,95 @@ def test_families_that_always_interleave_ignore_rope_interleave(model_type):
         assert pf.RotaryEmbedding.from_hf_config({**config, "rope_interleave": flag}).layout == "interleaved"
     deepseek = hf_walk.configuration_auto.CONFIG_MAPPING["deepseek_v3"]().to_dict()
     assert pf.RotaryEmbedding.from_hf_config({**deepseek, "rope_interleave": False}).layout == "half"
+
+
+@pytest.mark.parametrize("model_type", sorted(pf._hf_models.NO_ROPE))
+def test_text_models_without_rope_are_refused_with_that_reason(model_type):
+    config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
+    module = hf_walk.modeling_module(model_type)
+    if model_type == "moshi_depth":  # MoshiAttention rotates where it is built with use_rope=True
+        assert "use_rope=False" in hf_walk.inspect.getsource(module.MoshiDepthDecoder.__init__)
+    else:
+        assert hf_walk.attention_rotations(module) == {}  # no text attention class calls a rotation
+        assert hf_walk.text_rotary_class(module, config) is None
+    for data in (config.to_dict(), {"model_type": model_type.removesuffix("_text"), "text_config": config.to_dict()}):
+        with pytest.raises(ValueError, match="this model's text attention has no RoPE"):
+            pf.RotaryEmbedding.from_hf_config(data)
+
+
+def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():
+    # with two sections its own rotation changes a pair's norm wherever the two streams' positions differ:
+    # no RoPE of pairs gives it, and from_hf_config refuses it
+    config = hf_walk.configuration_auto.CONFIG_MAPPING["hunyuan_vl_text"](
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [32, 32]})
+    module = hf_walk.modeling_module("hunyuan_vl")
+    rotary = hf_walk.text_rotary_class(module, config)(config=config)
+    q = hf_walk.torch.randn(1, 1, 3, 128, dtype=hf_walk.torch.float64)
+    positions = hf_walk.torch.tensor([[[0, 5, 9]], [[0, 1, 2]]])  # stream 0 and stream 1 differ past token 0
+    cos, sin = rotary(q, positions)
+    rotated, _ = module.apply_rotary_pos_emb(q, q, cos.double(), sin.double())
+    pairs = lambda x: x[..., :64] ** 2 + x[..., 64:] ** 2  # noqa: E731  (rotate_half pairs)
+    assert hf_walk.torch.allclose(pairs(rotated)[..., 0, :], pairs(q)[..., 0, :])
+    assert not hf_walk.torch.allclose(pairs(rotated)[..., 1:, :], pairs(q)[..., 1:, :], rtol=1e-3)
+    with pytest.raises(ValueError, match="not a rotation of pairs"):
+        pf.RotaryEmbedding.from_hf_config(config.to_dict())
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text", "diffusion_gemma_text",
+                                        "embedding_gemma2_text"])
+@pytest.mark.parametrize("form", ["global_head_dim", "class defaults"])
+def test_gemma4_config_json_form_reads_as_its_configuration_class(model_type, form):
+    # a checkpoint's config.json holds global_head_dim (no per_layer_config); its configuration class builds
+    # per_layer_config from it, and the per-layer-type rope_parameters when there are none
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]
+    raw = {key: value for key, value in cls().to_dict().items() if key != "per_layer_config"}
+    if form == "global_head_dim":
+        raw["global_head_dim"] = 384
+    else:
+        del raw["rope_parameters"]
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    for layer_type in ("full_attention", "sliding_attention"):
+        ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=layer_type)
+        want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type)  # walked
+        assert (ours.dim, ours.rotary_dim, ours.scaling) == (want.dim, want.rotary_dim, want.scaling)
+        assert ours.dim == config.per_layer_config[config.layer_types.index(layer_type)].head_dim
+        hf_walk.np.testing.assert_array_equal(ours.inv_freq, want.inv_freq)
+    with pytest.raises(ValueError, match="pass layer_type="):
+        pf.RotaryEmbedding.from_hf_config(raw)
+
+
+@pytest.mark.parametrize("swa", [{}, {"swa_qk_rope_head_dim": 32, "swa_head_dim": 224, "swa_rope_theta": 4e4,
+                                      "rope_theta": 7e7}])
+def test_dots3_config_json_form_reads_as_its_configuration_class(swa):
+    # the released checkpoint's config.json keeps the sliding layers' sizes and rope_theta in swa_* keys
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING["dots3_note_text"]
+    raw = {key: value for key, value in cls().to_dict().items() if key not in ("per_layer_config", "rope_parameters")}
+    raw.update(swa)
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    for layer_type in ("indexed_attention", "sliding_attention"):
+        for attention in ("main", "indexer") if layer_type == "indexed_attention" else ("main",):
+            ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=layer_type, attention=attention)
+            want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type, attention=attention)
+            assert (ours.dim, ours.rotary_dim, ours.base, ours.layout) == (want.dim, want.rotary_dim, want.base,
+                                                                          want.layout)
+    assert want.dim == config.per_layer_config[config.layer_types.index("sliding_attention")].qk_rope_head_dim
+
+
+@pytest.mark.parametrize("form", [
+    {"rope_theta": [1e4, 5e5] * 3, "partial_rotary_factors": [0.5, 1.0] * 3},
+    {"rope_theta": 5e5, "partial_rotary_factors": [0.5, 1.0] * 3,
+     "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"rope_theta": [1e4, 5e5] * 3 + [7e5]},  # an MTP layer's entry past the layers
+])
+def test_step3p5_config_json_form_reads_as_its_configuration_class(form):
+    # Step-3.7's checkpoint keeps one rope_theta and one partial rotary factor per layer
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING["step3p5"]
+    raw = {key: value for key, value in cls().to_dict().items()
+           if key not in ("rope_parameters", "mlp_layer_types", "mtp_mlp_layer_types")}
+    raw.update(form, num_hidden_layers=6, layer_types=["full_attention", "sliding_attention"] * 3)
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    for layer_type in ("full_attention", "sliding_attention"):
+        ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=layer_type)
+        want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type)  # walked
+        assert (ours.dim, ours.rotary_dim, ours.base, ours.scaling) == (want.dim, want.rotary_dim, want.base,
+                                                                       want.scaling)

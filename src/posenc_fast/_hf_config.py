@@ -15,7 +15,8 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_models import MODEL_RULES, ModelRule
+from ._hf_layers import canonical_config, layer_config
+from ._hf_models import MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
 
@@ -49,6 +50,9 @@ _PARTIAL_DEFAULTS = {
     "phi": 0.5,  # PhiConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.5)
     "stablelm": 0.25,  # StableLmConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25)
 }
+
+# model types that read rotary_pct (its default) and rotary_emb_base for partial_rotary_factor and rope_theta
+_ROTARY_PCT = {"gpt_neox": 0.25, "gpt_neox_japanese": 1.0}
 
 _SCALED_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
 
@@ -95,8 +99,8 @@ def _real(value, key: str, where: str) -> float:
 
 
 def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int:
-    if model_type == "gptj":
-        # GPTJConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
+    if model_type in ("gptj", "codegen"):
+        # GPTJConfig / CodeGenConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
         hidden = _int(cfg, "n_embd", where) if "n_embd" in cfg else _int(cfg, "hidden_size", where)
         heads = _int(cfg, "n_head", where) if "n_head" in cfg else _int(cfg, "num_attention_heads", where)
         return hidden // heads
@@ -105,13 +109,13 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
     if cfg.get(rule.head_dim_key) is not None:
         return _int(cfg, rule.head_dim_key, where)
     # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
-    return _int(cfg, "hidden_size", where) // _int(cfg, "num_attention_heads", where)
+    return _int(cfg, rule.hidden_key, where) // _int(cfg, rule.heads_key, where)
 
 
 def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
     """The rope parameter dict transformers standardises for `layer_type`: rope_scaling wins over rope_parameters."""
     # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or rule.default_rope or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
@@ -125,6 +129,10 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
         if layer_type not in known:
             raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
                              f"expected one of {known}")
+    if rule.rope_per_type_only and not nested:
+        # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
+        raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
+                         f"only per-layer-type entries)")
     if nested:
         # standardize_rope_params: top-level rope_theta / partial_rotary_factor fill each layer type's dict
         per_type = {key: {**_top_level(cfg, rule), **value} for key, value in nested.items()}
@@ -158,8 +166,8 @@ def _top_level(cfg: Mapping, rule: ModelRule) -> dict:
 def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, where: str) -> float:
     if params.get("rope_theta") is not None:
         return _real(params["rope_theta"], "rope_theta", where)
-    if model_type == "gpt_neox":
-        # GPTNeoXConfig.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
+    if model_type in _ROTARY_PCT:
+        # GPTNeoX(Japanese)Config.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
         value, key = cfg.get("rotary_emb_base", _DEFAULT_THETA), "rotary_emb_base"
     else:
         value, key = cfg.get(rule.theta_key, rule.default_theta), rule.theta_key
@@ -171,9 +179,9 @@ def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, wher
 def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
     if params.get("partial_rotary_factor") is not None:
         value, key = params["partial_rotary_factor"], "rope_parameters['partial_rotary_factor']"
-    elif model_type == "gpt_neox":
+    elif model_type in _ROTARY_PCT:
         # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25))
-        value, key = cfg.get("rotary_pct", 0.25), "rotary_pct"
+        value, key = cfg.get("rotary_pct", _ROTARY_PCT[model_type]), "rotary_pct"
     else:
         value = cfg.get("partial_rotary_factor")
         if value is None:
@@ -242,15 +250,18 @@ def _arithmetic_as_value_error(function):
     return checked
 
 
-# where composite configs (vision-language, speech) keep their text model's config
-_TEXT_CONFIG_KEYS = ("text_config", "decoder", "generator", "text_encoder")
+# where composite configs (vision-language, speech, omni) keep their text model's config, in that order
+_TEXT_CONFIG_KEYS = ("thinker_config", "text_config", "decoder_config", "decoder", "generator", "text_encoder")
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
 def _text_part(cfg: dict, where: str) -> tuple[dict, str]:
-    for key in _TEXT_CONFIG_KEYS:
-        if isinstance(cfg.get(key), Mapping) and "hidden_size" not in cfg:
-            return dict(cfg[key]), f"{where}[{key!r}]"
+    # a top level without its own attention heads holds no text model (VoxtralRealtime keeps a hidden_size)
+    while "num_attention_heads" not in cfg or "hidden_size" not in cfg:
+        key = next((key for key in _TEXT_CONFIG_KEYS if isinstance(cfg.get(key), Mapping)), None)
+        if key is None:
+            break
+        cfg, where = dict(cfg[key]), f"{where}[{key!r}]"
     return cfg, where
 
 
@@ -259,6 +270,10 @@ def _rule(model_type, layout, where: str) -> ModelRule:
     rule = MODEL_RULES.get(model_type) or MODEL_RULES.get(f"{model_type}_text")
     if layout is not None and layout not in ("half", "interleaved"):
         raise ValueError(f"layout must be 'half', 'interleaved' or None, got {layout!r}")
+    no_rope = NO_ROPE.get(model_type) or NO_ROPE.get(f"{model_type}_text")
+    if no_rope is not None:
+        raise ValueError(f"{where}: this model's text attention has no RoPE ({no_rope}); only its vision tower "
+                         f"rotates")
     if rule is None:
         if layout is None:
             raise ValueError(
@@ -272,8 +287,12 @@ def _rule(model_type, layout, where: str) -> ModelRule:
     return rule
 
 
+ATTENTION_KINDS = ("main", "indexer")
+
+
 @_arithmetic_as_value_error
-def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layout: str | None = None) -> dict:
+def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layout: str | None = None,
+                                 attention: str = "main") -> dict:
     """Keyword arguments for ``RotaryEmbedding`` from a Hugging Face model config.
 
     Parameters
@@ -292,6 +311,12 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     layout : {"half", "interleaved"}, optional
         The pair layout, for a ``model_type`` without a rule in
         ``_hf_models.MODEL_RULES`` (refused without it).
+    attention : {"main", "indexer"}, optional
+        Which attention's RoPE: ``"main"`` (default), the model's attention;
+        ``"indexer"``, the DSA indexer of DeepSeek-V3.2-style models (its
+        ``index_head_dim`` features, the leading ``qk_rope_head_dim`` of
+        them rotating, in its own pair layout).  Refused for a model without
+        an indexer posenc_fast reads.
 
     Returns
     -------
@@ -303,7 +328,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         only, ``original_max_position_embeddings`` and ``factor`` filled in
         as transformers derives them); for multimodal RoPE also
         ``pair_streams`` (a list: each pair's position stream, from the
-        config's ``mrope_section`` or the model's default).
+        config's ``mrope_section`` or the model's default); ``reverse=True``
+        for a model that rotates by ``-theta`` (NanoChat).
 
     Raises
     ------
@@ -312,10 +338,11 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     ValueError
         If the file cannot be read or is not a JSON object, a needed key is
         missing (named in the message), a value is invalid, the RoPE type is
-        unsupported, the model type has no rule and no ``layout`` was given,
-        the model rotates in a way ``RotaryEmbedding`` does not (the
-        reversed direction, an unread assignment of pairs to position
-        streams), or the config holds
+        unsupported, the model's text attention has no RoPE (GLM-5-next,
+        Inkling2), the model type has no rule and no ``layout`` was given,
+        ``attention="indexer"`` names an indexer the model lacks,
+        the model rotates in a way ``RotaryEmbedding`` does not (an unread
+        assignment of pairs to position streams), or the config holds
         differing RoPEs per layer type and no ``layer_type`` was given.
 
     Notes
@@ -325,20 +352,34 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       wins. transformers 5.24 itself rejects a ``"su"`` dict that lacks
       ``original_max_position_embeddings``; this reads it as transformers 4
       did.
-    - GPT-NeoX reads ``rotary_emb_base`` and ``rotary_pct`` (default 0.25).
+    - GPT-NeoX reads ``rotary_emb_base`` and ``rotary_pct`` (default 0.25),
+      GPT-NeoX-Japanese the same (default 1.0).
     - GPT-J rotates ``rotary_dim`` (default 64) features in interleaved
       pairs with a fixed base of 10000 and no scaling.
     - Multi-head latent attention (DeepSeek-V3 and others) rotates the
       ``qk_rope_head_dim`` features, interleaved unless ``rope_interleave``
       is false (for the families that read it); those features are the
-      whole array it rotates, so ``dim == rotary_dim``.
+      whole array it rotates, so ``dim == rotary_dim``.  DeepSeek-V3.2's
+      and AXK2's indexer rotates in the half layout, their MLA attention
+      interleaved pairs: ``attention=`` chooses.
+    - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
+      attention layers have their own ``head_dim``) is read for
+      `layer_type`; ``layer_type`` is then required where layer types differ.
     - Models that rotate the whole head (Llama and most others) ignore
       ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
       ``partial_rotary_factor < 1`` transformers computes fewer frequencies
       than they rotate, which is rejected here.
     - ``"proportional"`` RoPE (Gemma 4) rotates the whole head with zero
       frequencies past ``partial_rotary_factor``.
+    - An odd partial width ``w = int(head_dim * partial_rotary_factor)``
+      (GLM-4.5's default, 21) rotates ``w + 1`` features with transformers'
+      frequencies ``base ** (-2i / w)``: ``base`` is then
+      ``rope_theta ** ((w + 1) / w)``.  Refused with a scaled RoPE.
     """
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {list(ATTENTION_KINDS)}, got {attention!r}")
+    if layer_type is not None and not isinstance(layer_type, str):
+        raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
     cfg, where = _load(config)
     cfg, where = _text_part(cfg, where)
     model_type = cfg.get("model_type")
@@ -346,14 +387,18 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
     where = f"{where} (model_type {model_type!r})"
     rule = _rule(model_type, layout, where)
-    if rule.reversed:
-        raise ValueError(
-            f"{where}: this model rotates by -theta (its rotate_half is cat(x2, -x1), {rule.source}); "
-            "RotaryEmbedding rotates by +theta. Its rotation is RotaryEmbedding(...).apply(x, positions, "
-            "inverse=True) of the same RoPE when the attention factor is 1")
+    if attention == "indexer" and rule.indexer is None:
+        raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
+                         f"{model_type!r}; its main attention is attention='main'")
+    declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
+    if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
+        raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
+                         f"not layer_type={layer_type!r}")
+    cfg = layer_config(canonical_config(cfg, rule), rule, layer_type, where)
 
-    if model_type == "gptj":
-        # GPTJRotaryEmbedding: create_sinusoidal_positions(n_positions, rotary_dim or hidden_size), base 10000
+    if model_type in ("gptj", "codegen"):
+        # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,
+        # rotary_dim or hidden_size), base 10000
         head_dim = _head_dim(cfg, model_type, rule, where)
         rotary_dim = cfg.get("rotary_dim", 64)
         rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
@@ -378,6 +423,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64 if model_type == "deepseek_v3" else None)
         interleave = cfg.get("rope_interleave") if rule.reads_rope_interleave else None
         layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
+        if attention == "indexer":
+            # the indexer splits its index_head_dim features into [qk_rope_head_dim rotated, the rest passed]
+            dim, layout = _int(cfg, "index_head_dim", where), rule.indexer
     else:
         dim = _head_dim(cfg, model_type, rule, where)
         layout = rule.layout
@@ -389,15 +437,28 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
             f"{where}: partial_rotary_factor={partial!r} with rope_type {rope_type!r}: transformers computes "
             f"int(head_dim * partial_rotary_factor) frequencies but this model rotates all {dim} head features"
         )
+    if rotary_dim % 2 and rotary_dim < dim and scaling is None and _rotates_the_cache_width(rule):
+        # compute_default_rope_parameters gives the ceil(w / 2) frequencies base ** (-2i / w) of an odd width w,
+        # and its apply_rotary_pos_emb rotates cos.shape[-1] = w + 1 features (GLM-4.5: w = 21, 11 pairs):
+        # base ** (-2i / w) is (base ** ((w + 1) / w)) ** (-2i / (w + 1))
+        base, rotary_dim = base ** ((rotary_dim + 1) / rotary_dim), rotary_dim + 1
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(
             f"{where}: the rotated width must be even and >= 2, got rotary_dim={rotary_dim} "
             f"(head_dim={dim}, partial_rotary_factor={partial!r})"
         )
     kwargs = dict(dim=dim, rotary_dim=rotary_dim, base=base, layout=layout, scaling=scaling)
+    if rule.reversed:
+        kwargs["reverse"] = True  # its rotate_half is cat(x2, -x1): it rotates by -theta
     if rule.streams is not None:
         kwargs["pair_streams"] = _pair_streams(rule, params.get("mrope_section"), rotary_dim // 2, where)
     return kwargs
+
+
+def _rotates_the_cache_width(rule: ModelRule) -> bool:
+    """The model's apply_rotary_pos_emb rotates as many leading features as its cos/sin cache is wide."""
+    function = ROTARY_FUNCTIONS.get(rule.source.split("/")[0])
+    return function is not None and function.partial and function.cache == "halves"
 
 
 def _pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:
@@ -425,6 +486,19 @@ def _pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int
     if rule.streams == "chunked":
         # Qwen2-VL: torch.cat([m[i % 3] for i, m in enumerate(freq.split(mrope_section, dim=-1))])
         return [i % 3 for i, n in enumerate(section) for _ in range(n)]
+    if rule.streams == "full_width":
+        # HunYuan-VL: cat((freq, freq)) split by 2 * mrope_section, chunk i taking stream i: feature j's stream.
+        # A rotate_half pair (j, j + npairs) rotates only where both features take one stream's angle.
+        feature = [i for i, n in enumerate(section) for _ in range(2 * n)]
+        streams = feature[:npairs]
+        if streams != feature[npairs:]:
+            pair = next(j for j in range(npairs) if feature[j] != feature[j + npairs])
+            raise ValueError(
+                f"{where}: mrope_section {section} gives the two features of pair {pair} the angles of streams "
+                f"{feature[pair]} and {feature[pair + npairs]} (its rotary module splits cat(freqs, freqs) by "
+                f"2 * mrope_section): not a rotation of pairs wherever those positions differ, which "
+                f"RotaryEmbedding cannot express ({rule.source})")
+        return streams
     if rule.streams == "hw_interleaved_t" and len(section) == 3:
         # ERNIE-4.5-VL: pre-rotated frequencies, h and w pair by pair over section[0] + section[1] pairs, then t
         return [(1 if j % 2 == 0 else 2) if j < section[0] + section[1] else 0 for j in range(npairs)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ModelRule", "MODEL_RULES", "RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS",
+__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS",
            "NOT_PATCHED"]
 
 
@@ -39,7 +39,7 @@ class ModelRule(NamedTuple):
     """Multi-head latent attention: rotates the ``qk_rope_head_dim`` features; ``rope_interleave``
     (when the config has it and `reads_rope_interleave`) picks the layout."""
     reads_rope_interleave: bool = True
-    """False: its attention always calls ``apply_rotary_pos_emb_interleave``, whatever the config's
+    """False: its attention always calls the same rotation (`layout`), whatever the config's
     ``rope_interleave`` says."""
     streams: str | None = None
     """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
@@ -58,7 +58,32 @@ class ModelRule(NamedTuple):
     """Flat config key of the sliding-window layers' ``rope_theta`` (one RoPE per layer type)."""
     local_scaled: bool = False
     """A flat ``rope_scaling`` applies to the sliding-window layers too (else to full attention only)."""
+    indexer: str | None = None
+    """Pair layout of its DSA indexer (``attention="indexer"``), which rotates the leading
+    ``qk_rope_head_dim`` of its ``index_head_dim`` features; None: no indexer posenc_fast reads."""
+    hidden_key: str = "hidden_size"
+    """The config key of the hidden size (``attribute_map``: ``d_model``, ``n_embd``)."""
+    heads_key: str = "num_attention_heads"
+    """The config key of the attention head count (``attribute_map``: ``n_heads``, decoder heads)."""
+    rope_per_type_only: bool = False
+    """Its RoPEs are the per-layer-type entries of ``rope_parameters`` only: a layer type without one is NoPE."""
+    global_head_dim: bool = False
+    """Without ``per_layer_config``, its full-attention layers' head_dim is ``global_head_dim`` (default 512), as
+    Gemma 4's configuration class builds ``per_layer_config`` from it."""
+    default_rope: dict | None = None
+    """``rope_parameters`` when the config has none (the configuration class's per-layer-type default)."""
+    per_layer_lists: bool = False
+    """A checkpoint's ``rope_theta`` / ``partial_rotary_factors`` may be lists, one entry per layer (Step-3.7)."""
+    swa_aliases: bool = False
+    """Without ``per_layer_config``, its sliding layers' head sizes and rope_theta are the checkpoint's ``swa_*``
+    keys (dots3: ``Dots3NoteTextConfig.__post_init__``)."""
 
+
+# Gemma4TextConfig.__post_init__ (and its relatives'): the RoPE of each layer type when the config gives none
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
+_EMBEDDING_GEMMA2_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
 
 # Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
 MODEL_RULES: dict[str, ModelRule] = {
@@ -68,34 +93,40 @@ MODEL_RULES: dict[str, ModelRule] = {
     "arcee": ModelRule("arcee/modeling_arcee.py"),
     "aria_text": ModelRule("aria/modeling_aria.py"),
     "axk1": ModelRule("axk1/modeling_axk1.py", "interleaved", mla=True),
-    "axk2": ModelRule("axk2/modeling_axk2.py", mla=True),
+    "axk2": ModelRule("axk2/modeling_axk2.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "bailing_hybrid": ModelRule("bailing_hybrid/modeling_bailing_hybrid.py", "interleaved", mla=True, reads_rope_interleave=False),
     "bamba": ModelRule("bamba/modeling_bamba.py", whole_head=False),
+    "beam": ModelRule("beam/modeling_beam.py"),
     "bitnet": ModelRule("bitnet/modeling_bitnet.py"),
     "blt_global_transformer": ModelRule("blt/modeling_blt.py", "interleaved"),
     "blt_local_decoder": ModelRule("blt/modeling_blt.py", "interleaved"),
     "blt_local_encoder": ModelRule("blt/modeling_blt.py", "interleaved"),
     "blt_patcher": ModelRule("blt/modeling_blt.py", "interleaved"),
     "chameleon": ModelRule("chameleon/modeling_chameleon.py"),
+    "codegen": ModelRule("codegen/modeling_codegen.py", "interleaved", whole_head=False),
     "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
     "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
     "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
+    "cohere_compass_text": ModelRule("cohere_compass/modeling_cohere_compass.py", streams="thw_interleaved", default_section=(24, 20, 20), rope_per_type_only=True),
     "cosmos3_edge_text": ModelRule("cosmos3_edge/modeling_cosmos3_edge.py", streams="thw_interleaved", default_section=(24, 20, 20)),
     "csm": ModelRule("csm/modeling_csm.py"),
     "csm_depth_decoder_model": ModelRule("csm/modeling_csm.py"),
     "cwm": ModelRule("cwm/modeling_cwm.py"),
+    "dbrx": ModelRule("dbrx/modeling_dbrx.py", hidden_key="d_model", heads_key="n_heads"),
     "deepseek_ocr2_encoder": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
-    "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True),
+    "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True, reads_rope_interleave=False),
     "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
-    "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", mla=True),
+    "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
     "dia_encoder": ModelRule("dia/modeling_dia.py"),
     "diffllama": ModelRule("diffllama/modeling_diffllama.py"),
+    "diffusion_gemma_text": ModelRule("diffusion_gemma/modeling_diffusion_gemma.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
     "doge": ModelRule("doge/modeling_doge.py"),
     "dory": ModelRule("dory/modeling_dory.py"),
     "dots1": ModelRule("dots1/modeling_dots1.py"),
-    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", mla=True),
+    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved", default_theta=80_000_000.0, swa_aliases=True),
+    "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py", global_head_dim=True, default_rope=_EMBEDDING_GEMMA2_ROPE),
     "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
     "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
     "ernie4_5_moe": ModelRule("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved"),
@@ -103,6 +134,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "esm": ModelRule("esm/modeling_esm.py"),
     "esmc": ModelRule("esmc/modeling_esmc.py"),
     "eurobert": ModelRule("eurobert/modeling_eurobert.py"),
+    "evolla": ModelRule("evolla/modeling_evolla.py"),
     "exaone4": ModelRule("exaone4/modeling_exaone4.py"),
     "exaone_moe": ModelRule("exaone_moe/modeling_exaone_moe.py"),
     "falcon": ModelRule("falcon/modeling_falcon.py"),
@@ -113,13 +145,16 @@ MODEL_RULES: dict[str, ModelRule] = {
     "gemma2": ModelRule("gemma2/modeling_gemma2.py"),
     "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
     "gemma3n_text": ModelRule("gemma3n/modeling_gemma3n.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
+    "gemma4_text": ModelRule("gemma4/modeling_gemma4.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
+    "gemma4_unified_text": ModelRule("gemma4_unified/modeling_gemma4_unified.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
     "glm": ModelRule("glm/modeling_glm.py", "interleaved", whole_head=False),
     "glm4": ModelRule("glm4/modeling_glm4.py", "interleaved", whole_head=False),
     "glm4_moe": ModelRule("glm4_moe/modeling_glm4_moe.py", whole_head=False),
+    "glm4_moe_lite": ModelRule("glm4_moe_lite/modeling_glm4_moe_lite.py", "interleaved", mla=True),
     "glm4v_moe_text": ModelRule("glm4v_moe/modeling_glm4v_moe.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glm4v_text": ModelRule("glm4v/modeling_glm4v.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glm_image_text": ModelRule("glm_image/modeling_glm_image.py", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
-    "glm_moe_dsa": ModelRule("glm_moe_dsa/modeling_glm_moe_dsa.py", "interleaved", mla=True, reads_rope_interleave=False),
+    "glm_moe_dsa": ModelRule("glm_moe_dsa/modeling_glm_moe_dsa.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved"),
     "glm_ocr_text": ModelRule("glm_ocr/modeling_glm_ocr.py", "interleaved", whole_head=False, streams="chunked", default_section=(8, 12, 12)),
     "glmasr_encoder": ModelRule("glmasr/modeling_glmasr.py", whole_head=False),
     "gpt_neox": ModelRule("gpt_neox/modeling_gpt_neox.py", whole_head=False),
@@ -128,6 +163,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "gptj": ModelRule("gptj/modeling_gptj.py", "interleaved"),
     "gradium_phonon_tts": ModelRule("gradium_phonon_tts/modeling_gradium_phonon_tts.py"),
     "granite": ModelRule("granite/modeling_granite.py"),
+    "granite4_vision_text": ModelRule("granite4_vision/modeling_granite4_vision.py"),
     "granite_docling_text": ModelRule("granite_docling/modeling_granite_docling.py"),
     "granite_swa": ModelRule("granite_swa/modeling_granite_swa.py"),
     "granitemoe": ModelRule("granitemoe/modeling_granitemoe.py"),
@@ -136,12 +172,13 @@ MODEL_RULES: dict[str, ModelRule] = {
     "granitemoeshared": ModelRule("granitemoeshared/modeling_granitemoeshared.py"),
     "gte": ModelRule("gte/modeling_gte.py"),
     "helium": ModelRule("helium/modeling_helium.py", "interleaved"),
+    "higgs_audio_v2": ModelRule("higgs_audio_v2/modeling_higgs_audio_v2.py"),
     "hrm_text": ModelRule("hrm_text/modeling_hrm_text.py"),
     "hunyuan_v1_dense": ModelRule("hunyuan_v1_dense/modeling_hunyuan_v1_dense.py"),
     "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py"),
     "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width"),
     "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
-    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True),
+    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True, reads_rope_interleave=False),
     "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", streams="thw_interleaved", default_section=(24, 20, 20)),
     "hyperclovax": ModelRule("hyperclovax/modeling_hyperclovax.py"),
     "idefics": ModelRule("idefics/modeling_idefics.py"),
@@ -155,6 +192,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "lasr_encoder": ModelRule("lasr/modeling_lasr.py"),
     "lfm2": ModelRule("lfm2/modeling_lfm2.py"),
     "lfm2_moe": ModelRule("lfm2_moe/modeling_lfm2_moe.py"),
+    "lfm3": ModelRule("lfm3/modeling_lfm3.py"),
     "llama": ModelRule("llama/modeling_llama.py"),
     "llama4_text": ModelRule("llama4/modeling_llama4.py", "interleaved"),
     "longcat_flash": ModelRule("longcat_flash/modeling_longcat_flash.py", "interleaved", mla=True, reads_rope_interleave=False),
@@ -163,7 +201,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
     "mimi_encoder": ModelRule("mimi/modeling_mimi.py"),
     "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False),
-    "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True),
+    "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True, reads_rope_interleave=False),
     "minimax": ModelRule("minimax/modeling_minimax.py"),
     "minimax_m2": ModelRule("minimax_m2/modeling_minimax_m2.py", whole_head=False),
     "minimax_m3_vl_text": ModelRule("minimax_m3_vl/modeling_minimax_m3_vl.py", whole_head=False),
@@ -177,6 +215,8 @@ MODEL_RULES: dict[str, ModelRule] = {
     "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
     "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
     "molmo2_text": ModelRule("molmo2/modeling_molmo2.py"),
+    "moonshine": ModelRule("moonshine/modeling_moonshine.py", "interleaved", whole_head=False, heads_key="decoder_num_attention_heads"),
+    "moonshine_streaming": ModelRule("moonshine_streaming/modeling_moonshine_streaming.py", "interleaved", whole_head=False),
     "moshi": ModelRule("moshi/modeling_moshi.py"),
     "muse_glimmer_assistant": ModelRule("muse_glimmer_assistant/modeling_muse_glimmer_assistant.py"),
     "muse_glimmer_text": ModelRule("muse_glimmer/modeling_muse_glimmer.py"),
@@ -225,7 +265,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "solar_open": ModelRule("solar_open/modeling_solar_open.py", whole_head=False),
     "stablelm": ModelRule("stablelm/modeling_stablelm.py", whole_head=False),
     "starcoder2": ModelRule("starcoder2/modeling_starcoder2.py"),
-    "step3p5": ModelRule("step3p7/modeling_step3p7.py"),
+    "step3p5": ModelRule("step3p7/modeling_step3p7.py", whole_head=False, per_layer_lists=True),
     "t5_gemma_module": ModelRule("t5gemma/modeling_t5gemma.py"),
     "t5gemma2_decoder": ModelRule("t5gemma2/modeling_t5gemma2.py"),
     "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
@@ -239,6 +279,14 @@ MODEL_RULES: dict[str, ModelRule] = {
     "youtu": ModelRule("youtu/modeling_youtu.py", "interleaved", mla=True),
     "zamba2": ModelRule("zamba2/modeling_zamba2.py", head_dim_key="attention_head_dim"),
     "zaya": ModelRule("zaya/modeling_zaya.py", whole_head=False),
+}
+
+
+# Text model types whose text attention has no RoPE (only their vision tower rotates): what they use instead.
+NO_ROPE: dict[str, str] = {
+    "glm5_next_text": "glm5_next/modeling_glm5_next.py: MLA with qk_rope_head_dim = 0 beside linear attention",
+    "inkling2_text": "inkling2/modeling_inkling2.py: a relative position bias and a log-position scaling",
+    "moshi_depth": "moshi/modeling_moshi.py: its depth decoder's layers are built with use_rope=False",
 }
 
 

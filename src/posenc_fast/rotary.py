@@ -107,6 +107,11 @@ class RotaryEmbedding(kernels.RotaryBase):
         With a 3-entry `mrope_section`: Qwen3-VL's interleaved assignment
         (pairs 1, 4, 7, ... below ``3*mrope_section[1]`` take h, pairs 2, 5,
         8, ... below ``3*mrope_section[2]`` take w, the rest t).
+    reverse : bool, optional
+        Rotate by ``-theta`` (NanoChat, whose ``rotate_half`` is ``cat(x2,
+        -x1)``): `inv_freq` is negated, so every path, cache and
+        integration rotates the other way (bitwise the ``inverse=True``
+        rotation of the same RoPE when ``attention_factor`` is 1).
 
     Examples
     --------
@@ -124,12 +129,13 @@ class RotaryEmbedding(kernels.RotaryBase):
     def __init__(self, dim: int, *, base: float = 10000.0, rotary_dim: int | None = None,
                  layout: Literal["interleaved", "half"] = "interleaved",
                  scaling: Mapping[str, Any] | None = None, pair_streams: ArrayLike | None = None,
-                 mrope_section: Any = None, mrope_interleaved: bool = False) -> None:
+                 mrope_section: Any = None, mrope_interleaved: bool = False,
+                 reverse: bool = False) -> None:
         self._setup(dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
-                    mrope_interleaved, axes=1)
+                    mrope_interleaved, axes=1, reverse=reverse)
 
     def _setup(self, dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
-               mrope_interleaved, axes):
+               mrope_interleaved, axes, reverse=False):
         dim = v.integer(dim, "dim", minimum=1)
         if dim > sys.maxsize:  # no array has such an axis (and the fast path keeps a C size)
             raise ValueError(f"dim must be <= {sys.maxsize} (2**63 - 1), got {dim}")
@@ -141,6 +147,7 @@ class RotaryEmbedding(kernels.RotaryBase):
         base = v.real(base, "base", positive=True)
         layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
         v.mapping_or_none(scaling, "scaling")
+        self._reverse = v.flag(reverse, "reverse")
         self._dim = dim
         self._rotary_dim = rotary_dim
         self._base = base
@@ -211,7 +218,8 @@ class RotaryEmbedding(kernels.RotaryBase):
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], *,
                        layer_type: str | None = None,
-                       layout: Literal["interleaved", "half"] | None = None) -> "RotaryEmbedding":
+                       layout: Literal["interleaved", "half"] | None = None,
+                       attention: Literal["main", "indexer"] = "main") -> "RotaryEmbedding":
         """Build the rotary embedding a Hugging Face model config describes.
 
         Parameters
@@ -223,11 +231,17 @@ class RotaryEmbedding(kernels.RotaryBase):
             rotary, ``rope_theta``/``rope_scaling`` or ``rope_parameters``,
             pair layout; the text model's part of a composite config).
         layer_type : str, optional
-            Which layer type's RoPE, for configs with one per layer type
-            (Gemma 3: ``"full_attention"`` or ``"sliding_attention"``).
+            Which layer type's RoPE (and head size), for configs with one per
+            layer type (Gemma 3: ``"full_attention"`` or
+            ``"sliding_attention"``; Gemma 4's ``per_layer_config``).
         layout : {"interleaved", "half"}, optional
             Pair layout of a ``model_type`` posenc_fast has no rule for
             (refused without it: never a guess).
+        attention : {"main", "indexer"}, optional
+            Whose RoPE: the model's attention (default) or its DSA indexer
+            (DeepSeek-V3.2, AXK2, GLM-MoE-DSA, dots3: ``index_head_dim``
+            features, in the indexer's own pair layout).  Refused where
+            posenc_fast reads no indexer of the model.
 
         Returns
         -------
@@ -243,7 +257,7 @@ class RotaryEmbedding(kernels.RotaryBase):
         """
         from ._hf_config import rotary_kwargs_from_hf_config
 
-        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout)
+        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention)
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
@@ -251,7 +265,8 @@ class RotaryEmbedding(kernels.RotaryBase):
     layout = property(lambda self: self._layout, doc='"interleaved" or "half".')
     base = property(lambda self: self._base, doc="Frequency base (rope_theta).")
     inv_freq = property(lambda self: self._pair_frequencies(self._frequencies.inv_freq),
-                        doc="float64 (rotary_dim//2,) frequencies, read-only.")
+                        doc="float64 (rotary_dim//2,) frequencies, read-only (negative with reverse=True).")
+    reverse = property(lambda self: self._reverse, doc="True: rotates by -theta (NanoChat).")
     pair_streams = property(
         lambda self: self._pair_streams,
         doc="The position stream of each pair (read-only intp array), or None (one stream).")
@@ -260,6 +275,10 @@ class RotaryEmbedding(kernels.RotaryBase):
         doc="Position streams per token: the leading axis of explicit positions when > 1.")
 
     def _pair_frequencies(self, freqs: NDArray[np.float64]) -> NDArray[np.float64]:
+        # every user of the frequencies (fast path, tables, caches, integrations) gets them here
+        if self._reverse:
+            freqs = -freqs
+            freqs.flags.writeable = False
         if self._axes == 1:
             return freqs
         tiled = np.tile(freqs, self._axes)
@@ -277,7 +296,7 @@ class RotaryEmbedding(kernels.RotaryBase):
     def __reduce__(self) -> tuple[Any, ...]:
         streams = None if self._pair_streams is None else self._pair_streams.tolist()
         return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling,
-                           streams, self._axes))
+                           streams, self._axes, self._reverse))
 
     def __repr__(self) -> str:
         if self._axes > 1:
@@ -285,7 +304,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         streams = ("" if self._pair_streams is None
                    else f", pair_streams={self._pair_streams.tolist()}")
         return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
-                f"layout={self._layout!r}, scaling={self.scaling!r}{streams})")
+                f"layout={self._layout!r}, scaling={self.scaling!r}{streams}"
+                f"{', reverse=True' if self._reverse else ''})")
 
     def inv_freq_for(self, seq_len: int) -> NDArray[np.float64]:
         """Frequencies a call with ``max(positions) + 1 == seq_len`` uses (float64, read-only)."""
@@ -506,12 +526,12 @@ class RotaryEmbedding(kernels.RotaryBase):
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
              scaling: dict[str, Any] | None, pair_streams: list[int] | None = None,
-             axes: int = 1) -> RotaryEmbedding:
+             axes: int = 1, reverse: bool = False) -> RotaryEmbedding:
     # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use).
     if axes > 1:
         return RotaryEmbedding.axial(dim, base=base, n_axes=axes)
     return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-                           pair_streams=pair_streams)
+                           pair_streams=pair_streams, reverse=reverse)
 
 
 def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0,

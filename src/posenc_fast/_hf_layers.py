@@ -1,0 +1,132 @@
+"""Per-layer-type configs: a heterogeneous config's ``per_layer_config``, and the checkpoint forms
+configuration classes turn into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's
+per-layer ``rope_theta`` and ``partial_rotary_factors``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ._hf_models import ModelRule
+
+__all__ = ["canonical_config", "layer_config"]
+
+
+def canonical_config(cfg: dict, rule: ModelRule) -> dict:
+    """`cfg` as its configuration class stores it, where that class rewrites a checkpoint's keys."""
+    if rule.swa_aliases and "per_layer_config" not in cfg:
+        return _dots3_config(cfg)
+    if rule.per_layer_lists:
+        return _step3p5_config(cfg)
+    return cfg
+
+
+def _step3p5_config(cfg: dict) -> dict:
+    # Step3p7TextConfig.__post_init__: a checkpoint's rope_theta (a number or one per layer) and
+    # partial_rotary_factors (one per layer) give each layer type its RoPE, read at its first layer;
+    # rope_scaling applies to the full-attention layers only
+    params = cfg.get("rope_parameters") or {}
+    layer_types = cfg.get("layer_types")
+    if layer_types is None and isinstance(cfg.get("num_hidden_layers"), int):
+        layer_types = ["full_attention"] * cfg["num_hidden_layers"]
+    if (not isinstance(layer_types, list) or not all(isinstance(name, str) for name in layer_types)
+            or all(isinstance(params.get(name), Mapping) for name in layer_types)):
+        return cfg  # already one dict per layer type (as transformers saves it), or refused later
+    theta, partials = cfg.get("rope_theta", 10000.0), cfg.get("partial_rotary_factors")
+    per_type = {}
+    for name in set(layer_types):
+        index = layer_types.index(name)
+        value = theta[index] if isinstance(theta, list) and index < len(theta) else theta
+        per_type[name] = {"rope_type": "default", "rope_theta": value}
+        if partials:
+            if not isinstance(partials, list) or index >= len(partials):
+                raise ValueError(f"config (model_type {cfg.get('model_type')!r}): 'partial_rotary_factors' must be "
+                                 f"a list with one factor per layer, got {partials!r}")
+            per_type[name]["partial_rotary_factor"] = partials[index]
+    if isinstance(cfg.get("rope_scaling"), Mapping) and "full_attention" in per_type:
+        per_type["full_attention"].update(cfg["rope_scaling"])
+    cfg = {key: value for key, value in cfg.items() if key not in ("rope_theta", "rope_scaling")}
+    return {**cfg, "layer_types": layer_types, "rope_parameters": per_type}
+
+
+def _dots3_config(cfg: dict) -> dict:
+    # Dots3NoteTextConfig.__post_init__ / convert_rope_params_to_dict: the released checkpoint's swa_* keys are
+    # the sliding layers' config, swa_rope_theta (default 50000) their rope_theta
+    cfg = dict(cfg)
+    layer_types = cfg.get("layer_types")
+    use_dsa = cfg.get("use_dsa", True)
+    if layer_types is None and isinstance(cfg.get("num_hidden_layers", 46), int):
+        full = "full_attention" if use_dsa is False else "indexed_attention"
+        sliding = cfg.get("use_sliding_window", True)
+        layer_types = [full if not sliding or i < 2 or i % 4 == 1 else "sliding_attention"
+                       for i in range(cfg.get("num_hidden_layers", 46))]
+    if isinstance(layer_types, (list, tuple)) and use_dsa is not None:
+        old, new = ("full_attention", "indexed_attention") if use_dsa else ("indexed_attention", "full_attention")
+        layer_types = [new if name == old else name for name in layer_types]
+    if not isinstance(layer_types, list) or not all(isinstance(name, str) for name in layer_types):
+        return cfg  # layer_config refuses what is not a list of layer type names
+    cfg["layer_types"] = layer_types
+
+    def swa(name, default):
+        return cfg[f"swa_{name}"] if f"swa_{name}" in cfg else default
+
+    head_dim, nope = swa("head_dim", 256), swa("qk_nope_head_dim", 192)
+    qk_rope = swa("qk_rope_head_dim", head_dim - nope if isinstance(head_dim, int) and isinstance(nope, int)
+                  else None)
+    cfg["per_layer_config"] = {index: {"head_dim": head_dim, "qk_rope_head_dim": qk_rope}
+                               for index, name in enumerate(layer_types) if name == "sliding_attention"}
+    if not (cfg.get("rope_scaling") or cfg.get("rope_parameters")):
+        theta = cfg.get("rope_theta", 80_000_000.0)
+        cfg["rope_parameters"] = {name: {"rope_type": "default", "rope_theta": swa("rope_theta", 50_000.0)
+                                         if name == "sliding_attention" else theta} for name in set(layer_types)}
+    return cfg
+
+
+# the keys a RoPE is read from (per_layer_config overrides of others, a sliding window, do not matter here)
+_ROPE_KEYS = frozenset({"head_dim", "kv_channels", "attention_head_dim", "hidden_size", "d_model", "n_embd",
+                        "num_attention_heads", "n_heads", "n_head", "decoder_num_attention_heads",
+                        "qk_rope_head_dim", "index_head_dim", "rope_interleave", "partial_rotary_factor",
+                        "rotary_dim", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
+                        "original_max_position_embeddings", "mrope_section", "mrope_interleaved"})
+
+
+def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
+    """The config of `layer_type`'s layers: `per_layer_config`'s overrides (heterogeneous configs) applied."""
+    overrides = cfg.get("per_layer_config")
+    if rule.global_head_dim and "per_layer_config" not in cfg:
+        # Gemma4TextConfig.__post_init__: per_layer_config = {full-attention layer: {"head_dim": global_head_dim}}
+        global_head_dim = cfg["global_head_dim"] if "global_head_dim" in cfg else 512
+        if layer_type == "full_attention":
+            return {**cfg, "head_dim": global_head_dim}
+        if layer_type is None and global_head_dim != cfg.get("head_dim"):
+            raise ValueError(f"{where}: the full-attention layers have head_dim global_head_dim={global_head_dim}, "
+                             f"the others head_dim={cfg.get('head_dim')}; pass layer_type= to choose one")
+    if not overrides:
+        return dict(cfg)
+    declared = cfg.get("layer_types")
+    if (not isinstance(overrides, Mapping) or not isinstance(declared, (list, tuple))
+            or not all(isinstance(name, str) for name in declared)):
+        raise ValueError(f"{where}: 'per_layer_config' must be an object of per-layer overrides beside a "
+                         f"'layer_types' list of strings")
+    try:
+        by_index = {int(index): value for index, value in overrides.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: the keys of 'per_layer_config' must be layer indices") from None
+    if any(not isinstance(value, Mapping) for value in by_index.values()):
+        raise ValueError(f"{where}: each 'per_layer_config' entry must be an object")
+    by_index = {index: {key: value[key] for key in value if key in _ROPE_KEYS} for index, value in by_index.items()}
+    per_type: dict = {}
+    for index, name in enumerate(declared):
+        found = per_type.setdefault(name, by_index.get(index, {}))
+        if found != by_index.get(index, {}):
+            # transformers' per_layer_config[layer_type] refuses the same
+            raise ValueError(f"{where}: the layers of type {name!r} differ in 'per_layer_config' (layer {index}); "
+                             f"posenc_fast reads one config per layer type")
+    if layer_type is None:
+        if len({repr(sorted(value.items())) for value in per_type.values()}) > 1:
+            raise ValueError(f"{where}: 'per_layer_config' gives the layer types {sorted(per_type)} different "
+                             f"configs (head sizes); pass layer_type= to choose one")
+        return {**cfg, **next(iter(per_type.values()), {})}
+    if layer_type not in per_type:
+        raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
+                         f"expected one of {sorted(per_type)}")
+    return {**cfg, **per_type[layer_type]}
