@@ -65,10 +65,11 @@ MODEL_CHANGES = {
     **dict.fromkeys(("t5gemma2_decoder", "t5gemma2_encoder", "t5gemma2_text"), {"dropout_rate": 0.0}),
     # ESM-2's checkpoints use rotary positions (the default: absolute); its default leaves the special ids None
     "esm": {"position_embedding_type": "rotary", "pad_token_id": 1, "mask_token_id": 2},
-    # its default has no RoPE for its layer type: the rotary module's own default mrope_section [24, 20, 20],
-    # scaled to the tiny head
-    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
-                                                                   "mrope_section": [6, 5, 5]}}},
+    # as the walk's override (hf_walk.CONFIG_OVERRIDES: RoPE on the sliding layers, none on the full
+    # ones), the rotary module's own default mrope_section [24, 20, 20] scaled to the tiny head
+    "cohere_compass_text": {"rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e4, "mrope_section": [6, 5, 5]},
+        "full_attention": None}},
     "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
     # the audio padding id is the embedding's last row: text vocabulary + codebooks x codebook vocabulary
     "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
