@@ -40,9 +40,9 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
         ``positions.shape + (heads * head_size,)`` or ``positions.shape +
         (heads, head_size)``; e.g. ``(num_tokens, heads * head_size)``,
         ``(batch, seq, heads * head_size)`` or ``(num_tokens, heads,
-        head_size)``.  Any strides whose last axis is contiguous (a slice of
-        a fused qkv projection, heads padded past head_size): rotated where
-        it lies.
+        head_size)``.  Any strides (a slice of a fused qkv projection, heads
+        padded past head_size): rotated where it lies (a contiguous last
+        axis takes the compiled path).
     key : torch.Tensor or ndarray or None
         Like `query`, with its own head count and query's dtype; rotated in
         place.  None rotates `query` alone.
@@ -75,8 +75,9 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     ValueError
         Shapes that do not fit, a position outside the cache, ``rot_dim``
         odd or past `head_size`, `query`/`key` that cannot be rotated where
-        they lie (a strided last axis, read-only, sharing memory, or torch
-        tensors that need grad or are not on the CPU).
+        they lie (a view that cannot be split into heads, read-only,
+        sharing memory, or torch tensors that need grad or are not on the
+        CPU).
 
     Nothing is written when an error is raised.
 
