@@ -41,30 +41,14 @@ def norm_rotate(x: np.ndarray, out, in_place: bool, weight: np.ndarray, eps: flo
 def apply_qk_norm(rope, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
                   weight_offset, out_q, out_k):
     """RotaryEmbedding.apply_qk_norm (see its docstring)."""
-    from .rotary import _call_positions, _data
-
     if rope.n_streams != 1:
         raise ValueError(f"apply_qk_norm takes one position stream; this embedding has "
                          f"{rope.n_streams} (normalise, then apply_qk)")
-    q = _data(q, "q", rope.dim)
-    k = _data(k, "k", rope.dim)
+    q, k, values, q_index, k_index, (out_q, q_in_place), (out_k, k_in_place) = \
+        rope._qk_call(q, k, positions, offset, seq_axis, out_q, out_k)
     eps, weight_offset = norm_args(eps, weight_offset)
     q_weight = norm_weight(q_weight, "q_weight", rope.dim, weight_offset)
     k_weight = norm_weight(k_weight, "k_weight", rope.dim, weight_offset)
-    offset = v.real(offset, "offset")
-    values, q_index = _call_positions(q.shape[:-1], positions, offset, seq_axis, "q")
-    if positions is None:
-        k_values, k_index = _call_positions(k.shape[:-1], None, offset, seq_axis, "k")
-        if k_values.shape != values.shape:
-            raise ValueError(f"q and k must have the same length along seq_axis={seq_axis}, "
-                             f"got {values.shape[0]} and {k_values.shape[0]}")
-    else:
-        v.broadcast_target(values.shape, k.shape[:-1], "positions", "k.shape[:-1]")
-        k_index = values.shape
-    out_q, q_in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
-                                 must_not_overlap=(k,))
-    out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
-                                 must_not_overlap=(q, out_q))
     half = rope.layout == "half"
     results = []
     for x, out, in_place, weight, index in ((q, out_q, q_in_place, q_weight, q_index),

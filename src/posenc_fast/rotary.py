@@ -437,11 +437,12 @@ class RotaryEmbedding(kernels.RotaryBase):
         return rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
                        self._layout == "half", inverse, out, in_place)
 
-    def _apply_qk_general(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
+    def _qk_call(self, q, k, positions, offset, seq_axis, out_q, out_k):
+        """q and k checked, with their positions and outputs: (q, k, values, q_index,
+        k_index, (out_q, in place), (out_k, in place))."""
         q = _data(q, "q", self._dim)
         k = _data(k, "k", self._dim)
         offset = v.real(offset, "offset")
-        inverse = v.flag(inverse, "inverse")
         values, q_index = _call_positions(q.shape[:-1], positions, offset, seq_axis, "q")
         if positions is None:
             k_values, k_index = _call_positions(k.shape[:-1], None, offset, seq_axis, "k")
@@ -451,10 +452,15 @@ class RotaryEmbedding(kernels.RotaryBase):
         else:
             v.broadcast_target(values.shape, k.shape[:-1], "positions", "k.shape[:-1]")
             k_index = values.shape
-        out_q, q_in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
-                                     must_not_overlap=(k,))
-        out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
-                                     must_not_overlap=(q, out_q))
+        q_out = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,), must_not_overlap=(k,))
+        k_out = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
+                         must_not_overlap=(q, q_out[0]))
+        return q, k, values, q_index, k_index, q_out, k_out
+
+    def _apply_qk_general(self, q, k, positions, offset, seq_axis, inverse, out_q, out_k):
+        inverse = v.flag(inverse, "inverse")
+        q, k, values, q_index, k_index, (out_q, q_in_place), (out_k, k_in_place) = \
+            self._qk_call(q, k, positions, offset, seq_axis, out_q, out_k)
         half = self._layout == "half"
         q_table, k_table = v.compute_dtype(q.dtype), v.compute_dtype(k.dtype)
         q_cos, q_sin = self._table(values, q_table, inverse)
