@@ -99,23 +99,13 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
                 (query,) if key is None else (query, key), cos_sin_cache, positions, head_size,
                 rope_dim_offset, is_neox, inverse)):
         return  # the common call: checked and rotated in C
-    cos_sin_cache = np.asarray(cos_sin_cache)
     head_size = v.integer(head_size, "head_size", minimum=1)
     is_neox = v.flag(is_neox, "is_neox")
     offset = v.integer(rope_dim_offset, "rope_dim_offset", minimum=0)
     inverse = v.flag(inverse, "inverse")
     positions = _token_positions(positions)
-    query = _heads_view(query, "query", positions.shape, head_size)
-    if key is not None:
-        key = _heads_view(key, "key", positions.shape, head_size)
-        if key.dtype != query.dtype:
-            raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
-        if v.overlaps(query, key):
-            raise ValueError("query and key share memory; pass separate arrays")
-    cos, sin = _cos_sin(cos_sin_cache, query.dtype, head_size - offset, offset)
-    for x, name in ((query, "query"), (key, "key")):
-        if x is not None and v.overlaps(x, cos_sin_cache):
-            raise ValueError(f"{name} shares memory with cos_sin_cache")
+    query, key, cos, sin = _query_key_cache(positions, query, key, head_size, cos_sin_cache,
+                                            offset)
     if offset:  # the features from the offset on: rot_dim of them rotate, the rest pass
         query = query[..., offset:]
         key = None if key is None else key[..., offset:]
@@ -128,6 +118,24 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     else:
         apply_rotary_cos_sin_qk(query, key, cos, sin, index, layout=layout, inverse=inverse,
                                 out_q=query, out_k=key)
+
+
+def _query_key_cache(positions: np.ndarray, query, key, head_size: int, cache, offset: int = 0):
+    """query and key (or None) as (tokens, heads, head_size) views rotated in place, and the
+    cos and sin halves of `cache`, all checked: one dtype, no shared memory."""
+    query = _heads_view(query, "query", positions.shape, head_size)
+    if key is not None:
+        key = _heads_view(key, "key", positions.shape, head_size)
+        if key.dtype != query.dtype:
+            raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
+        if v.overlaps(query, key):
+            raise ValueError("query and key share memory; pass separate arrays")
+    cache = np.asarray(cache)
+    cos, sin = _cos_sin(cache, query.dtype, head_size - offset, offset)
+    for x, name in ((query, "query"), (key, "key")):
+        if x is not None and v.overlaps(x, cache):
+            raise ValueError(f"{name} shares memory with cos_sin_cache")
+    return query, key, cos, sin
 
 
 def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
@@ -342,16 +350,7 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
     is_neox = v.flag(is_neox, "is_neox")
     eps, weight_offset = norm_args(eps, weight_offset)
     positions = _token_positions(positions)
-    query = _heads_view(query, "query", positions.shape, head_size)
-    key = _heads_view(key, "key", positions.shape, head_size)
-    if key.dtype != query.dtype:
-        raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
-    if v.overlaps(query, key):
-        raise ValueError("query and key share memory; pass separate arrays")
-    cos, sin = _cos_sin(np.asarray(cache), query.dtype, head_size)
-    for x, name in ((query, "query"), (key, "key")):
-        if v.overlaps(x, cache):
-            raise ValueError(f"{name} shares memory with cos_sin_cache")
+    query, key, cos, sin = _query_key_cache(positions, query, key, head_size, cache)
     tokens = positions.reshape(-1)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cos.shape[0]):
         raise ValueError(f"positions must lie in [0, {cos.shape[0]}) (rows of cos_sin_cache), "
