@@ -141,15 +141,14 @@ def _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim):
             and not (_cache_repeats(function, arrays[2]) and _cache_repeats(function, arrays[3]))):
         return None  # its formula is then no rotation of pairs
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return _rotation(torch).apply(q, k, cos, sin, function, unsqueeze_dim)
-    q_rot, k_rot = _apply_numpy(*arrays, unsqueeze_dim, function)
-    return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
+        return _rotation(torch).apply(q, k, cos, sin, function, unsqueeze_dim, arrays)
+    return _rotated(torch, function, arrays, (q.dtype, k.dtype), unsqueeze_dim)
 
 
-def _rotate_arrays(torch, function, q, k, cos, sin, unsqueeze_dim):
-    arrays = [numpy_view(torch, t) for t in (q, k, cos, sin)]
+def _rotated(torch, function, arrays, dtypes, unsqueeze_dim):
+    # The kernel on NumPy views (q, k, cos, sin); the results as tensors of `dtypes`.
     q_rot, k_rot = _apply_numpy(*arrays, unsqueeze_dim, function)
-    return _torch_view(torch, q_rot, q.dtype), _torch_view(torch, k_rot, k.dtype)
+    return _torch_view(torch, q_rot, dtypes[0]), _torch_view(torch, k_rot, dtypes[1])
 
 
 _ROTATION = []
@@ -170,27 +169,29 @@ def _rotation(torch):
 
     class Rotation(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, cos, sin, function, unsqueeze_dim):
+        def forward(ctx, q, k, cos, sin, function, unsqueeze_dim, arrays):
+            # arrays: the NumPy views of q, k, cos, sin the caller already made
             ctx.save_for_backward(cos, sin)
-            ctx.function, ctx.unsqueeze_dim = function, unsqueeze_dim
-            return _rotate_arrays(torch, function, q, k, cos, sin, unsqueeze_dim)
+            ctx.function, ctx.unsqueeze_dim, ctx.tables = function, unsqueeze_dim, arrays[2:]
+            return _rotated(torch, function, arrays, (q.dtype, k.dtype), unsqueeze_dim)
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_q, grad_k):
-            cos, sin = ctx.saved_tensors
+            ctx.saved_tensors  # raises if cos/sin changed in place since the forward
             function = ctx.function
             # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
             # rotates back in halves, then interleaves.
             transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
                                           layout=function.kernel_layout)
-            grad_q, grad_k = _rotate_arrays(torch, transpose, grad_q, grad_k, cos, sin,
-                                            ctx.unsqueeze_dim)
+            grads = [numpy_view(torch, g) for g in (grad_q, grad_k)]
+            grad_q, grad_k = _rotated(torch, transpose, grads + list(ctx.tables),
+                                      (grad_q.dtype, grad_k.dtype), ctx.unsqueeze_dim)
             if function.deinterleaves:
                 grad_q, grad_k = (torch.stack(g.chunk(2, -1), -1).flatten(-2)
                                   for g in (grad_q, grad_k))
             return (grad_q if ctx.needs_input_grad[0] else None,
-                    grad_k if ctx.needs_input_grad[1] else None, None, None, None, None)
+                    grad_k if ctx.needs_input_grad[1] else None, None, None, None, None, None)
 
     _ROTATION.append(Rotation)
     return Rotation
