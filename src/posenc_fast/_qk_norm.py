@@ -50,10 +50,13 @@ def apply_qk_norm(rope, q, k, q_weight, k_weight, positions, offset, seq_axis, e
     q_weight = norm_weight(q_weight, "q_weight", rope.dim, weight_offset)
     k_weight = norm_weight(k_weight, "k_weight", rope.dim, weight_offset)
     half = rope.layout == "half"
-    results = []
+    results, tables = [], {}
     for x, out, in_place, weight, index in ((q, out_q, q_in_place, q_weight, q_index),
                                             (k, out_k, k_in_place, k_weight, k_index)):
-        cos, sin = rope._table(values, v.compute_dtype(x.dtype))
+        dtype = v.compute_dtype(x.dtype)
+        if dtype not in tables:  # one table for q and k of one compute dtype
+            tables[dtype] = rope._table(values, dtype)
+        cos, sin = tables[dtype]
         results.append(norm_rotate(x, out, in_place, weight, eps, cos, sin,
                                    row_table(index, x.shape[:-1]), half))
     return tuple(results)
