@@ -29,7 +29,7 @@ cdef struct NormJob:
     const RowCall* call      # the compute dtype's rotation of one row
 
 
-cdef inline double _sum_of_squares32(const float* a, Py_ssize_t n) noexcept nogil:
+cdef inline double _sum_of_squares(const cython.floating* a, Py_ssize_t n) noexcept nogil:
     # Eight running sums in a fixed order (the compiler keeps them in vector
     # lanes; one chain of adds ran the whole pass at 2.6x a copy).
     cdef double acc[8]
@@ -42,21 +42,6 @@ cdef inline double _sum_of_squares32(const float* a, Py_ssize_t n) noexcept nogi
         i += 8
     while i < n:
         acc[0] += <double>a[i] * a[i]
-        i += 1
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-
-
-cdef inline double _sum_of_squares64(const double* a, Py_ssize_t n) noexcept nogil:
-    cdef double acc[8]
-    cdef Py_ssize_t i = 0, j
-    for j in range(8):
-        acc[j] = 0.0
-    while i + 8 <= n:
-        for j in range(8):
-            acc[j] += a[i + j] * a[i + j]
-        i += 8
-    while i < n:
-        acc[0] += a[i] * a[i]
         i += 1
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
 
@@ -78,7 +63,7 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
         if job.data == POSENC_F64:
             a64 = <double*>(job.scratch + slot * 2 * dim * 8)
             rotated = <char*>(a64 + dim)
-            total = _sum_of_squares64(<const double*>row, dim)
+            total = _sum_of_squares(<const double*>row, dim)
             scale = 1.0 / sqrt(total / dim + job.eps)
             for i in range(dim):
                 a64[i] = (<const double*>row)[i] * scale * job.weight[i]
@@ -92,7 +77,7 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             memcpy(a32, row, dim * 4)
         else:
             K.to_f32[job.data](row, a32, dim)
-        total = _sum_of_squares32(a32, dim)
+        total = _sum_of_squares(<const float*>a32, dim)
         scale32 = <float>(1.0 / sqrt(total / dim + job.eps))
         for i in range(dim):
             a32[i] = (a32[i] * scale32) * job.weight32[i]
