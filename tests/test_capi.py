@@ -62,14 +62,14 @@ layouts = st.sampled_from(["half", "interleaved"])
 dtypes = st.sampled_from([np.float32, np.float64, np.float16, BF16])
 
 
-@given(shape=shapes, pairs=st.integers(1, 12), extra=st.integers(0, 3), layout=layouts,
-       dtype=dtypes, offset=st.integers(0, 3000), explicit=st.booleans(),
+@given(shape=shapes, pairs=st.integers(1, 12), extra=st.integers(0, 3), start=st.integers(0, 3),
+       layout=layouts, dtype=dtypes, offset=st.integers(0, 3000), explicit=st.booleans(),
        in_place=st.booleans(), inverse=st.booleans(), seq_axis=st.sampled_from([-2, -3]))
-def test_rotate_rotary_equals_rotary_embedding_apply(probe, shape, pairs, extra, layout, dtype,
-                                                    offset, explicit, in_place, inverse,
+def test_rotate_rotary_equals_rotary_embedding_apply(probe, shape, pairs, extra, start, layout,
+                                                    dtype, offset, explicit, in_place, inverse,
                                                     seq_axis):
-    dim = 2 * pairs + extra
-    rope = pf.RotaryEmbedding(dim, rotary_dim=2 * pairs, layout=layout)
+    dim = start + 2 * pairs + extra
+    rope = pf.RotaryEmbedding(dim, rotary_dim=2 * pairs, rotary_start=start, layout=layout)
     rng = np.random.default_rng(shape[1] * 31 + dim)
     x = rng.standard_normal(shape + (dim,)).astype(dtype)  # (outer, seq, inner, dim)
     positions = rng.integers(0, 500, shape[1]).astype(np.int64) if explicit else None

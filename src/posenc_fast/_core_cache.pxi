@@ -130,7 +130,8 @@ cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
 
 cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
                     cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
-                    const long long* row_of, const CacheTable* table, bint half) except -1:
+                    const long long* row_of, const CacheTable* table, bint half,
+                    Py_ssize_t start) except -1:
     cdef Py_ssize_t ntokens = q.shape[0], dim = q.shape[2]
     cdef Py_ssize_t size = cnp.PyArray_SIZE(q) + 2 * cnp.PyArray_SIZE(k)
     cdef Py_ssize_t nchunks = (ntokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
@@ -157,12 +158,12 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     if cache != data and (data != POSENC_F32 or w.narrow == NULL):
         raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
     q_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(q), table.itemsize,
-                       table.npairs, dim, half, False, qp == op, cnp.PyArray_NBYTES(q))
+                       table.npairs, dim, half, False, qp == op, cnp.PyArray_NBYTES(q), start)
     # A key row goes to its slot (streamed when large: the cache is not read
     # back soon) or, for a half cache, to a float32 scratch row in L1.
     k_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(k), table.itemsize,
                        table.npairs, dim, half, False, False,
-                       cnp.PyArray_NBYTES(k) if w.narrow == NULL else 0)
+                       cnp.PyArray_NBYTES(k) if w.narrow == NULL else 0, start)
     if q_call.rotate == NULL or k_call.rotate == NULL:
         raise TypeError(f"no rotation kernel for {q.dtype} data with this cos/sin table")
     if ntokens == 0:
@@ -182,7 +183,7 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
                          cnp.ndarray k_cache not None, cnp.ndarray v_cache not None,
                          cnp.ndarray slots not None, cnp.ndarray rows not None,
                          cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
-                         bint half_layout):
+                         bint half_layout, Py_ssize_t start=0):
     """Rotate q into out_q, and k into its cache slots; copy v into its slots.
 
     q, out_q: C-contiguous (tokens, heads, dim), `out_q` may be `q`; k, v:
@@ -192,8 +193,9 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     tensor of keys and values), of q's dtype or a half type for float32 q.
     slots, rows: int64 (tokens,): token t's cache slot (-1: none, others
     distinct and in range) and its cos/sin table row.  cos/sin tables: 2-D,
-    unit stride along their last axis (npairs entries), any row stride.
-    Each token is written by one thread: bitwise the same for any count.
+    unit stride along their last axis (npairs entries), any row stride;
+    features [start, start + 2*npairs) rotate.  Each token is written by one
+    thread: bitwise the same for any count.
     """
     cdef CacheTable table
     table.cos = _data(cos_table)
@@ -204,7 +206,7 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     table.itemsize = cnp.PyArray_ITEMSIZE(cos_table)
     table.dtype = _dtype(cos_table)
     _write_all(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
-               <const long long*>_data(rows), &table, half_layout)
+               <const long long*>_data(rows), &table, half_layout, start)
 
 
 cdef inline bint _index_array(object a, Py_ssize_t n):
@@ -343,5 +345,5 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     table.cos_stride = table.sin_stride = 2 * table.npairs * table.itemsize
     table.dtype = _table_of(qa)
     _write_all(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
-               fast.half)
+               fast.half, fast.start)
     return result

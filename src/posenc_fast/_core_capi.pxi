@@ -19,7 +19,7 @@ cdef extern from *:
     """
     struct posenc_fast_rotary {
         int dtype;                /* posenc_fast_dtype */
-        Py_ssize_t dim, npairs, rows;
+        Py_ssize_t dim, npairs, start, rows;  /* features [start, start + 2*npairs) rotate */
         int half, unit_factor;
         const char* table;        /* (rows, 2, npairs): the cos then the sin row of each position */
         PyObject* owner;          /* the table's array (a reference) */
@@ -27,7 +27,7 @@ cdef extern from *:
     """
     ctypedef struct RotaryTable "struct posenc_fast_rotary":
         int dtype
-        Py_ssize_t dim, npairs, rows
+        Py_ssize_t dim, npairs, start, rows
         int half, unit_factor
         const char* table
         PyObject* owner
@@ -251,7 +251,7 @@ cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rot
     # The cache is float32 for half data (posenc_table_dtype).
     call = _row_call(d, posenc_table_dtype(d), itemsize,
                      8 if posenc_table_dtype(d) == POSENC_F64 else 4, table.npairs, table.dim,
-                     table.half, inverse, rows.x == rows.out, nbytes)
+                     table.half, inverse, rows.x == rows.out, nbytes, table.start)
     _rotate_planned(<const char*>rows.x, <char*>rows.out, table.table, &plan, &call,
                     _threads_for(nbytes // itemsize))
     return POSENC_FAST_OK
@@ -446,6 +446,7 @@ def rotary_table_capsule(RotaryBase fast not None, dtype, num_positions):
     table.dtype = _PUBLIC_DTYPES[like.dtype.name]
     table.dim = fast.dim
     table.npairs = fast.npairs
+    table.start = fast.start
     table.rows = num_positions
     table.half = fast.half
     table.unit_factor = fast.factor == 1.0

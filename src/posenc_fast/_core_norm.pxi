@@ -92,14 +92,15 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
 def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                      cnp.ndarray weight not None, double eps, cnp.ndarray cos_table not None,
                      cnp.ndarray sin_table not None, cnp.ndarray row_table not None,
-                     bint half_layout, int num_threads):
+                     bint half_layout, int num_threads, Py_ssize_t start=0):
     """RMSNorm each row r of x over its dim features (scaled by `weight`), rotate it by table
     row row_table[r], write it to out.
 
     x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; weight:
     C-contiguous float64 (dim,), the factors (Gemma's ``1 + w`` already
     added); cos/sin tables: 2-D float32 (float64 for float64 x), unit stride
-    along their last axis; row_table: intp (rows,).
+    along their last axis; row_table: intp (rows,); features [start, start +
+    2 * cos_table.shape[1]) rotate.
     """
     cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
@@ -108,7 +109,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4
     cdef RowCall call = _row_call(compute, _dtype(cos_table), compute_size,
                                   cnp.PyArray_ITEMSIZE(cos_table), cos_table.shape[1], dim,
-                                  half_layout, False, False, 0)
+                                  half_layout, False, False, 0, start)
     cdef cnp.ndarray scratch
     cdef cnp.ndarray weight32
     if call.rotate == NULL or (data != compute and K.to_f32[data] == NULL):

@@ -371,6 +371,7 @@ cdef class RotaryBase:
 
     cdef Py_ssize_t dim
     cdef Py_ssize_t npairs
+    cdef Py_ssize_t start  # the first feature that rotates
     cdef bint half
     cdef bint streams  # several position streams: explicit positions take _apply_streams
     cdef double factor
@@ -383,16 +384,18 @@ cdef class RotaryBase:
     cdef list caches
     cdef cython.pymutex lock
 
-    def _init_rotary(self, Py_ssize_t dim, Py_ssize_t rotary_dim, bint half, freqs,
-                     double attention_factor, long long valid_below, bint streams):
+    def _init_rotary(self, Py_ssize_t dim, Py_ssize_t rotary_dim, Py_ssize_t start, bint half,
+                     freqs, double attention_factor, long long valid_below, bint streams):
         """Set the fast path's state (once, from RotaryEmbedding's constructor).
 
-        `freqs` are the rotary_dim // 2 float64 frequencies of positions p
+        Features [start, start + rotary_dim) rotate; `freqs` are the
+        rotary_dim // 2 float64 frequencies of positions p
         with p + 1 <= `valid_below` (others take the general path);
         `attention_factor` is folded into the cached cos/sin values.
         """
         self.dim = dim
         self.npairs = rotary_dim // 2
+        self.start = start
         self.half = half
         self.streams = streams
         self.factor = attention_factor
@@ -449,7 +452,7 @@ cdef class RotaryBase:
         cdef RowCall call = _row_call(d, posenc_table_dtype(d), cnp.PyArray_ITEMSIZE(x),
                                       cnp.PyArray_ITEMSIZE(table), self.npairs, self.dim,
                                       self.half, inverse, _data(x) == _data(out),
-                                      cnp.PyArray_NBYTES(x))
+                                      cnp.PyArray_NBYTES(x), self.start)
         cdef const char* xp = _data(x)
         cdef char* op = _data(out)
         cdef const char* tp = _data(table)

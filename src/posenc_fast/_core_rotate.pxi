@@ -11,7 +11,9 @@ cdef struct RowCall:
     Py_ssize_t table_itemsize
     Py_ssize_t dim          # items of a row
     Py_ssize_t row_bytes
-    Py_ssize_t tail_bytes   # bytes past the rotary pairs, copied unless in place
+    Py_ssize_t start_bytes  # where the rotary pairs begin in a row (rotary_start)
+    Py_ssize_t lead_bytes   # bytes before them, copied unless in place
+    Py_ssize_t tail_bytes   # bytes past them, copied unless in place
     bint inverse
     bint stream             # non-temporal stores: posenc_sfence at the end of a work item
     bint prefetch           # a row taken alone asks for the lines ahead
@@ -20,7 +22,8 @@ cdef struct RowCall:
 
 cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t table_itemsize,
                               Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
-                              bint in_place, Py_ssize_t nbytes) noexcept nogil:
+                              bint in_place, Py_ssize_t nbytes, Py_ssize_t start=0) noexcept nogil:
+    # Rows of dim items whose features [start, start + 2*npairs) rotate;
     # nbytes: the size of x.  Below POSENC_STREAM_BYTES rows go in blocks
     # (rotate_position): a position's heads, or a head's positions.  Past
     # the caches a result is written with non-temporal stores (never in
@@ -45,7 +48,9 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.table_itemsize = table_itemsize
     call.dim = dim
     call.row_bytes = dim * itemsize
-    call.tail_bytes = 0 if in_place else (dim - 2 * npairs) * itemsize
+    call.start_bytes = start * itemsize
+    call.lead_bytes = 0 if in_place else call.start_bytes
+    call.tail_bytes = 0 if in_place else (dim - start - 2 * npairs) * itemsize
     call.inverse = inverse
     call.stream = large and not in_place
     call.prefetch = nbytes >= POSENC_PREFETCH_BYTES
@@ -55,11 +60,13 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
 
 cdef inline void _rotate_row(const char* x, char* out, const void* c, const void* s,
                              const RowCall* call) noexcept nogil:
-    # One row: the rotary pairs, then the features past 2*npairs copied.
+    # One row: the rotary pairs, then the features before and past them copied.
     if call.prefetch:
         posenc_prefetch_ahead(x, call.row_bytes)
     if call.npairs > 0:
-        call.rotate(x, out, c, s, call.npairs, call.inverse)
+        call.rotate(x + call.start_bytes, out + call.start_bytes, c, s, call.npairs, call.inverse)
+    if call.lead_bytes > 0:
+        memcpy(out, x, call.lead_bytes)
     if call.tail_bytes > 0:
         memcpy(out + call.row_bytes - call.tail_bytes, x + call.row_bytes - call.tail_bytes,
                call.tail_bytes)
@@ -72,7 +79,11 @@ cdef inline void _rotate_block(const char* x, char* out, Py_ssize_t nrows, const
     # c, s + r * table_step table elements (0: one position's rows).
     cdef Py_ssize_t r, tail
     if call.npairs > 0:
-        call.rotate_position(x, out, nrows, call.dim, c, s, table_step, call.npairs, call.inverse)
+        call.rotate_position(x + call.start_bytes, out + call.start_bytes, nrows, call.dim, c, s,
+                             table_step, call.npairs, call.inverse)
+    if call.lead_bytes > 0:
+        for r in range(nrows):
+            memcpy(out + r * call.row_bytes, x + r * call.row_bytes, call.lead_bytes)
     if call.tail_bytes > 0:
         tail = call.row_bytes - call.tail_bytes
         for r in range(nrows):
@@ -119,11 +130,11 @@ cdef void _rotate_rows_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
 def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                 cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
                 cnp.ndarray row_table not None, bint half_layout, bint inverse,
-                int num_threads):
+                int num_threads, Py_ssize_t start=0):
     """Rotate every row r of x by table row row_table[r]; write to out.
 
     x, out: C-contiguous (rows, dim) of one dtype; `out` may be `x` (in
-    place).  The first 2*cos_table.shape[1] features rotate (pairs by
+    place).  Features [start, start + 2*cos_table.shape[1]) rotate (pairs by
     `half_layout`), the rest are copied.  cos/sin tables (2-D, one dtype)
     need unit stride along their last axis; their row stride is free.
     """
@@ -138,7 +149,7 @@ def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef const char* sbase = _data(sin_table)
     cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x),
                                   cnp.PyArray_ITEMSIZE(cos_table), npairs, dim, half_layout,
-                                  inverse, xp == op, cnp.PyArray_NBYTES(x))
+                                  inverse, xp == op, cnp.PyArray_NBYTES(x), start)
     if call.rotate == NULL:
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:

@@ -76,7 +76,7 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                        cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
                        cnp.ndarray row_token not None, cnp.ndarray token_rows not None,
                        cnp.ndarray pair_streams not None, bint half_layout, bint inverse,
-                       int num_threads):
+                       int num_threads, Py_ssize_t start=0):
     """Rotate every row r of x by the positions of token row_token[r]; write to out.
 
     x, out: C-contiguous (rows, dim) of one dtype; `out` may be `x`.  Pair j
@@ -84,7 +84,8 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cos/sin tables: 2-D, one dtype, unit stride along their last axis
     (npairs entries); row_token: C-contiguous intp (rows,); token_rows:
     C-contiguous intp (tokens, streams); pair_streams: C-contiguous intp
-    (npairs,).  The first 2*npairs features rotate, the rest are copied.
+    (npairs,).  Features [start, start + 2*npairs) rotate, the rest are
+    copied.
     """
     cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], npairs = cos_table.shape[1]
     cdef Py_ssize_t nstreams = token_rows.shape[1]
@@ -102,7 +103,7 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef const char* sbase = _data(sin_table)
     cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x), itemsize,
                                   npairs, dim, half_layout, inverse, xp == op,
-                                  cnp.PyArray_NBYTES(x))
+                                  cnp.PyArray_NBYTES(x), start)
     if call.rotate == NULL:
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:

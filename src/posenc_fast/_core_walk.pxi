@@ -159,14 +159,14 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
 
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
-                    const CacheWalk* walk, bint half, bint inverse):
+                    const CacheWalk* walk, bint half, bint inverse, Py_ssize_t start):
     cdef Py_ssize_t dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
     cdef int threads = _threads_for(cnp.PyArray_SIZE(x))
     cdef RowCall call = _row_call(posenc_dtype_index(cnp.PyArray_TYPE(x)),
                                   posenc_dtype_index(cnp.PyArray_TYPE(cos_cache)),
                                   cnp.PyArray_ITEMSIZE(x), cnp.PyArray_ITEMSIZE(cos_cache),
                                   walk.npairs, dim, half, inverse, _data(x) == _data(out),
-                                  cnp.PyArray_NBYTES(x))
+                                  cnp.PyArray_NBYTES(x), start)
     cdef Py_ssize_t table_itemsize = cnp.PyArray_ITEMSIZE(cos_cache)
     cdef const char* xp = _data(x)
     cdef char* op = _data(out)
@@ -193,19 +193,22 @@ cdef inline bint _fast_cache(object a):
                  or cnp.PyArray_DIMS(arr)[last] == 1 or cnp.PyArray_SIZE(arr) == 0))
 
 
-def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple outs):
+def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple outs,
+                        Py_ssize_t start=0):
     """The compiled path of apply_rotary_cos_sin(_qk) with positions None.
 
-    Rotates every array of `xs` (one, or q and k) into the matching entry of
-    `outs` (None: a new array) and returns the results as a tuple, or returns
-    None, having written nothing, when the call is not one this path takes.
+    Rotates features [start, start + 2 * pairs) of every array of `xs` (one,
+    or q and k) into the matching entry of `outs` (None: a new array) and
+    returns the results as a tuple, or returns None, having written nothing,
+    when the call is not one this path takes.
     """
     cdef CacheWalk walks[2]
     cdef Py_ssize_t n = len(xs), j, dim = 0
     cdef int table
     cdef list results = []
     cdef cnp.ndarray c, s, x
-    if (not _fast_paths_on or n > 2 or len(outs) != n or not (inverse is True or inverse is False)
+    if (not _fast_paths_on or n > 2 or len(outs) != n or start < 0
+            or not (inverse is True or inverse is False)
             or type(layout) is not str or layout not in ("half", "interleaved")
             or not (_fast_cache(cos_cache) and _fast_cache(sin_cache))):
         return None
@@ -219,7 +222,8 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
         x = xs[j]
         if j == 0:  # k must end in q's dim
             dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
-        if (not _fast_array(x, dim) or 2 * cnp.PyArray_DIMS(c)[cnp.PyArray_NDIM(c) - 1] > dim
+        if (not _fast_array(x, dim)
+                or start + 2 * cnp.PyArray_DIMS(c)[cnp.PyArray_NDIM(c) - 1] > dim
                 or K.rotate[posenc_dtype_index(cnp.PyArray_TYPE(x))][table][0] == NULL
                 or not _plan_walk(x, c, s, &walks[j])):
             return None
@@ -234,7 +238,7 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
         results.append(result)
     for j in range(n):
         _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j],
-                  layout == "half", inverse)
+                  layout == "half", inverse, start)
     return tuple(results)
 
 

@@ -51,21 +51,25 @@ def _cache_index(cos: np.ndarray, lead: tuple, positions, name: str) -> np.ndarr
     return row_index(index, lead)
 
 
-def _check_cache_width(cos: np.ndarray, x: np.ndarray, name: str, positions) -> None:
+def _check_cache_width(cos: np.ndarray, x: np.ndarray, name: str, positions, start) -> int:
+    """`rotary_start` checked against x's and cos/sin's widths."""
     if positions is not None and cos.ndim != 2:
         raise ValueError(f"with positions, cos and sin must be 2-D tables (n, rotary_dim/2), "
                          f"got shape {cos.shape}")
-    if 2 * cos.shape[-1] > x.shape[-1]:
-        raise ValueError(f"cos/sin have {cos.shape[-1]} entries per row, so rotary_dim = "
-                         f"{2 * cos.shape[-1]}, which exceeds {name}.shape[-1] = {x.shape[-1]}; "
-                         f"pass one entry per pair (e.g. cos[..., :dim//2] of a full-width "
-                         f"Hugging Face cache)")
+    start = v.integer(start, "rotary_start", minimum=0)
+    width = 2 * cos.shape[-1]
+    if start + width > x.shape[-1]:
+        reach = f"rotary_start + rotary_dim = {start} + {width}" if start else f"rotary_dim = {width}"
+        raise ValueError(f"cos/sin have {cos.shape[-1]} entries per row, so {reach}, which exceeds "
+                         f"{name}.shape[-1] = {x.shape[-1]}; pass one entry per pair (e.g. "
+                         f"cos[..., :dim//2] of a full-width Hugging Face cache)")
+    return start
 
 
 def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
                          positions: ArrayLike | None = None, *,
                          layout: Literal["interleaved", "half"] = "half", inverse: bool = False,
-                         out: NDArray[np.floating[Any]] | None = None
+                         rotary_start: int = 0, out: NDArray[np.floating[Any]] | None = None
                          ) -> NDArray[np.floating[Any]]:
     """Rotate `x` with a cos/sin cache the caller already holds.
 
@@ -75,8 +79,8 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     cos, sin : ndarrays of equal shape
         float32 or float64 (float16/bfloat16 widened to float32); for
         float16/bfloat16 `x`, float32 or x's own dtype.
-        One entry per pair along the last axis (``r/2`` entries rotate the
-        first ``r`` features; the rest pass through).  Used as given: no
+        One entry per pair along the last axis (``r/2`` entries rotate
+        ``r`` features from `rotary_start` on; the rest pass through).  Used as given: no
         attention factor, no recomputation.  Without `positions` they
         broadcast against ``x.shape[:-1] + (r/2,)`` (e.g. ``(seq, r/2)`` for
         ``(batch, heads, seq, dim)``); with `positions` they are 2-D tables
@@ -88,6 +92,9 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     inverse : bool, optional
         Use ``(cos, -sin)``: the inverse rotation when the cache holds true
         cos/sin.
+    rotary_start : int, optional
+        The first feature that rotates (DeepSeek-V4: the last ``r`` of a
+        head, ``dim - r``; vLLM's ``rope_dim_offset``).
     out : ndarray of x's shape and dtype, optional
         May be `x` itself (in place).
 
@@ -105,8 +112,8 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     >>> pf.apply_rotary_cos_sin(q, cos, sin).shape
     (1, 4, 10, 64)
     """
-    if positions is None:
-        fast = kernels.rotate_cos_sin_fast((x,), cos, sin, layout, inverse, (out,))
+    if positions is None and type(rotary_start) is int and 0 <= rotary_start < 1 << 62:
+        fast = kernels.rotate_cos_sin_fast((x,), cos, sin, layout, inverse, (out,), rotary_start)
         if fast is not None:
             return fast[0]
     x = v.float_array(x, "x")
@@ -115,18 +122,18 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     cos, sin = _cache_tables(cos, sin)
     half = v.choice(layout, "layout", v.LAYOUTS_ROTARY) == "half"
     inverse = v.flag(inverse, "inverse")
-    _check_cache_width(cos, x, "x", positions)
+    start = _check_cache_width(cos, x, "x", positions, rotary_start)
     index = _cache_index(cos, x.shape[:-1], positions, "x")
     out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
                              must_not_overlap=(cos, sin))
     cos, sin = v.rotation_tables(cos, sin, x.dtype, "x")
-    return rotate(x, _as_table(cos), _as_table(sin), index, half, inverse, out, in_place)
+    return rotate(x, _as_table(cos), _as_table(sin), index, half, inverse, out, in_place, start)
 
 
 def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: ArrayLike,
                             positions: ArrayLike | None = None, *,
                             layout: Literal["interleaved", "half"] = "half", inverse: bool = False,
-                            out_q: NDArray[np.floating[Any]] | None = None,
+                            rotary_start: int = 0, out_q: NDArray[np.floating[Any]] | None = None,
                             out_k: NDArray[np.floating[Any]] | None = None
                             ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
     """Rotate queries and keys with one cos/sin cache (see `apply_rotary_cos_sin`).
@@ -135,8 +142,9 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
     -------
     (q_rot, k_rot)
     """
-    if positions is None:
-        fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, layout, inverse, (out_q, out_k))
+    if positions is None and type(rotary_start) is int and 0 <= rotary_start < 1 << 62:
+        fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, layout, inverse, (out_q, out_k),
+                                           rotary_start)
         if fast is not None:
             return fast
     q = v.float_array(q, "q")
@@ -147,7 +155,7 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
     cos, sin = _cache_tables(cos, sin)
     half = v.choice(layout, "layout", v.LAYOUTS_ROTARY) == "half"
     inverse = v.flag(inverse, "inverse")
-    _check_cache_width(cos, q, "q", positions)
+    start = _check_cache_width(cos, q, "q", positions, rotary_start)
     q_index = _cache_index(cos, q.shape[:-1], positions, "q")
     k_index = _cache_index(cos, k.shape[:-1], positions, "k")
     out_q, q_in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
@@ -157,6 +165,6 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
     q_cos, q_sin = v.rotation_tables(cos, sin, q.dtype, "q")
     k_cos, k_sin = v.rotation_tables(cos, sin, k.dtype, "k")
     return (rotate(q, _as_table(q_cos), _as_table(q_sin), q_index, half, inverse, out_q,
-                    q_in_place),
+                    q_in_place, start),
             rotate(k, _as_table(k_cos), _as_table(k_sin), k_index, half, inverse, out_k,
-                    k_in_place))
+                    k_in_place, start))

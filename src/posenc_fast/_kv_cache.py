@@ -132,11 +132,13 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
 
 
 def write(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-          half: bool) -> np.ndarray:
-    """Run the kernel: token t uses cos/sin row rows[t]; return q's result."""
+          half: bool, start: int = 0) -> np.ndarray:
+    """Run the kernel: token t uses cos/sin row rows[t] (features from `start` on rotate);
+    return q's result."""
     q_rows = call.out.x_rows.reshape(call.q.shape)
     kernels.rotate_into_kv_cache(q_rows, call.out.rows.reshape(call.q.shape), call.k, call.v,
-                                 call.k_cache, call.v_cache, call.slots, rows, cos, sin, half)
+                                 call.k_cache, call.v_cache, call.slots, rows, cos, sin, half,
+                                 start)
     return call.out.result()
 
 
@@ -155,4 +157,4 @@ def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
     distinct, rows = np.unique(v.positions_array(call.positions), return_inverse=True)
     cos, sin = rope._table(distinct, v.compute_dtype(call.q.dtype))
     return write(call, np.ascontiguousarray(rows.reshape(-1), dtype=np.int64), cos, sin,
-                 rope.layout == "half")
+                 rope.layout == "half", rope.rotary_start)

@@ -29,12 +29,14 @@ def norm_args(eps, weight_offset) -> tuple[float, float]:
 
 
 def norm_rotate(x: np.ndarray, out, in_place: bool, weight: np.ndarray, eps: float,
-                cos: np.ndarray, sin: np.ndarray, rows: np.ndarray, half: bool) -> np.ndarray:
-    """Normalise and rotate every row of `x` (row r by cos/sin row rows[r]) into `out`."""
+                cos: np.ndarray, sin: np.ndarray, rows: np.ndarray, half: bool,
+                start: int = 0) -> np.ndarray:
+    """Normalise and rotate every row of `x` (row r by cos/sin row rows[r]; features from
+    `start` on rotate) into `out`."""
     result = RowOutput(x, out, in_place)
     kernels.norm_rotate_rows(result.x_rows, result.rows, weight, eps, cos, sin,
                              np.ascontiguousarray(rows, dtype=np.intp), half,
-                             threads_for(x.size))
+                             threads_for(x.size), start)
     return result.result()
 
 
@@ -58,7 +60,7 @@ def apply_qk_norm(rope, q, k, q_weight, k_weight, positions, offset, seq_axis, e
             tables[dtype] = rope._table(values, dtype)
         cos, sin = tables[dtype]
         results.append(norm_rotate(x, out, in_place, weight, eps, cos, sin,
-                                   row_table(index, x.shape[:-1]), half))
+                                   row_table(index, x.shape[:-1]), half, rope.rotary_start))
     return tuple(results)
 
 

@@ -98,9 +98,10 @@ def cos_sin_table(positions: np.ndarray, freqs: np.ndarray, scale: float, dtype:
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, index: np.ndarray, half: bool,
-            inverse: bool, out: np.ndarray | None, in_place: bool) -> np.ndarray:
-    """Rotate every row of `x` by cos/sin row `index[r]` (rows in C order) into `out`."""
+            inverse: bool, out: np.ndarray | None, in_place: bool, start: int = 0) -> np.ndarray:
+    """Rotate every row of `x` by cos/sin row `index[r]` (rows in C order) into `out`
+    (features from `start` on rotate)."""
     rows = RowOutput(x, out, in_place)
     kernels.rotate_rows(rows.x_rows, rows.rows, cos, sin, index, half, inverse,
-                        threads_for(x.size))
+                        threads_for(x.size), start)
     return rows.result()

@@ -94,12 +94,13 @@ def distinct_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, token_rows: np.ndarray,
            token_shape: tuple, pair_streams: np.ndarray, half: bool, inverse: bool,
-           out: np.ndarray | None, in_place: bool) -> np.ndarray:
-    """Rotate x's rows: token t's pair j by table row token_rows[t, pair_streams[j]]."""
+           out: np.ndarray | None, in_place: bool, start: int = 0) -> np.ndarray:
+    """Rotate x's rows: token t's pair j by table row token_rows[t, pair_streams[j]]
+    (features from `start` on rotate)."""
     rows = RowOutput(x, out, in_place)
     row_token = row_table(token_shape, x.shape[:-1])
     kernels.rotate_stream_rows(rows.x_rows, rows.rows, cos, sin, row_token, token_rows,
-                               pair_streams, half, inverse, threads_for(x.size))
+                               pair_streams, half, inverse, threads_for(x.size), start)
     return rows.result()
 
 

@@ -125,6 +125,15 @@ def rotary_dim(value, dim: int | None = None) -> int:
     return value
 
 
+def rotary_start(value, dim: int, rotary_dim: int) -> int:
+    """Return a RoPE `rotary_start`: an int >= 0 with rotary_start + rotary_dim <= dim."""
+    value = integer(value, "rotary_start", minimum=0)
+    if value + rotary_dim > dim:
+        raise ValueError(f"rotary_start + rotary_dim must be <= dim={dim}, got {value} + "
+                         f"{rotary_dim}")
+    return value
+
+
 def real(value, name: str, *, positive: bool = False, minimum: float | None = None) -> float:
     """Return `value` as a finite Python float (bool refused); optionally > 0 or >= `minimum`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):

@@ -97,18 +97,19 @@ def rope_inv_freq(rotary_dim, base=10000.0):
     return [base ** (-2 * i / rotary_dim) for i in range(rotary_dim // 2)]
 
 
-def rope_pair_indices(i, rotary_dim, layout):
-    """The two features that form pair i."""
+def rope_pair_indices(i, rotary_dim, layout, rotary_start=0):
+    """The two features that form pair i (of the rotary_dim features from rotary_start)."""
     if layout == "interleaved":
-        return 2 * i, 2 * i + 1
-    return i, i + rotary_dim // 2
+        return rotary_start + 2 * i, rotary_start + 2 * i + 1
+    return rotary_start + i, rotary_start + i + rotary_dim // 2
 
 
 def rotate_vector(vector, position, inv_freq, layout="interleaved", attention_factor=1.0,
-                  inverse=False):
+                  inverse=False, rotary_start=0):
     """Rotate one vector: pair i by position * inv_freq[i], then scale.
 
-    Features past 2*len(inv_freq) are copied unchanged.  `inverse` rotates
+    Features [rotary_start, rotary_start + 2*len(inv_freq)) rotate, the
+    others are copied unchanged.  `inverse` rotates
     by the negative angle and divides by the attention factor.  `position`
     may also be a sequence: one position per pair (several position streams).
     """
@@ -121,7 +122,7 @@ def rotate_vector(vector, position, inv_freq, layout="interleaved", attention_fa
             cos, sin = cos / attention_factor, -sin / attention_factor
         else:
             cos, sin = cos * attention_factor, sin * attention_factor
-        first, second = rope_pair_indices(i, rotary_dim, layout)
+        first, second = rope_pair_indices(i, rotary_dim, layout, rotary_start)
         a, b = result[first], result[second]
         result[first] = a * cos - b * sin
         result[second] = a * sin + b * cos
@@ -129,19 +130,19 @@ def rotate_vector(vector, position, inv_freq, layout="interleaved", attention_fa
 
 
 def apply_rotary(x, positions, inv_freq, *, layout="interleaved", attention_factor=1.0,
-                 inverse=False):
+                 inverse=False, rotary_start=0):
     """Rotate every vector x[..., :] by its position (positions broadcast to x.shape[:-1])."""
     x = np.asarray(x, dtype=np.float64)
     positions = np.broadcast_to(np.asarray(positions, dtype=np.float64), x.shape[:-1])
     result = np.zeros(x.shape)
     for index in np.ndindex(x.shape[:-1]):
         result[index] = rotate_vector(x[index], float(positions[index]), inv_freq, layout,
-                                      attention_factor, inverse)
+                                      attention_factor, inverse, rotary_start)
     return result
 
 
 def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
-                         attention_factor=1.0, inverse=False):
+                         attention_factor=1.0, inverse=False, rotary_start=0):
     """Rotate every vector of x, pair i by the position of stream pair_streams[i].
 
     positions: (n_streams,) + a shape broadcasting to x.shape[:-1].
@@ -153,7 +154,7 @@ def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
     for index in np.ndindex(x.shape[:-1]):
         per_pair = [float(streams[pair_streams[i]][index]) for i in range(len(inv_freq))]
         result[index] = rotate_vector(x[index], per_pair, inv_freq, layout, attention_factor,
-                                      inverse)
+                                      inverse, rotary_start)
     return result
 
 
@@ -174,11 +175,12 @@ def rope_cos_sin(positions, inv_freq, attention_factor=1.0):
 # rotation with a caller's cos/sin cache
 
 
-def rotate_vector_cos_sin(vector, cos, sin, layout="half", inverse=False):
+def rotate_vector_cos_sin(vector, cos, sin, layout="half", inverse=False, rotary_start=0):
     """Rotate one vector with given cos/sin values, one per pair.
 
     Pair i is rotated as (a, b) -> (a*cos[i] - b*sin[i], a*sin[i] + b*cos[i]);
-    `inverse` uses -sin.  Features past 2*len(cos) are copied unchanged.
+    `inverse` uses -sin.  Features outside [rotary_start, rotary_start +
+    2*len(cos)) are copied unchanged.
     """
     result = [float(value) for value in vector]
     rotary_dim = 2 * len(cos)
@@ -186,14 +188,15 @@ def rotate_vector_cos_sin(vector, cos, sin, layout="half", inverse=False):
         c, s = float(cos[i]), float(sin[i])
         if inverse:
             s = -s
-        first, second = rope_pair_indices(i, rotary_dim, layout)
+        first, second = rope_pair_indices(i, rotary_dim, layout, rotary_start)
         a, b = result[first], result[second]
         result[first] = a * c - b * s
         result[second] = a * s + b * c
     return result
 
 
-def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=False):
+def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=False,
+                         rotary_start=0):
     """Rotate every vector of x with a cos/sin cache.
 
     Without `positions`, cos/sin (..., r/2) broadcast against
@@ -218,7 +221,7 @@ def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=
             if not 0 <= p < cos.shape[0]:
                 raise ValueError(f"position {p} outside [0, {cos.shape[0]})")
             c, s = cos[p], sin[p]
-        result[index] = rotate_vector_cos_sin(x[index], c, s, layout, inverse)
+        result[index] = rotate_vector_cos_sin(x[index], c, s, layout, inverse, rotary_start)
     return result
 
 

@@ -81,9 +81,14 @@ class RotaryEmbedding(kernels.RotaryBase):
         ``inv_freq[i] = base ** (-2*i/rotary_dim)`` before scaling (Hugging
         Face's ``rope_theta``).
     rotary_dim : int, optional
-        How many leading features rotate: even, ``2 <= rotary_dim <= dim``;
-        default `dim`, which must then be even.  Features past it pass
+        How many features rotate: even, ``2 <= rotary_dim <= dim``; default
+        ``dim - rotary_start``, which must then be even.  The others pass
         through unchanged (partial rotary, GPT-NeoX/Phi).
+    rotary_start : int, optional
+        The first feature that rotates: features ``[rotary_start,
+        rotary_start + rotary_dim)`` rotate (pair layout counted from it).
+        Default 0; DeepSeek-V4 rotates the last 64 of 512 (``rotary_start=448``,
+        vLLM's ``rope_dim_offset``).
     layout : {"interleaved", "half"}, optional
         ``"interleaved"``: pair ``i`` is ``(x[2i], x[2i+1])`` (GPT-J, Meta
         Llama, llama.cpp normal).  ``"half"``: pair ``i`` is ``(x[i],
@@ -127,23 +132,26 @@ class RotaryEmbedding(kernels.RotaryBase):
     """
 
     def __init__(self, dim: int, *, base: float = 10000.0, rotary_dim: int | None = None,
-                 layout: Literal["interleaved", "half"] = "interleaved",
+                 rotary_start: int = 0, layout: Literal["interleaved", "half"] = "interleaved",
                  scaling: Mapping[str, Any] | None = None, pair_streams: ArrayLike | None = None,
                  mrope_section: Any = None, mrope_interleaved: bool = False,
                  reverse: bool = False) -> None:
         self._setup(dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
-                    mrope_interleaved, axes=1, reverse=reverse)
+                    mrope_interleaved, axes=1, reverse=reverse, start=rotary_start)
 
     def _setup(self, dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
-               mrope_interleaved, axes, reverse=False):
+               mrope_interleaved, axes, reverse=False, start=0):
         dim = v.integer(dim, "dim", minimum=1)
         if dim > sys.maxsize:  # no array has such an axis (and the fast path keeps a C size)
             raise ValueError(f"dim must be <= {sys.maxsize} (2**63 - 1), got {dim}")
+        start = v.rotary_start(start, dim, 0)
         if rotary_dim is None:
-            if dim % 2:
-                raise ValueError(f"dim must be even when rotary_dim is not given, got {dim}")
-            rotary_dim = dim
+            if (dim - start) % 2:
+                what = f"dim - rotary_start = {dim} - {start}" if start else f"dim = {dim}"
+                raise ValueError(f"dim must be even when rotary_dim is not given, got {what}")
+            rotary_dim = dim - start
         rotary_dim = v.rotary_dim(rotary_dim, dim)
+        self._start = v.rotary_start(start, dim, rotary_dim)
         base = v.real(base, "base", positive=True)
         layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
         v.mapping_or_none(scaling, "scaling")
@@ -158,7 +166,7 @@ class RotaryEmbedding(kernels.RotaryBase):
         self._axes = axes
         self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
                                                  rotary_dim=rotary_dim // axes, base=base)
-        self._init_rotary(dim, rotary_dim, layout == "half", self.inv_freq,
+        self._init_rotary(dim, rotary_dim, self._start, layout == "half", self.inv_freq,
                           float(self._frequencies.attention_factor),
                           _length_with_base_frequencies(self._frequencies),
                           self._pair_streams is not None)
@@ -233,7 +241,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         layer_type : str, optional
             Which layer type's RoPE (and head size), for configs with one per
             layer type (Gemma 3: ``"full_attention"`` or
-            ``"sliding_attention"``; Gemma 4's ``per_layer_config``).
+            ``"sliding_attention"``; Gemma 4's ``per_layer_config``;
+            DeepSeek-V4's ``"main"`` / ``"compress"`` or a layer type).
         layout : {"interleaved", "half"}, optional
             Pair layout of a ``model_type`` posenc_fast has no rule for
             (refused without it: never a guess).
@@ -261,7 +270,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
-    rotary_dim = property(lambda self: self._rotary_dim, doc="Leading features that rotate.")
+    rotary_dim = property(lambda self: self._rotary_dim, doc="How many features rotate.")
+    rotary_start = property(lambda self: self._start, doc="The first feature that rotates.")
     layout = property(lambda self: self._layout, doc='"interleaved" or "half".')
     base = property(lambda self: self._base, doc="Frequency base (rope_theta).")
     inv_freq = property(lambda self: self._pair_frequencies(self._frequencies.inv_freq),
@@ -296,7 +306,7 @@ class RotaryEmbedding(kernels.RotaryBase):
     def __reduce__(self) -> tuple[Any, ...]:
         streams = None if self._pair_streams is None else self._pair_streams.tolist()
         return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling,
-                           streams, self._axes, self._reverse))
+                           streams, self._axes, self._reverse, self._start))
 
     def __repr__(self) -> str:
         if self._axes > 1:
@@ -304,6 +314,7 @@ class RotaryEmbedding(kernels.RotaryBase):
         streams = ("" if self._pair_streams is None
                    else f", pair_streams={self._pair_streams.tolist()}")
         return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
+                f"{f'rotary_start={self._start}, ' if self._start else ''}"
                 f"layout={self._layout!r}, scaling={self.scaling!r}{streams}"
                 f"{', reverse=True' if self._reverse else ''})")
 
@@ -424,7 +435,7 @@ class RotaryEmbedding(kernels.RotaryBase):
             cos, sin = tables[table]
             results.append(_streams.rotate(x, cos, sin, token_rows, token_shape,
                                            self._pair_streams, self._layout == "half", inverse,
-                                           out, in_place))
+                                           out, in_place, self._start))
         return tuple(results)
 
     def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
@@ -435,7 +446,7 @@ class RotaryEmbedding(kernels.RotaryBase):
         out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,))
         cos, sin = self._table(values, v.compute_dtype(x.dtype), inverse)
         return rotate(x, cos, sin, row_table(index_shape, x.shape[:-1]),
-                       self._layout == "half", inverse, out, in_place)
+                       self._layout == "half", inverse, out, in_place, self._start)
 
     def _qk_call(self, q, k, positions, offset, seq_axis, out_q, out_k):
         """q and k checked, with their positions and outputs: (q, k, values, q_index,
@@ -467,9 +478,9 @@ class RotaryEmbedding(kernels.RotaryBase):
         k_cos, k_sin = (q_cos, q_sin) if k_table == q_table else self._table(values, k_table,
                                                                                inverse)
         q_rot = rotate(q, q_cos, q_sin, row_table(q_index, q.shape[:-1]), half, inverse,
-                        out_q, q_in_place)
+                        out_q, q_in_place, self._start)
         k_rot = rotate(k, k_cos, k_sin, row_table(k_index, k.shape[:-1]), half, inverse,
-                        out_k, k_in_place)
+                        out_k, k_in_place, self._start)
         return q_rot, k_rot
 
     def cos_sin(self, positions: ArrayLike, *, dtype: DTypeLike = np.float32,
@@ -532,12 +543,13 @@ class RotaryEmbedding(kernels.RotaryBase):
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
              scaling: dict[str, Any] | None, pair_streams: list[int] | None = None,
-             axes: int = 1, reverse: bool = False) -> RotaryEmbedding:
+             axes: int = 1, reverse: bool = False, start: int = 0) -> RotaryEmbedding:
     # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use).
     if axes > 1:
         return RotaryEmbedding.axial(dim, base=base, n_axes=axes)
-    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-                           pair_streams=pair_streams, reverse=reverse)
+    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, rotary_start=start,
+                           layout=layout, scaling=scaling, pair_streams=pair_streams,
+                           reverse=reverse)
 
 
 def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0,
