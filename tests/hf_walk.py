@@ -99,9 +99,14 @@ def head_dim(config, kind="main"):
     """The width of the q/k the model's attention (`kind`: "main" or "indexer") rotates."""
     if kind == "indexer":
         return config.index_head_dim  # its leading qk_rope_head_dim features rotate
-    if getattr(config, "qk_rope_head_dim", None):
+    if _mla(config):
         return config.qk_rope_head_dim  # MLA: only the rope part of q/k rotates
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _mla(config):
+    # DeepSeek-V4's qk_rope_head_dim is not MLA's: its heads hold [nope | rope] (no qk_nope_head_dim)
+    return bool(getattr(config, "qk_rope_head_dim", None) and getattr(config, "qk_nope_head_dim", None))
 
 
 def layer_config(config, layer_type):
@@ -190,6 +195,9 @@ def check(model_type, partial_rotary_factor=None, seed=0, rope_interleave=None):
     layer_types = [None]
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         layer_types = sorted(set(getattr(text, "layer_types", None) or ())) or [None]
+        named = getattr(rotary, "layer_types", None)
+        if named and not set(layer_types) & set(named):
+            layer_types = sorted(named)  # its RoPEs have names of their own (DeepSeek-V4: main, compress)
     rule = _hf_models.MODEL_RULES.get(text.model_type)
     results = []
     params = getattr(text, "rope_parameters", None) or {}
@@ -200,7 +208,7 @@ def check(model_type, partial_rotary_factor=None, seed=0, rope_interleave=None):
         # attention, LFM3's convolutions), an indexer posenc_fast does not read or a layer type without one
         no_rope = layer_type is not None and per_type and not isinstance(params.get(layer_type), dict)
         unread = kind == "indexer" and (rule is None or rule.indexer is None
-                                        or layer_type not in (None, "indexed_attention"))
+                                        or layer_type not in (None, "indexed_attention", rule.indexer_rope))
         if no_rope or unread:
             try:
                 pf.RotaryEmbedding.from_hf_config(config.to_dict(), attention=kind, **extra)
@@ -312,10 +320,14 @@ def _model_rotation(module, config, rotary_out, q, k, kind="main"):
         # it splits off and rotates its leading qk_rope_head_dim features (HY-V4's rotates its trailing ones)
         classes = sum(attention_rotations(module, kind).values(), [])
         sources = [inspect.getsource(getattr(module, name)) for name in classes]
-        if not all(re.search(r"q_rot, q_pass = torch\.split\(", source) for source in sources):
-            raise RuntimeError(f"{module.__name__}'s indexer does not split off its leading rotated features")
-        widths = [config.qk_rope_head_dim]
-    elif getattr(config, "qk_rope_head_dim", None):
+        if all(re.search(r"q_rot, q_pass = torch\.split\(", source) for source in sources):
+            widths = [config.qk_rope_head_dim]
+        elif all(re.search(r"\bq = apply_rotary_pos_emb\(q, ", source) for source in sources):
+            widths = [q.shape[-1]]  # the whole q: its function rotates the trailing features (DeepSeek-V4)
+        else:
+            raise RuntimeError(f"{module.__name__}'s indexer neither splits off its leading rotated features nor "
+                               f"passes its whole q")
+    elif _mla(config):
         widths = [q.shape[-1]]  # MLA: the attention rotates the whole rope part
     errors = []
     for width in widths:  # the attention passes the leading `width` features

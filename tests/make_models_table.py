@@ -26,7 +26,8 @@ def _rule_text(model_type, results):
     text_type = config.get_text_config(decoder=True).model_type
     rule = MODEL_RULES[text_type]
     notes = [rule.layout]
-    notes.append("qk_rope_head_dim (MLA)" if rule.mla else "whole head" if rule.whole_head else "partial_rotary_factor")
+    notes.append("qk_rope_head_dim (MLA)" if rule.mla else "whole head" if rule.whole_head
+                 else "the trailing partial_rotary_factor (rotary_start)" if rule.trailing else "partial_rotary_factor")
     if rule.reversed:
         notes.append("by -theta (`reverse=True`)")
     if any(layer_type is not None for layer_type, *_ in results):

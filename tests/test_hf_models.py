@@ -32,10 +32,6 @@ OUT_OF_SCOPE = {
     "pocket_tts_audio_tokenizer": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
     "pocket_tts_audio_tokenizer_decoder": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
     "pocket_tts_audio_tokenizer_encoder": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
-    "deepseek_v4": ("needs a kernel feature: its apply_rotary_pos_emb(x, cos, sin) rotates the last "
-                    "qk_rope_head_dim (64) of its 512 head features (x[..., -rope_dim:], interleaved pairs) and its "
-                    "RoPEs are keyed 'main' / 'compress', not by layer type; RotaryEmbedding rotates leading "
-                    "features only"),
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
 
@@ -189,3 +185,35 @@ def test_step3p5_config_json_form_reads_as_its_configuration_class(form):
         want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=layer_type)  # walked
         assert (ours.dim, ours.rotary_dim, ours.base, ours.scaling) == (want.dim, want.rotary_dim, want.base,
                                                                        want.scaling)
+
+
+@pytest.mark.parametrize("form", [
+    {"rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32,
+                      "beta_slow": 1}, "qk_rope_head_dim": 64, "compress_ratios": [0, 4, 128, 4]},
+    {"rope_theta": 5e4, "compress_rope_theta": 2e5, "partial_rotary_factor": 0.25},
+])
+def test_deepseek_v4_config_json_form_reads_as_its_configuration_class(form):
+    # the checkpoint's flat keys (V4-Flash: YaRN on the compressed layers only) become the "main" and "compress"
+    # RoPEs in DeepseekV4Config.__post_init__; both read as its rotary module computes them
+    cls = hf_walk.configuration_auto.CONFIG_MAPPING["deepseek_v4"]
+    raw = {"model_type": "deepseek_v4", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 512,
+           "num_hidden_layers": 4, "index_head_dim": 128, **form}
+    config = cls(**{key: value for key, value in raw.items() if key != "model_type"})
+    module = hf_walk.modeling_module("deepseek_v4")
+    rotary = module.DeepseekV4RotaryEmbedding(config)
+    names = {"main": "sliding_attention", "compress": "heavily_compressed_attention"}
+    for name, layer_type in names.items():
+        for given in (name, layer_type):
+            ours = pf.RotaryEmbedding.from_hf_config(raw, layer_type=given)
+            want = pf.RotaryEmbedding.from_hf_config(config.to_dict(), layer_type=given)
+            assert repr(ours) == repr(want)
+        assert (ours.rotary_start, ours.rotary_dim, ours.layout) == (512 - ours.rotary_dim, config.qk_rope_head_dim,
+                                                                     "interleaved")
+        inv_freq = getattr(rotary, f"{name}_inv_freq").double().numpy()
+        # transformers forms them in float32: 3 ulps (see test_frequencies.py's budget)
+        hf_walk.np.testing.assert_allclose(ours.inv_freq, inv_freq, rtol=3 * 2.0**-23)
+        assert ours.attention_factor == getattr(rotary, f"{name}_attention_scaling")
+    indexer = pf.RotaryEmbedding.from_hf_config(raw, attention="indexer")
+    assert (indexer.dim, indexer.rotary_start, indexer.base) == (128, 128 - indexer.rotary_dim, ours.base)
+    with pytest.raises(ValueError, match="rotates by the 'compress' RoPE in every layer, not layer_type='main'"):
+        pf.RotaryEmbedding.from_hf_config(raw, attention="indexer", layer_type="main")

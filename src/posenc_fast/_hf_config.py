@@ -119,16 +119,18 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
-    labels = set(declared) | {"full_attention", "sliding_attention"}
+    names = rule.rope_of_layer or {}
+    labels = set(declared) | {"full_attention", "sliding_attention"} | set(names.values())
     nested = {key: value for key, value in params.items() if key in labels and isinstance(value, Mapping)}
     if layer_type is not None:
         if not isinstance(layer_type, str):
             raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
-        known = sorted(set(declared) | set(nested)
+        known = sorted(set(declared) | set(nested) | set(names)
                        | ({"full_attention", "sliding_attention"} if rule.local_theta_key else set()))
         if layer_type not in known:
             raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
                              f"expected one of {known}")
+        layer_type = names.get(layer_type, layer_type)  # DeepSeek-V4: a layer type -> its RoPE's name
     if rule.rope_per_type_only and not nested:
         # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
         raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
@@ -315,14 +317,16 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         Which attention's RoPE: ``"main"`` (default), the model's attention;
         ``"indexer"``, the DSA indexer of DeepSeek-V3.2-style models (its
         ``index_head_dim`` features, the leading ``qk_rope_head_dim`` of
-        them rotating, in its own pair layout).  Refused for a model without
-        an indexer posenc_fast reads.
+        them rotating, in its own pair layout; DeepSeek-V4's: the trailing
+        ones, by its ``"compress"`` RoPE).  Refused for a model without an
+        indexer posenc_fast reads.
 
     Returns
     -------
     dict
         ``dim`` (int, the last axis of the q/k the model rotates),
-        ``rotary_dim`` (int, how many of those rotate), ``base`` (float),
+        ``rotary_dim`` (int, how many of those rotate), ``rotary_start``
+        where they are not the leading ones (DeepSeek-V4), ``base`` (float),
         ``layout`` (``"half"`` or ``"interleaved"``) and ``scaling`` (None or
         a self-contained dict for ``resolve_rope_scaling``: the method's keys
         only, ``original_max_position_embeddings`` and ``factor`` filled in
@@ -362,6 +366,12 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       whole array it rotates, so ``dim == rotary_dim``.  DeepSeek-V3.2's
       and AXK2's indexer rotates in the half layout, their MLA attention
       interleaved pairs: ``attention=`` chooses.
+    - DeepSeek-V4 rotates the last ``int(head_dim * partial_rotary_factor)``
+      features of each head (``rotary_start = head_dim - rotary_dim``) in
+      interleaved pairs; its ``rope_parameters`` are named ``"main"``
+      (sliding-window layers) and ``"compress"`` (compressed layers):
+      ``layer_type`` takes either name or a layer type.  Its attention
+      output is rotated back by the same RoPE: ``apply(..., inverse=True)``.
     - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
       attention layers have their own ``head_dim``) is read for
       `layer_type`; ``layer_type`` is then required where layer types differ.
@@ -391,6 +401,11 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
                          f"{model_type!r}; its main attention is attention='main'")
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
+    if attention == "indexer" and rule.indexer_rope is not None:
+        if layer_type not in (None, rule.indexer_rope):
+            raise ValueError(f"{where}: attention='indexer' rotates by the {rule.indexer_rope!r} RoPE in every layer, "
+                             f"not layer_type={layer_type!r}")
+        layer_type = rule.indexer_rope
     if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
                          f"not layer_type={layer_type!r}")
@@ -418,6 +433,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     scaling = _scaling(cfg, params, rope_type, model_type, where)
     partial = _partial_factor(cfg, params, model_type, where)
 
+    start = 0
     if rule.mla:
         # the attention rotates q_rot / k_rot, the qk_rope_head_dim features, only
         dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64 if model_type == "deepseek_v3" else None)
@@ -430,6 +446,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         dim = _head_dim(cfg, model_type, rule, where)
         layout = rule.layout
         rotary_dim = dim if rule.whole_head or rope_type == "proportional" else int(dim * partial)
+        if attention == "indexer":  # DeepSeek-V4's: the head's RoPE on its index_head_dim features
+            dim = _int(cfg, "index_head_dim", where)
+        start = dim - rotary_dim if rule.trailing else 0
     if rope_type == "proportional":
         scaling["partial_rotary_factor"] = partial
     elif rule.whole_head and not rule.mla and partial < 1.0 and scaling is not None:
@@ -448,6 +467,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
             f"(head_dim={dim}, partial_rotary_factor={partial!r})"
         )
     kwargs = dict(dim=dim, rotary_dim=rotary_dim, base=base, layout=layout, scaling=scaling)
+    if start:
+        kwargs["rotary_start"] = start
     if rule.reversed:
         kwargs["reverse"] = True  # its rotate_half is cat(x2, -x1): it rotates by -theta
     if rule.streams is not None:

@@ -17,7 +17,33 @@ def canonical_config(cfg: dict, rule: ModelRule) -> dict:
         return _dots3_config(cfg)
     if rule.per_layer_lists:
         return _step3p5_config(cfg)
+    if rule.rope_of_layer:
+        return _deepseek_v4_config(cfg, rule)
     return cfg
+
+
+def _deepseek_v4_config(cfg: dict, rule: ModelRule) -> dict:
+    # DeepseekV4Config.__post_init__: a checkpoint's flat RoPE keys become the two named RoPEs, "main" (rope_theta,
+    # unscaled) and "compress" (compress_rope_theta, the checkpoint's scaling; YaRN with attention_factor 1);
+    # partial_rotary_factor defaults to qk_rope_head_dim / head_dim, else 64 / 512
+    names = sorted(set(rule.rope_of_layer.values()))
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(params, Mapping) or all(isinstance(params.get(name), Mapping) for name in names):
+        return cfg  # already named (as transformers saves it), or refused later
+    partial = cfg.get("partial_rotary_factor")
+    if partial is None:
+        rope_dim, head_dim = cfg.get("qk_rope_head_dim"), cfg.get("head_dim", 512)
+        partial = rope_dim / head_dim if isinstance(rope_dim, int) and isinstance(head_dim, int) else 64 / 512
+    scaled = {key: value for key, value in params.items() if key not in names}
+    if "type" in scaled:  # transformers 4's key for the method
+        scaled.setdefault("rope_type", scaled.pop("type"))
+    main = {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0), "partial_rotary_factor": partial}
+    compress = {"rope_type": "default", **scaled, "rope_theta": cfg.get("compress_rope_theta", 160000.0),
+                "partial_rotary_factor": partial}
+    if compress["rope_type"] == "yarn":
+        compress.setdefault("attention_factor", 1.0)
+    cfg = {key: value for key, value in cfg.items() if key not in ("rope_scaling", "rope_theta")}
+    return {**cfg, "rope_parameters": {"main": main, "compress": compress}}
 
 
 def _step3p5_config(cfg: dict) -> dict:

@@ -60,7 +60,10 @@ class ModelRule(NamedTuple):
     """A flat ``rope_scaling`` applies to the sliding-window layers too (else to full attention only)."""
     indexer: str | None = None
     """Pair layout of its DSA indexer (``attention="indexer"``), which rotates the leading
-    ``qk_rope_head_dim`` of its ``index_head_dim`` features; None: no indexer posenc_fast reads."""
+    ``qk_rope_head_dim`` of its ``index_head_dim`` features (the trailing ones with `trailing`); None: no
+    indexer posenc_fast reads."""
+    indexer_rope: str | None = None
+    """The RoPE its indexer uses in every layer (DeepSeek-V4: ``"compress"``), if it has one of its own."""
     hidden_key: str = "hidden_size"
     """The config key of the hidden size (``attribute_map``: ``d_model``, ``n_embd``)."""
     heads_key: str = "num_attention_heads"
@@ -77,6 +80,12 @@ class ModelRule(NamedTuple):
     swa_aliases: bool = False
     """Without ``per_layer_config``, its sliding layers' head sizes and rope_theta are the checkpoint's ``swa_*``
     keys (dots3: ``Dots3NoteTextConfig.__post_init__``)."""
+    trailing: bool = False
+    """Rotates the last ``int(head_dim * partial_rotary_factor)`` features of each head, not the first
+    (DeepSeek-V4's ``x[..., -rope_dim:]``): ``rotary_start = head_dim - rotary_dim``."""
+    rope_of_layer: dict | None = None
+    """Its ``rope_parameters`` are keyed by RoPE name, not layer type: each layer type's RoPE name
+    (DeepSeek-V4: sliding layers ``"main"``, compressed ones ``"compress"``)."""
 
 
 # Gemma4TextConfig.__post_init__ (and its relatives'): the RoPE of each layer type when the config gives none
@@ -117,6 +126,9 @@ MODEL_RULES: dict[str, ModelRule] = {
     "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True, reads_rope_interleave=False),
     "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
+    "deepseek_v4": ModelRule("deepseek_v4/modeling_deepseek_v4.py", "interleaved", whole_head=False, trailing=True,
+                             indexer="interleaved", indexer_rope="compress", rope_of_layer={"sliding_attention": "main", "compressed_sparse_attention": "compress",
+                                            "heavily_compressed_attention": "compress"}),
     "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
     "dia_encoder": ModelRule("dia/modeling_dia.py"),
