@@ -24,6 +24,10 @@ Importing this module registers, through `torch.library`:
     `posenc_fast.vllm.apply_qk_to_cache`, rotating `query` in place and
     writing the rotated key and the value into their cache slots.
 
+``torch.ops.posenc_fast.concat_and_cache_mla``, ``concat_and_cache_mla_rope_fused``
+    vLLM's MLA cache writes (`posenc_fast.vllm.concat_and_cache_mla`,
+    `posenc_fast.vllm.concat_and_cache_mla_rope_fused`), in place.
+
 A torch function that calls a NumPy-backed function directly breaks its
 compiled graph at that call (or fails under ``fullgraph=True``); calling the
 op instead compiles, and runs posenc_fast's kernel on CPU tensors.  Each op
@@ -52,7 +56,8 @@ except ImportError:
 
 from . import vllm
 
-__all__ = ["apply_qk_to_cache", "apply_rotary", "fused_qk_norm_rope", "rotary_embedding"]
+__all__ = ["apply_qk_to_cache", "apply_rotary", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
+           "fused_qk_norm_rope", "rotary_embedding"]
 
 _LIBRARY = torch.library.Library("posenc_fast", "DEF")
 
@@ -139,3 +144,16 @@ apply_qk_to_cache = _define(
     _function("apply_qk_to_cache"), _mutates_only)
 """Rotate `query` in place, write the rotated key and the value into their cache slots
 (see `posenc_fast.vllm.apply_qk_to_cache`)."""
+
+concat_and_cache_mla = _define(
+    "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
+    "str kv_cache_dtype=\"auto\", Tensor? scale=None) -> ()", _function("concat_and_cache_mla"), _mutates_only)
+"""Write ``[kv_c | k_pe]`` into each token's MLA cache row (see `posenc_fast.vllm.concat_and_cache_mla`)."""
+
+concat_and_cache_mla_rope_fused = _define(
+    "concat_and_cache_mla_rope_fused(Tensor positions, Tensor(a!) q_pe, Tensor(b!) k_pe, Tensor kv_c, "
+    "Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, Tensor(c!) kv_cache, "
+    "str kv_cache_dtype=\"auto\", Tensor? kv_cache_scale=None) -> ()",
+    _function("concat_and_cache_mla_rope_fused"), _mutates_only)
+"""Rotate `q_pe` and `k_pe` in place and write the MLA cache rows
+(see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""

@@ -1,8 +1,11 @@
-"""posenc_fast as vLLM's ``rotary_embedding`` op on the CPU.
+"""posenc_fast as vLLM's ``rotary_embedding`` op on the CPU, and its cache writes.
 
 `rotary_embedding` has the signature and in-place semantics of vLLM's custom
 op (``torch.ops._C.rotary_embedding``): token-major queries and keys, one
-position per token, a ``[cos | sin]`` cache of the server's own.  It takes CPU
+position per token, a ``[cos | sin]`` cache of the server's own.
+`concat_and_cache_mla` and `concat_and_cache_mla_rope_fused` are vLLM's MLA
+cache writes (``_custom_ops``, 2026); `apply_qk_to_cache` and
+`fused_qk_norm_rope` fuse what a server runs around the op.  It takes CPU
 torch tensors (viewed through NumPy, no copies) or NumPy arrays, and rotates
 them with `apply_rotary_cos_sin_qk`.  torch stays optional: this module never
 imports it.  Under ``torch.compile`` call the registered op instead (see
@@ -18,7 +21,11 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+from ._mla_cache import concat_and_cache_mla, concat_and_cache_mla_rope_fused
 from .hf import numpy_view
+
+__all__ = ["apply_qk_to_cache", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
+           "fused_qk_norm_rope", "rotary_embedding"]
 
 ArrayOrTensor = Any
 """An ndarray or a CPU torch.Tensor (torch is optional, so not named in the types)."""
@@ -361,3 +368,4 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
     cos, sin = cos.astype(compute, copy=False), sin.astype(compute, copy=False)
     for x, weight in zip((query, key), weights):
         norm_rotate(x, x, True, weight, eps, cos, sin, token_rows(tokens, x.shape[1]), is_neox)
+
