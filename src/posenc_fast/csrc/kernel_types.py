@@ -1,7 +1,9 @@
-"""The data types of the kernels, for the templates of this folder (see setup.py).
+"""The data types of the kernels and the table of them, for the templates (see setup.py).
 
-setup.py renders every ``*.tp`` here with Tempita, with the names of this
-file as the template's namespace.
+setup.py renders every ``*.tp`` here and ``../_kernel_table.pxd.tp`` with
+Tempita, with the names of this file as the template's namespace: the enums,
+the kernels' function types and the fields of ``posenc_kernel_table`` are
+written here once, for posenc_kernels.h and for _core's declarations of it.
 """
 
 from typing import NamedTuple
@@ -43,6 +45,94 @@ KINDS = ["HALF", "HALF_IN_PLACE", "HALF_VEC", "HALF_IN_PLACE_VEC", "INTERLEAVED"
 # kernel posenc_position_<kind>_<data>_<table> each.
 POSITION_KINDS = ["HALF", "HALF_IN_PLACE", "INTERLEAVED"]
 LANES = [2, 4, 8, 16]
+
+# The enums of posenc_kernels.h, each closed by its count.
+DTYPE_ENUM = ["POSENC_" + d.suffix.upper() for d in DTYPES] + ["POSENC_NUM_DTYPES"]
+ROW_KIND_ENUM = ["POSENC_ROW_" + kind for kind in KINDS] + ["POSENC_NUM_ROW_KINDS"]
+POSITION_KIND_ENUM = (["POSENC_POSITION_" + kind for kind in POSITION_KINDS]
+                      + ["POSENC_NUM_POSITION_KINDS"])
+
+
+class FunctionType(NamedTuple):
+    """A type of kernel in the table: ``void (*posenc_<name>_fn)(params)``."""
+
+    name: str
+    comment: tuple[str, ...]  # the lines of its C comment
+    params: tuple[str, ...]  # its parameters, as the lines they are wrapped in
+
+    def declaration(self, keyword, indent=0):
+        # `keyword` void (*posenc_<name>_fn)(...), its lines aligned after the parenthesis.
+        head = "%s void (*posenc_%s_fn)(" % (keyword, self.name)
+        return head + ("\n" + " " * (indent + len(head))).join(self.params) + ")"
+
+
+FUNCTION_TYPES = [
+    FunctionType("rotate",
+                 ("Pairs 0..n-1 of row x into out (out may be x for the in-place kinds).",),
+                 ("const void* x, void* out, const void* c, const void* s,",
+                  "Py_ssize_t n, int inverse")),
+    FunctionType("position",
+                 ("Rows 0..nrows-1, `stride` elements apart: pairs 0..n-1 of row r rotated by",
+                  "the cos/sin rows c, s + r * table_stride (0: one position's rows); out may",
+                  "be x for the in-place kinds."),
+                 ("const void* x, void* out, Py_ssize_t nrows, Py_ssize_t stride,",
+                  "const void* c, const void* s, Py_ssize_t table_stride,",
+                  "Py_ssize_t n, int inverse")),
+    FunctionType("add", ("out[i] = x[i] + row[i] (out may be x for the in-place kind).",),
+                 ("const void* x, void* out, const void* row, Py_ssize_t n",)),
+    FunctionType("cos_sin", ("Rows first..stop-1 of a cos/sin table: "
+                             "cos_out[r * cos_stride + i] = scale*cos(positions[r]*w[i]).",),
+                 ("const double* positions, Py_ssize_t first, Py_ssize_t stop,",
+                  "const posenc_trig_steps* steps, double* thread_work,",
+                  "double scale, void* cos_out, Py_ssize_t cos_stride,",
+                  "void* sin_out, Py_ssize_t sin_stride")),
+    FunctionType("sinusoidal",
+                 ("Rows first..stop-1 of a sinusoidal table of `dim` columns "
+                  "(split: all sin, then all cos);",
+                  "stream: a large table, written by non-temporal stores where the kernel "
+                  "has them."),
+                 ("const double* positions, Py_ssize_t first, Py_ssize_t stop,",
+                  "const posenc_trig_steps* steps, double* thread_work,",
+                  "void* out, Py_ssize_t dim, int split, int stream")),
+    FunctionType("convert", ("dst[i] = src[i] converted (float32 <-> a half type: "
+                             "widened exactly, narrowed once).",),
+                 ("const void* src, void* dst, Py_ssize_t n",)),
+    FunctionType("alibi", ("out[j] = (x[j] +) slope * (start + step*j) in double, "
+                           "rounded once; x NULL: fill.",),
+                 ("const void* x, void* out, double slope, double start,",
+                  "double step, const double* ramp, Py_ssize_t n")),
+]
+
+
+def c_comment(lines):
+    return "/* " + "\n   ".join(lines) + " */"
+
+
+class TableField(NamedTuple):
+    """A field of posenc_kernel_table (posenc_tables.h fills them in this order)."""
+
+    type: str
+    name: str
+    dims: str = ""  # its array dimensions
+    comment: str = ""  # a C comment after it
+
+
+_BY_DTYPE = "[POSENC_NUM_DTYPES]"
+_BY_PAIR = _BY_DTYPE * 2
+TABLE_FIELDS = [
+    TableField("const char*", "simd"),
+    TableField("posenc_rotate_fn", "rotate", _BY_PAIR + "[POSENC_NUM_ROW_KINDS]"),
+    TableField("posenc_position_fn", "rotate_position", _BY_PAIR + "[POSENC_NUM_POSITION_KINDS]"),
+    TableField("posenc_add_fn", "add", _BY_PAIR),
+    TableField("posenc_add_fn", "add_in_place", _BY_PAIR),
+    TableField("posenc_cos_sin_fn", "cos_sin", _BY_DTYPE),
+    TableField("posenc_sinusoidal_fn", "sinusoidal", _BY_DTYPE),
+    TableField("posenc_alibi_fn", "alibi_fill", _BY_DTYPE),
+    TableField("posenc_alibi_fn", "alibi_add", _BY_DTYPE),
+    TableField("posenc_alibi_fn", "alibi_add_in_place", _BY_DTYPE),
+    TableField("posenc_convert_fn", "from_f32", _BY_DTYPE, "NULL: not a half type"),
+    TableField("posenc_convert_fn", "to_f32", _BY_DTYPE),
+]
 
 
 def table_arith(d, t):
