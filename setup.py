@@ -4,11 +4,12 @@ Metadata lives in pyproject.toml; this file only lists the extensions and
 their flags.
 
 * Every ``src/posenc_fast/*.pyx`` becomes an extension module.
-* ``csrc/posenc_kernels.h``, ``posenc_position.h`` and ``posenc_tables.h``
-  are generated from their Tempita templates over the dtypes of
-  ``csrc/kernel_types.py`` (the row kernels of every dtype and the table of
-  function pointers to them), and ``_kernel_table.pxd`` (_core's declarations
-  of that table) from its template over the same names, before cythonize.
+* ``csrc/posenc_kernels.h``, ``posenc_vectors.h``, ``posenc_position.h`` and
+  ``posenc_tables.h`` are generated from their Tempita templates over the
+  dtypes of ``csrc/kernel_types.py`` (the row kernels of every dtype and the
+  table of function pointers to them), and ``_kernel_table.pxd`` (_core's
+  declarations of that table) from its template over the same names, before
+  cythonize.
 * The row kernels are compiled once per instruction set: into ``_core`` (the
   module compiled once, with the compiler's portable default) and on x86-64
   into ``_isa_avx2`` (``-mavx2 -mf16c``) and ``_isa_avx512``, each where
