@@ -117,12 +117,13 @@ class TableField(NamedTuple):
     comment: str = ""  # a C comment after it
 
 
-_BY_DTYPE = "[POSENC_NUM_DTYPES]"
+_BY_DTYPE = "[%s]" % DTYPE_ENUM[-1]
 _BY_PAIR = _BY_DTYPE * 2
 TABLE_FIELDS = [
     TableField("const char*", "simd"),
-    TableField("posenc_rotate_fn", "rotate", _BY_PAIR + "[POSENC_NUM_ROW_KINDS]"),
-    TableField("posenc_position_fn", "rotate_position", _BY_PAIR + "[POSENC_NUM_POSITION_KINDS]"),
+    TableField("posenc_rotate_fn", "rotate", _BY_PAIR + "[%s]" % ROW_KIND_ENUM[-1]),
+    TableField("posenc_position_fn", "rotate_position",
+               _BY_PAIR + "[%s]" % POSITION_KIND_ENUM[-1]),
     TableField("posenc_add_fn", "add", _BY_PAIR),
     TableField("posenc_add_fn", "add_in_place", _BY_PAIR),
     TableField("posenc_cos_sin_fn", "cos_sin", _BY_DTYPE),
