@@ -4,9 +4,12 @@ Metadata lives in pyproject.toml; this file only lists the extensions and
 their flags.
 
 * Every ``src/posenc_fast/*.pyx`` becomes an extension module.
-* ``csrc/posenc_kernels.h`` and ``posenc_tables.h`` are generated from their
-  Tempita templates over the dtypes of ``csrc/kernel_types.py`` (the row
-  kernels of every dtype and the table of function pointers to them).
+* ``csrc/posenc_kernels.h``, ``posenc_vectors.h``, ``posenc_position.h`` and
+  ``posenc_tables.h`` are generated from their Tempita templates over the
+  dtypes of ``csrc/kernel_types.py`` (the row kernels of every dtype and the
+  table of function pointers to them), and ``_kernel_table.pxd`` (_core's
+  declarations of that table) from its template over the same names, before
+  cythonize.
 * The row kernels are compiled once per instruction set: into ``_core`` (the
   module compiled once, with the compiler's portable default) and on x86-64
   into ``_isa_avx2`` (``-mavx2 -mf16c``) and ``_isa_avx512``, each where
@@ -100,12 +103,12 @@ def _isa_variants() -> list[str]:
 
 
 def _generate_sources() -> None:
-    """Render every ``csrc/*.tp`` template (Tempita, names from ``csrc/kernel_types.py``)
-    into the file it names, if changed."""
+    """Render every ``csrc/*.tp`` and ``posenc_fast/*.tp`` template (Tempita, names from
+    ``csrc/kernel_types.py``) into the file it names, if changed."""
     namespace = {name: value for name, value in
                  runpy.run_path(str(HERE / CSRC / "kernel_types.py")).items()
                  if not name.startswith("__")}
-    for template in sorted((HERE / CSRC).glob("*.tp")):
+    for template in sorted([*(HERE / CSRC).glob("*.tp"), *(HERE / PKG).glob("*.tp")]):
         text = Tempita.sub(template.read_text(), **namespace)
         target = template.with_suffix("")
         if not target.exists() or target.read_text() != text:

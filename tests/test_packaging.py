@@ -72,7 +72,7 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     for needed in ("pyproject.toml", "setup.py", "README.md", "src/posenc_fast/_core.pyx",
-                   "src/posenc_fast/_kernel_table.pxd", "src/posenc_fast/_isa_avx2.pyx",
+                   "src/posenc_fast/_kernel_table.pxd.tp", "src/posenc_fast/_isa_avx2.pyx",
                    "src/posenc_fast/csrc/posenc_kernels.h.tp",
                    "src/posenc_fast/csrc/kernel_types.py", "src/posenc_fast/_cpu.pyx",
                    "src/posenc_fast/_cpu.pyi", "src/posenc_fast/py.typed",
@@ -82,6 +82,9 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
                    "examples/typing_example.py"):
         assert needed in names, f"sdist lacks {needed}"
     assert not [n for n in names if n.endswith((".so", ".pyd")) or n.startswith("build/")]
+    # What setup.py renders from a template is rendered again from the sdist's.
+    rendered = {n[:-len(".tp")] for n in names if n.endswith(".tp")}
+    assert rendered and not rendered & names, sorted(rendered & names)
 
     with zipfile.ZipFile(wheels[0]) as archive:
         files = set(archive.namelist())

@@ -9,6 +9,8 @@ because the reference is plain Python loops; the whole run takes seconds.
 Tolerances: `posenc_fast._tolerance.tolerance` (float32 within ``2e-6 *
 (|want| + scale)``, where ``scale`` is the magnitude of the inputs of that row;
 float64 within ``1e-12 * (|want| + scale)`` plus four ulps of the angle).
+The draws of a case and the comparison of its results:
+`posenc_fast._cli_check_draw`.
 """
 
 import argparse
@@ -19,9 +21,8 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from numpy.typing import NDArray
 
-from ._tolerance import tolerance
+from ._cli_check_draw import Array, Comparison, Draw, row_scale
 
 # The data types drawn: every one the kernels take.
 DTYPES = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
@@ -30,145 +31,6 @@ MAX_FAILURES_SHOWN = 20
 # Original context length of the scaled cases: small, so that "dynamic" and
 # "longrope" switch frequencies inside the drawn position ranges.
 ORIGINAL_LENGTH = 48
-
-Array = NDArray[Any]
-
-
-class Comparison:
-    """One result of a case, with what it must equal and the size of its inputs.
-
-    Parameters
-    ----------
-    name : str
-        What is compared (``"q"``, ``"cos"``, ...).
-    got : ndarray
-        The compiled result.
-    want : ndarray
-        The reference value (float64, or int64 for index tables).
-    dtype : numpy dtype
-        The dtype `got` must have.
-    scale : float or ndarray, optional
-        Magnitude of the inputs behind each element (broadcasts to `want`).
-    angle : float or ndarray, optional
-        Largest ``|position * frequency|`` behind each element.
-    same_as : ndarray, optional
-        The ``out`` argument, which `got` must be.
-    """
-
-    def __init__(self, name: str, got: Any, want: Array, dtype: Any, *, scale: Any = 1.0,
-                 angle: Any = 0.0, same_as: Array | None = None) -> None:
-        self.name = name
-        self.got = got
-        self.want = want
-        self.dtype = np.dtype(dtype)
-        self.scale = scale
-        self.angle = angle
-        self.same_as = same_as
-
-    def problem(self) -> str | None:
-        """Return why `got` is wrong, or None."""
-        got = self.got
-        if not isinstance(got, np.ndarray):
-            return f"{self.name}: returned {type(got).__name__}, not an ndarray"
-        if got.shape != self.want.shape or got.dtype != self.dtype:
-            return (f"{self.name}: got {got.dtype}{got.shape}, "
-                    f"expected {self.dtype}{self.want.shape}")
-        if self.same_as is not None and got is not self.same_as:
-            return f"{self.name}: did not return the out array"
-        if self.dtype.kind in "iu":
-            wrong = np.count_nonzero(got != self.want)
-            return f"{self.name}: {wrong} entries differ" if wrong else None
-        err = np.abs(got.astype(np.float64) - self.want)
-        tol = tolerance(self.want, self.dtype, scale=self.scale, angle=self.angle)
-        bad = ~(err <= tol)  # NaN counts as bad
-        if not bad.any():
-            return None
-        flat = int(np.argmax(np.where(bad, err / np.maximum(tol, 1e-300), -1.0)))
-        worst = tuple(int(i) for i in np.unravel_index(flat, err.shape))
-        return (f"{self.name}: {np.count_nonzero(bad)} of {err.size} off; at {worst} "
-                f"got {float(got[worst])!r}, want {float(self.want[worst])!r} "
-                f"(tol {float(tol[worst]):.1e})")
-
-
-class Draw:
-    """Random choices of one case, recorded for its description.
-
-    Parameters
-    ----------
-    rng : numpy.random.Generator
-    """
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.facts: list[str] = []
-
-    def pick(self, options: Any, label: str | None = None) -> Any:
-        """Return one of `options`; note it as ``label=value`` when `label` is given."""
-        value = options[int(self.rng.integers(len(options)))]
-        if label is not None:
-            self.note(label, value)
-        return value
-
-    def integer(self, low: int, high: int, label: str | None = None) -> int:
-        """Return an integer in ``[low, high]``."""
-        value = int(self.rng.integers(low, high + 1))
-        if label is not None:
-            self.note(label, value)
-        return value
-
-    def note(self, label: str, value: Any) -> None:
-        """Record a fact for the description."""
-        if isinstance(value, np.dtype) or isinstance(value, type):
-            value = np.dtype(value).name
-        self.facts.append(f"{label}={value}")
-
-    def data(self, shape: tuple[int, ...], dtype: Any, label: str = "x") -> Array:
-        """Return random normal data of `shape` in a random memory layout."""
-        layout = self.pick(("C", "C", "strided", "transposed"))
-        if layout != "C":
-            self.note(f"{label}_layout", layout)
-        values = self.rng.standard_normal(shape)
-        if layout == "strided":
-            wide = np.zeros(shape[:-1] + (2 * shape[-1],), dtype=dtype)
-            wide[..., ::2] = values
-            return wide[..., ::2]
-        if layout == "transposed" and len(shape) >= 2:
-            return np.swapaxes(np.swapaxes(values, -1, -2).astype(dtype).copy(), -1, -2)
-        return values.astype(dtype)
-
-    def out_for(self, x: Array, label: str = "out") -> tuple[Array | None, bool]:
-        """Return ``(out, in_place)``: None, a fresh array, a strided array or `x` itself."""
-        mode = self.pick(("none", "none", "array", "strided", "in-place"))
-        if mode != "none":
-            self.note(label, mode)
-        if mode == "array":
-            return np.full(x.shape, np.nan, dtype=x.dtype), False
-        if mode == "strided":
-            wide = np.full(x.shape[:-1] + (2 * x.shape[-1],), np.nan, dtype=x.dtype)
-            return wide[..., 1::2], False
-        if mode == "in-place":
-            return x, True
-        return None, False
-
-    def positions(self, shape: tuple[int, ...]) -> Array:
-        """Return integer or real positions of `shape`, small or large."""
-        size = self.pick(("small", "small", "large", "real"), "positions")
-        if size == "small":
-            return self.rng.integers(0, 200, shape)
-        if size == "large":
-            return self.rng.integers(0, 3_000_000, shape)
-        return self.rng.uniform(0, 1000, shape)
-
-    def offset(self) -> float:
-        """Return 0, a small, a large or a fractional offset."""
-        return float(self.pick((0, 7, 1_000_003, 2.5), "offset"))
-
-
-def _row_scale(x: Array) -> Array:
-    """Magnitude of each row of `x` (largest |entry| of the last axis), keepdims."""
-    if x.size == 0:
-        return np.ones(x.shape[:-1] + (1,))
-    return np.asarray(np.max(np.abs(x.astype(np.float64)), axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +82,7 @@ def _add_sinusoidal(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     where = np.arange(seq) if positions is None else positions
     angle = np.broadcast_to(np.abs(np.asarray(where, dtype=np.float64) + offset),
                             x.shape[:-1])[..., None]
-    return [Comparison("sum", got, want, dtype, scale=_row_scale(x0) + 1, angle=angle,
+    return [Comparison("sum", got, want, dtype, scale=row_scale(x0) + 1, angle=angle,
                        same_as=out)]
 
 
@@ -246,7 +108,7 @@ def _add_position_table(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     out, _ = d.out_for(x)
     got = pf.add_position_table(x, table, positions, offset=offset, out=out)
     want = ref.add_position_table(x0, table, positions, offset=offset)
-    scale = _row_scale(x0) + np.max(np.abs(table.astype(np.float64)))
+    scale = row_scale(x0) + np.max(np.abs(table.astype(np.float64)))
     return [Comparison("sum", got, want, dtype, scale=scale, same_as=out)]
 
 
@@ -323,7 +185,7 @@ def _rotated(ref: Any, rope: Any, x: Array, where: Array, inverse: bool,
     want = ref.apply_rotary(x, where, inv_freq.tolist(), layout=rope.layout,
                             attention_factor=rope.attention_factor, inverse=inverse)
     factor = rope.attention_factor
-    scale = _row_scale(x) * max(factor, 1 / factor)
+    scale = row_scale(x) * max(factor, 1 / factor)
     angle = np.abs(where)[..., None] * np.max(inv_freq)
     return Comparison(name, got, want, x.dtype, scale=scale, angle=angle, same_as=out)
 
@@ -413,7 +275,7 @@ def _apply_rotary(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     inv_freq = np.array(ref.rope_inv_freq(rotary_dim or dim, base)) / factor
     want = ref.apply_rotary(x0, where, inv_freq.tolist(), layout=layout, inverse=inverse)
     angle = np.abs(where)[..., None] * inv_freq[0]
-    return [Comparison("x", got, want, dtype, scale=_row_scale(x0), angle=angle, same_as=out)]
+    return [Comparison("x", got, want, dtype, scale=row_scale(x0), angle=angle, same_as=out)]
 
 
 def _cos_sin_args(ref: Any, d: Draw, x_lead: tuple[int, ...], seq_axis: int, dim: int,
@@ -452,7 +314,7 @@ def _apply_rotary_cos_sin(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     got = pf.apply_rotary_cos_sin(x, cos, sin, positions, layout=layout, inverse=inverse,
                                   out=out)
     want = ref.apply_rotary(x0, where, inv_freq.tolist(), layout=layout, inverse=inverse)
-    return [Comparison("x", got, want, dtype, scale=_row_scale(x0), same_as=out)]
+    return [Comparison("x", got, want, dtype, scale=row_scale(x0), same_as=out)]
 
 
 def _apply_rotary_cos_sin_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
@@ -472,7 +334,7 @@ def _apply_rotary_cos_sin_qk(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     freqs = inv_freq.tolist()
     return [Comparison(name, got, ref.apply_rotary(x0, where, freqs, layout=layout,
                                                    inverse=inverse),
-                       dtype, scale=_row_scale(x0), same_as=out)
+                       dtype, scale=row_scale(x0), same_as=out)
             for name, got, x0, out in (("q", got_q, q0, out_q), ("k", got_k, k0, out_k))]
 
 
@@ -504,7 +366,7 @@ def _add_alibi(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
     out, _ = d.out_for(scores)
     got = pf.add_alibi(scores, offset=offset, causal=causal, out=out)
     want = np.asarray(ref.add_alibi(scores0, offset=offset, causal=causal), dtype=np.float64)
-    return [Comparison("scores", got, want, dtype, scale=_row_scale(scores0), same_as=out)]
+    return [Comparison("scores", got, want, dtype, scale=row_scale(scores0), same_as=out)]
 
 
 def _relative_position_index(pf: Any, ref: Any, d: Draw) -> list[Comparison]:
