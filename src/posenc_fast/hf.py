@@ -166,8 +166,9 @@ def _rotation(torch):
     Its backward is the transpose of the forward's rotation: the rotation of
     the incoming gradients by ``(cos, -sin)`` (the function with `inverse`
     flipped), the same kernel, float32 arithmetic and one rounding for half
-    types; a deinterleaving function's (MLA's) gradients are interleaved
-    back.  cos and sin get no gradient (calls whose cos/sin need one take
+    types, into contiguous gradients as the formula's backward returns; a
+    deinterleaving function's (MLA's) gradients are interleaved back.  cos
+    and sin get no gradient (calls whose cos/sin need one take
     the module's own formula: `FALLBACKS`).
     """
     if _ROTATION:
@@ -190,7 +191,10 @@ def _rotation(torch):
             # rotates back in halves, then interleaves.
             transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
                                           layout=function.kernel_layout)
-            arrays = [numpy_view(torch, g) for g in grads] + list(ctx.tables)
+            # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
+            # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
+            # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
+            arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(ctx.tables)
             grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], ctx.unsqueeze_dim)
             if function.deinterleaves:
                 grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
