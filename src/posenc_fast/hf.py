@@ -30,6 +30,7 @@ SUPPORTED_FAMILIES = tuple(sorted(set(ROTARY_FUNCTIONS) | set(INTERLEAVE_FUNCTIO
 ``apply_rotary_pos_emb_interleave``) `install` replaces."""
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
+_ONE_TENSOR = ROTARY_FUNCTIONS["gemma4"]
 
 FALLBACKS: collections.Counter = collections.Counter()
 """Calls that needed a gradient and took transformers' formula, by reason (every other call
@@ -116,6 +117,50 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     (torch.Size([1, 8, 16, 64]), torch.Size([1, 2, 16, 64]))
     """
     return _apply(_LLAMA, (q, k), cos, sin, unsqueeze_dim)
+
+
+def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim=1):
+    """Rotate one tensor exactly as Gemma 4's (and Gemma 3n's) ``apply_rotary_pos_emb``.
+
+    Computes ``x * cos + rotate_half(x) * sin`` with ``cos``/``sin``
+    unsqueezed at `unsqueeze_dim`: the one-tensor form of
+    `apply_rotary_pos_emb`, whose callers rotate queries and keys in
+    separate calls (Gemma 4's attention, with ``unsqueeze_dim=2`` on
+    ``(batch, seq, heads, head_dim)``), under the same rules: the kernel for
+    plain CPU tensors (and NumPy arrays), in x's memory order, with its
+    exact backward when `x` needs a gradient, transformers' formula
+    otherwise (cos/sin needing a gradient counted in `FALLBACKS`).
+
+    Parameters
+    ----------
+    x : torch.Tensor or ndarray of shape (..., head_dim)
+        The queries or the keys; any strides.
+    cos, sin : torch.Tensor or ndarray of shape (batch, seq, head_dim)
+        The full-width cache, halves repeated (see `apply_rotary_pos_emb`).
+    unsqueeze_dim : int, optional
+        Where ``cos``/``sin`` get their heads axis.
+
+    Returns
+    -------
+    x_embed
+        Of x's kind, shape and dtype (torch's promotion with a wider cache).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `apply_rotary_pos_emb`, naming ``x``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from posenc_fast import hf
+    >>> x = torch.randn(1, 16, 8, 64)  # (batch, seq, heads, head_dim)
+    >>> angles = torch.arange(16.0)[:, None] * 10000.0 ** (-torch.arange(0, 64, 2) / 64)
+    >>> emb = torch.cat((angles, angles), dim=-1)[None]
+    >>> hf.apply_rotary_pos_emb_single(x, emb.cos(), emb.sin(), unsqueeze_dim=2).shape
+    torch.Size([1, 16, 8, 64])
+    """
+    return _apply(_ONE_TENSOR, (x,), cos, sin, unsqueeze_dim)[0]
 
 
 def _apply(function, xs, cos, sin, unsqueeze_dim):
@@ -426,21 +471,26 @@ def _restore(modules) -> None:
 
 def _replacement(original, function):
     """`original` computed by posenc_fast when it can be exactly, else `original` itself."""
-    names = ("q", "k", "cos", "sin")
+    names, one = _parameters(function), function.one_tensor
 
     def apply_rotary_pos_emb(*args, **kwargs):
-        # Every transformers caller passes (q, k, cos, sin), by position or keyword, and perhaps
-        # unsqueeze_dim=.
+        # Every transformers caller passes (q, k, cos, sin) or (x, cos, sin), by position or
+        # keyword, and perhaps unsqueeze_dim=.
         call = _arguments(args, kwargs, names)
         if call is not None:
             rotated = _rotate_if_fits(function, *call)
             if rotated is not None:
-                return rotated
+                return rotated[0] if one else rotated
         return original(*args, **kwargs)
 
     apply_rotary_pos_emb.__doc__ = f"posenc_fast's kernel for {original.__module__}'s function."
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
+
+
+def _parameters(function) -> tuple:
+    # The leading parameters of the function `function` describes.
+    return ("x", "cos", "sin") if function.one_tensor else ("q", "k", "cos", "sin")
 
 
 def _arguments(args, kwargs, names):
@@ -474,10 +524,10 @@ def _why_not_patched(module, name):
     if module.__name__ != _module_name(family) or family not in table:
         return f"{family}: {NOT_PATCHED.get(family, f'its {name} is not classified')}"
     signature = inspect.signature(getattr(module, name))
-    params = signature.parameters
-    if (list(params)[:4] != ["q", "k", "cos", "sin"] or "unsqueeze_dim" not in params
+    params, expected = signature.parameters, _parameters(table[family])
+    if (tuple(params)[:len(expected)] != expected or "unsqueeze_dim" not in params
             or params["unsqueeze_dim"].default != 1):
-        return (f"{family}: its {name}{signature} is not the (q, k, cos, sin, "
+        return (f"{family}: its {name}{signature} is not the ({', '.join(expected)}, "
                 f"unsqueeze_dim=1) read from {table[family].source}")
     return None
 
