@@ -2,11 +2,12 @@
 
 `apply_rotary_pos_emb` has the signature and results of transformers' Llama
 function and takes CPU torch tensors (viewed through NumPy, no copies) or
-NumPy arrays; `install` puts posenc_fast in place of the ``apply_rotary_pos_emb``
-of every modeling module whose function it computes exactly (Llama's and its
-partial, interleaved, float32 and mRoPE variants:
-``_hf_models.ROTARY_FUNCTIONS``), and MLA's ``apply_rotary_pos_emb_interleave``
-(``_hf_models.INTERLEAVE_FUNCTIONS``).  torch and transformers stay optional: this
+NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
+``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
+``apply_rotary_pos_emb`` of every modeling module whose function it computes
+exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, and
+the one-tensor form: ``_hf_models.ROTARY_FUNCTIONS``), and MLA's
+``apply_rotary_pos_emb_interleave`` (``_hf_models.INTERLEAVE_FUNCTIONS``).  torch and transformers stay optional: this
 module imports neither until a call needs it.
 """
 
@@ -403,7 +404,9 @@ def install(model=None) -> Installation:
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants), and MLA's
+    its partial, interleaved, float32 and mRoPE variants, and the one-tensor
+    ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
+    rotate q and k in separate calls), and MLA's
     ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used when the config
     sets ``rope_interleave``, and always by Bailing-hybrid, GLM-MoE-DSA,
     LongCat-Flash and Mistral-Large-4).  Their attention
