@@ -60,6 +60,12 @@ MODEL_CHANGES = {
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 8,
                        "indexer_compress_ratio": 4},
     "step3p5": {"sliding_window": 16},  # its mask builder asks for one even with no sliding layers
+    # its MoE sizes the default config leaves None (every layer builds the router and experts)
+    "diffusion_gemma_text": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 64},
+    # its last num_kv_shared_layers (default 15) reuse the keys of the last earlier layer of their type:
+    # two of each, the second pair sharing
+    "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2, "activation_sparsity_pattern": [0.0] * 4,
+                     "intermediate_size": [128] * 4, "layer_types": ["sliding_attention", "full_attention"] * 2},
     # keys the modeling code reads but the config class does not define
     "moonshine_streaming": {"num_key_value_heads": 4},
     **dict.fromkeys(("t5gemma2_decoder", "t5gemma2_encoder", "t5gemma2_text"), {"dropout_rate": 0.0}),
@@ -246,7 +252,9 @@ INPUTS = {
                     lambda config, ids: {"latents": _noise(BATCH, config.hidden_size, 8)}),
     **dict.fromkeys(("moonshine", "moonshine_streaming"),
                     lambda config, ids: {"input_values": _noise(BATCH, 4000), "decoder_input_ids": ids}),
-    **dict.fromkeys(("t5gemma", "t5gemma2"), lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids}),
+    # (DiffusionGemma's canvas: random tokens each forward unless given)
+    **dict.fromkeys(("t5gemma", "t5gemma2", "diffusion_gemma"),
+                    lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids}),
     **dict.fromkeys(("pixtral", "phi4_multimodal_vision", "step3p5_vision"),
                     lambda config, ids: {"pixel_values": _image(config)}),
     **dict.fromkeys(("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision", "hy_v4_vl_vision",
@@ -278,6 +286,11 @@ INPUTS = {
         "aftercnn_lens": torch.tensor([100])},
     "minimax_m3_vl_vision": lambda config, ids: _patches(config, temporal=config.temporal_patch_size),
     "muse_glimmer_vision": lambda config, ids: _patches(config, temporal=config.patch_temporal),
+    # a 6 x 6-patch image, flattened patches and their (x, y) positions: its pooler joins 3 x 3 patches
+    "gemma4_vision": lambda config, ids: {
+        "pixel_values": _noise(BATCH, 36, 3 * config.patch_size ** 2),
+        "pixel_position_ids": torch.stack((torch.arange(6).repeat(6), torch.arange(6).repeat_interleave(6)),
+                                          -1).expand(BATCH, -1, -1)},
     "granite_docling_vision": lambda config, ids: {  # its position embedding is for the whole 512 x 512 image
         "pixel_values": _noise(BATCH, 3, config.image_size, config.image_size)},
     "molmo2_vision": lambda config, ids: {  # the 27 x 27 patches of its 378 x 378 image, flattened

@@ -69,6 +69,13 @@ def dtypes(function):
     return [(torch.float32, True), (torch.float64, True)]
 
 
+def call(function, apply, q, k, cos, sin, unsqueeze_dim):
+    """(q rotated, k rotated) by `apply`, a function of the kind `function` says (one tensor a call, or both)."""
+    if function.one_tensor:
+        return tuple(apply(x, cos, sin, unsqueeze_dim=unsqueeze_dim) for x in (q, k))
+    return apply(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
 @pytest.mark.parametrize("name, function_name",
                          [(name, "apply_rotary_pos_emb") for name in sorted(ROTARY_FUNCTIONS)]
                          + [(name, "apply_rotary_pos_emb_interleave") for name in sorted(INTERLEAVE_FUNCTIONS)])
@@ -88,9 +95,10 @@ def test_function_equals_the_modules_own(name, function_name, kernel_calls):
                 k = torch.randn(k_shape, generator=generator).to(dtype)
                 cos, sin = cache(function, 2, 5, width, dtype, seed=unsqueeze_dim)
                 with torch.no_grad():
-                    expected = own(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-                    got = patched(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-                assert kernel_calls.pop() is kernel
+                    expected = call(function, own, q, k, cos, sin, unsqueeze_dim)
+                    got = call(function, patched, q, k, cos, sin, unsqueeze_dim)
+                assert kernel_calls == [kernel] * (1 + function.one_tensor)
+                kernel_calls.clear()
                 for g, e in zip(got, expected, strict=True):
                     assert g.dtype == e.dtype and g.shape == e.shape
                     assert torch.equal(g, e), f"{dtype}, width {width}, unsqueeze_dim {unsqueeze_dim}"

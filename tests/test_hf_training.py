@@ -1,7 +1,8 @@
 """Training with hf.install: the kernel with its backward where parameters need gradients.
 
 A tiny random model of each kind of function `install` patches (Llama's half
-layout, an interleaved one, an mRoPE one, MLA's deinterleaving one), built
+layout, an interleaved one, an mRoPE one, MLA's deinterleaving one, Gemma 4's
+one-tensor one), built
 from its default config (``hf_tiny``), nothing downloaded.  With parameters
 needing gradients every call takes the kernel; a float32 loss's gradients
 equal the model's own for every parameter, bitwise (the backward does the
@@ -24,7 +25,8 @@ from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
 
 # model type -> what kind of function its attention calls
 KINDS = {"llama": "half layout", "cohere": "interleaved", "qwen2_vl": "mRoPE",
-         "deepseek_v3": "MLA's apply_rotary_pos_emb_interleave"}
+         "deepseek_v3": "MLA's apply_rotary_pos_emb_interleave",
+         "gemma4_text": "one-tensor apply_rotary_pos_emb(x, cos, sin), q and k in separate calls"}
 EXTRA = {"deepseek_v3": {"rope_interleave": True}}
 
 

@@ -7,8 +7,9 @@ model type of the installed transformers.  A model type without a row is
 refused unless the caller settles its layout (``layout=``).
 
 ``ROTARY_FUNCTIONS`` says, per modeling module, what its
-``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` computes, for
-``hf.install``, and ``INTERLEAVE_FUNCTIONS`` what its MLA
+``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (or Gemma 4's
+one-tensor ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``) computes,
+for ``hf.install``, and ``INTERLEAVE_FUNCTIONS`` what its MLA
 ``apply_rotary_pos_emb_interleave`` computes; ``tests/test_hf_install.py``
 runs each module's own function against posenc_fast's, and lists every module
 of the installed transformers that defines one in these tables.
@@ -303,7 +304,8 @@ NO_ROPE: dict[str, str] = {
 
 
 class RotaryFunction(NamedTuple):
-    """What one modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` computes."""
+    """What one modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (or, with
+    `one_tensor`, ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``) computes."""
 
     source: str
     """The modeling file it was read from (under ``transformers/models/``)."""
@@ -327,6 +329,9 @@ class RotaryFunction(NamedTuple):
     deinterleaves: bool = False
     """Takes interleaved pairs and returns them rotated in the half layout, ``cat(x[0::2] cos - x[1::2]
     sin, x[1::2] cos + x[0::2] sin)`` (MLA's ``apply_rotary_pos_emb_interleave``)."""
+    one_tensor: bool = False
+    """Its signature is ``(x, cos, sin, unsqueeze_dim=1)``: it rotates one tensor and returns its rotation
+    (Gemma 3n's and Gemma 4's, whose attention rotates q and k in separate calls)."""
 
     @property
     def kernel_layout(self) -> str:
@@ -357,6 +362,7 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "csm": RotaryFunction("csm/modeling_csm.py"),
     "cwm": RotaryFunction("cwm/modeling_cwm.py"),
     "dbrx": RotaryFunction("dbrx/modeling_dbrx.py"),
+    "diffusion_gemma": RotaryFunction("diffusion_gemma/modeling_diffusion_gemma.py", one_tensor=True),
     "deepseek_ocr2": RotaryFunction("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_v3": RotaryFunction("deepseek_v3/modeling_deepseek_v3.py"),
     "deepseek_v32": RotaryFunction("deepseek_v32/modeling_deepseek_v32.py"),
@@ -387,6 +393,9 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "gemma": RotaryFunction("gemma/modeling_gemma.py"),
     "gemma2": RotaryFunction("gemma2/modeling_gemma2.py"),
     "gemma3": RotaryFunction("gemma3/modeling_gemma3.py"),
+    "gemma3n": RotaryFunction("gemma3n/modeling_gemma3n.py", one_tensor=True),
+    "gemma4": RotaryFunction("gemma4/modeling_gemma4.py", one_tensor=True),
+    "gemma4_unified": RotaryFunction("gemma4_unified/modeling_gemma4_unified.py", one_tensor=True),
     "glm": RotaryFunction("glm/modeling_glm.py", "interleaved", partial=True),
     "glm4": RotaryFunction("glm4/modeling_glm4.py", "interleaved", partial=True),
     "glm4_moe": RotaryFunction("glm4_moe/modeling_glm4_moe.py", partial=True),
@@ -525,13 +534,11 @@ INTERLEAVE_FUNCTIONS: dict[str, RotaryFunction] = {module: _interleave(module) f
     "axk1", "axk2", "bailing_hybrid", "deepseek_v3", "deepseek_v32", "dots3_note", "glm4_moe_lite",
     "glm_moe_dsa", "longcat_flash", "mistral4", "mistral_large4", "youtu")}
 
-_ONE_TENSOR = "its apply_rotary_pos_emb rotates one tensor: (x, cos, sin, unsqueeze_dim)"
 # Modules whose apply_rotary_pos_emb is not one of the above, and why.
 NOT_PATCHED: dict[str, str] = {
     "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
     "codegen": "its apply_rotary_pos_emb rotates one tensor with (sin, cos) caches of half width",
     "deepseek_v4": "its apply_rotary_pos_emb rotates one tensor's trailing features",
-    "diffusion_gemma": _ONE_TENSOR, "gemma3n": _ONE_TENSOR, "gemma4": _ONE_TENSOR, "gemma4_unified": _ONE_TENSOR,
     "dinov3_vit": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "eomt_dinov3": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "sapiens2": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",

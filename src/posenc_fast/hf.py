@@ -2,11 +2,12 @@
 
 `apply_rotary_pos_emb` has the signature and results of transformers' Llama
 function and takes CPU torch tensors (viewed through NumPy, no copies) or
-NumPy arrays; `install` puts posenc_fast in place of the ``apply_rotary_pos_emb``
-of every modeling module whose function it computes exactly (Llama's and its
-partial, interleaved, float32 and mRoPE variants:
-``_hf_models.ROTARY_FUNCTIONS``), and MLA's ``apply_rotary_pos_emb_interleave``
-(``_hf_models.INTERLEAVE_FUNCTIONS``).  torch and transformers stay optional: this
+NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
+``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
+``apply_rotary_pos_emb`` of every modeling module whose function it computes
+exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, and
+the one-tensor form: ``_hf_models.ROTARY_FUNCTIONS``), and MLA's
+``apply_rotary_pos_emb_interleave`` (``_hf_models.INTERLEAVE_FUNCTIONS``).  torch and transformers stay optional: this
 module imports neither until a call needs it.
 """
 
@@ -30,6 +31,7 @@ SUPPORTED_FAMILIES = tuple(sorted(set(ROTARY_FUNCTIONS) | set(INTERLEAVE_FUNCTIO
 ``apply_rotary_pos_emb_interleave``) `install` replaces."""
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
+_ONE_TENSOR = ROTARY_FUNCTIONS["gemma4"]
 
 FALLBACKS: collections.Counter = collections.Counter()
 """Calls that needed a gradient and took transformers' formula, by reason (every other call
@@ -115,40 +117,90 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     >>> q_embed.shape, k_embed.shape
     (torch.Size([1, 8, 16, 64]), torch.Size([1, 2, 16, 64]))
     """
+    return _apply(_LLAMA, (q, k), cos, sin, unsqueeze_dim)
+
+
+def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim=1):
+    """Rotate one tensor exactly as Gemma 4's (and Gemma 3n's) ``apply_rotary_pos_emb``.
+
+    Computes ``x * cos + rotate_half(x) * sin`` with ``cos``/``sin``
+    unsqueezed at `unsqueeze_dim`: the one-tensor form of
+    `apply_rotary_pos_emb`, whose callers rotate queries and keys in
+    separate calls (Gemma 4's attention, with ``unsqueeze_dim=2`` on
+    ``(batch, seq, heads, head_dim)``), under the same rules: the kernel for
+    plain CPU tensors (and NumPy arrays), in x's memory order, with its
+    exact backward when `x` needs a gradient, transformers' formula
+    otherwise (cos/sin needing a gradient counted in `FALLBACKS`).
+
+    Parameters
+    ----------
+    x : torch.Tensor or ndarray of shape (..., head_dim)
+        The queries or the keys; any strides.
+    cos, sin : torch.Tensor or ndarray of shape (batch, seq, head_dim)
+        The full-width cache, halves repeated (see `apply_rotary_pos_emb`).
+    unsqueeze_dim : int, optional
+        Where ``cos``/``sin`` get their heads axis.
+
+    Returns
+    -------
+    x_embed
+        Of x's kind, shape and dtype (torch's promotion with a wider cache).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `apply_rotary_pos_emb`, naming ``x``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from posenc_fast import hf
+    >>> x = torch.randn(1, 16, 8, 64)  # (batch, seq, heads, head_dim)
+    >>> angles = torch.arange(16.0)[:, None] * 10000.0 ** (-torch.arange(0, 64, 2) / 64)
+    >>> emb = torch.cat((angles, angles), dim=-1)[None]
+    >>> hf.apply_rotary_pos_emb_single(x, emb.cos(), emb.sin(), unsqueeze_dim=2).shape
+    torch.Size([1, 16, 8, 64])
+    """
+    return _apply(_ONE_TENSOR, (x,), cos, sin, unsqueeze_dim)[0]
+
+
+def _apply(function, xs, cos, sin, unsqueeze_dim):
+    """The public drop-ins: `function` of `xs` (q and k, or one tensor) as torch tensors or NumPy arrays."""
+    names = _names(xs)
+    tensors = (*xs, cos, sin)
     torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
-    if torch is not None and isinstance(q, torch.Tensor):
-        return _apply_torch(torch, q, k, cos, sin, unsqueeze_dim)
-    if torch is not None and any(isinstance(t, torch.Tensor) for t in (k, cos, sin)):
-        raise TypeError("q, k, cos and sin must be all torch tensors or all NumPy arrays")
-    return _apply_numpy(v.float_array(q, "q"), v.float_array(k, "k"), v.float_array(cos, "cos"),
-                        v.float_array(sin, "sin"), unsqueeze_dim)
+    if torch is not None and any(isinstance(t, torch.Tensor) for t in tensors):
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise TypeError(f"{', '.join(names)}, cos and sin must be all torch tensors or all NumPy arrays")
+        rotated = _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim)
+        return rotated if rotated is not None else _torch_formula(torch, xs, cos, sin, unsqueeze_dim)
+    arrays = [v.float_array(t, name) for t, name in zip(tensors, names + ("cos", "sin"))]
+    return _apply_numpy(arrays[:-2], *arrays[-2:], unsqueeze_dim, function)
 
 
-def _apply_torch(torch, q, k, cos, sin, unsqueeze_dim):
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
-        raise TypeError("q, k, cos and sin must be all torch tensors or all NumPy arrays")
-    rotated = _rotate_tensors(torch, _LLAMA, q, k, cos, sin, unsqueeze_dim)
-    return rotated if rotated is not None else _torch_formula(torch, q, k, cos, sin, unsqueeze_dim)
+def _names(xs) -> tuple:
+    # What the error messages call the data arrays: q and k, or a one-tensor function's x.
+    return ("q", "k") if len(xs) == 2 else ("x",)
 
 
-def _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim):
-    """What `function` computes, by the kernel on NumPy views; None when that would not be exact."""
-    tensors = (q, k, cos, sin)
-    if not _numpy_can_take(torch, function, tensors):
+def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
+    """What `function` computes for the tensors `xs` (q and k, or one tensor), by the kernel on
+    NumPy views, as a tuple; None when that would not be exact."""
+    if not _numpy_can_take(torch, function, xs, cos, sin):
         return None
-    arrays = [numpy_view(torch, t) for t in tensors]
-    if (_fits(function, q.shape, k.shape, cos.shape[-1])  # else _apply_numpy says what is wrong
-            and not (_cache_repeats(function, arrays[2]) and _cache_repeats(function, arrays[3]))):
+    arrays = [numpy_view(torch, t) for t in (*xs, cos, sin)]
+    if (_fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
+            and not (_cache_repeats(function, arrays[-2]) and _cache_repeats(function, arrays[-1]))):
         return None  # its formula is then no rotation of pairs
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return _rotation(torch).apply(q, k, cos, sin, function, unsqueeze_dim, arrays)
-    return _rotated(torch, function, arrays, (q.dtype, k.dtype), unsqueeze_dim)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return _rotation(torch).apply(function, unsqueeze_dim, arrays, cos, sin, *xs)
+    return _rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
 
 
 def _rotated(torch, function, arrays, dtypes, unsqueeze_dim):
-    # The kernel on NumPy views (q, k, cos, sin); the results as tensors of `dtypes`.
-    q_rot, k_rot = _apply_numpy(*arrays, unsqueeze_dim, function)
-    return _torch_view(torch, q_rot, dtypes[0]), _torch_view(torch, k_rot, dtypes[1])
+    # The kernel on NumPy views (the data, then cos and sin); the results as tensors of `dtypes`.
+    rotated = _apply_numpy(arrays[:-2], *arrays[-2:], unsqueeze_dim, function)
+    return tuple(_torch_view(torch, a, dtype) for a, dtype in zip(rotated, dtypes))
 
 
 _ROTATION = []
@@ -160,8 +212,9 @@ def _rotation(torch):
     Its backward is the transpose of the forward's rotation: the rotation of
     the incoming gradients by ``(cos, -sin)`` (the function with `inverse`
     flipped), the same kernel, float32 arithmetic and one rounding for half
-    types; a deinterleaving function's (MLA's) gradients are interleaved
-    back.  cos and sin get no gradient (calls whose cos/sin need one take
+    types, into contiguous gradients as the formula's backward returns; a
+    deinterleaving function's (MLA's) gradients are interleaved back.  cos
+    and sin get no gradient (calls whose cos/sin need one take
     the module's own formula: `FALLBACKS`).
     """
     if _ROTATION:
@@ -169,29 +222,30 @@ def _rotation(torch):
 
     class Rotation(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, cos, sin, function, unsqueeze_dim, arrays):
-            # arrays: the NumPy views of q, k, cos, sin the caller already made
+        def forward(ctx, function, unsqueeze_dim, arrays, cos, sin, *xs):
+            # arrays: the NumPy views of xs, cos and sin the caller already made
             ctx.save_for_backward(cos, sin)
-            ctx.function, ctx.unsqueeze_dim, ctx.tables = function, unsqueeze_dim, arrays[2:]
-            return _rotated(torch, function, arrays, (q.dtype, k.dtype), unsqueeze_dim)
+            ctx.function, ctx.unsqueeze_dim, ctx.tables = function, unsqueeze_dim, arrays[-2:]
+            return _rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
 
         @staticmethod
         @torch.autograd.function.once_differentiable
-        def backward(ctx, grad_q, grad_k):
+        def backward(ctx, *grads):
             ctx.saved_tensors  # raises if cos/sin changed in place since the forward
             function = ctx.function
             # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
             # rotates back in halves, then interleaves.
             transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
                                           layout=function.kernel_layout)
-            grads = [numpy_view(torch, g) for g in (grad_q, grad_k)]
-            grad_q, grad_k = _rotated(torch, transpose, grads + list(ctx.tables),
-                                      (grad_q.dtype, grad_k.dtype), ctx.unsqueeze_dim)
+            # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
+            # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
+            # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
+            arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(ctx.tables)
+            grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], ctx.unsqueeze_dim)
             if function.deinterleaves:
-                grad_q, grad_k = (torch.stack(g.chunk(2, -1), -1).flatten(-2)
-                                  for g in (grad_q, grad_k))
-            return (grad_q if ctx.needs_input_grad[0] else None,
-                    grad_k if ctx.needs_input_grad[1] else None, None, None, None, None, None)
+                grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
+            return (None,) * 5 + tuple(g if needed else None
+                                       for g, needed in zip(grads, ctx.needs_input_grad[5:]))
 
     _ROTATION.append(Rotation)
     return Rotation
@@ -215,41 +269,41 @@ def _torch_view(torch, a, dtype):
     return torch.from_numpy(a)
 
 
-def _numpy_can_take(torch, function, tensors) -> bool:
-    """True when NumPy views of the tensors give exactly `function`'s result dtypes and values."""
+def _numpy_can_take(torch, function, xs, cos, sin) -> bool:
+    """True when NumPy views of the tensors `xs` (q and k, or one), cos and sin give exactly
+    `function`'s result dtypes and values."""
     # Called once per attention layer and step: the cheapest attributes first.
     fast = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-    q, k, cos, sin = tensors
-    for t in tensors:
+    for t in (*xs, cos, sin):
         if (type(t) is not torch.Tensor or not t.is_cpu or t.layout != torch.strided
                 or t.dtype not in fast):
             return False
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad
-                                    or sin.requires_grad):
-        if cos.requires_grad or sin.requires_grad:  # Rotation carries q's and k's gradients only
-            FALLBACKS["cos/sin need a gradient"] += 1
-            return False
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        FALLBACKS["cos/sin need a gradient"] += 1  # Rotation carries the data's gradients only
+        return False
     cache = cos.dtype
     if sin.dtype != cache:
         return False
-    for t in (q, k):  # the kernel takes half data with a float32 cache or one of its own dtype
+    for t in xs:  # the kernel takes half data with a float32 cache or one of its own dtype
         if t.dtype in (torch.bfloat16, torch.float16) and cache not in (torch.float32, t.dtype):
             return False
     if function.compute == "float32":  # q.float(), k.float(): float64 would be rounded first
-        if k.dtype != q.dtype or torch.float64 in (q.dtype, cache):
+        if any(t.dtype != xs[0].dtype for t in xs) or torch.float64 in (xs[0].dtype, cache):
             return False
-    elif function.compute == "torch" and not q.dtype == k.dtype == cache:
-        if any(torch.promote_types(t.dtype, cache) != t.dtype for t in (q, k)):
+    elif function.compute == "torch" and any(t.dtype != cache for t in xs):
+        if any(torch.promote_types(t.dtype, cache) != t.dtype for t in xs):
             return False  # torch would return the cache's wider dtype
     return not torch.compiler.is_compiling()
 
 
-def _fits(function, q_shape, k_shape, width) -> bool:
-    """True when `function` rotates pairs of q and k with a cache `width` wide."""
-    dim = q_shape[-1] if q_shape else 0
+def _fits(function, shapes, width) -> bool:
+    """True when `function` rotates pairs of data of these shapes (q's and k's, or one) with a
+    cache `width` wide."""
+    dim = shapes[0][-1] if shapes[0] else 0
     rotated = 2 * width if function.cache == "half_width" else width
-    return (dim >= 2 and dim % 2 == 0 and rotated % 2 == 0 and len(k_shape) >= 1
-            and k_shape[-1] == dim and (rotated == dim or function.partial and 2 <= rotated <= dim))
+    return (dim >= 2 and dim % 2 == 0 and rotated % 2 == 0
+            and all(len(shape) >= 1 and shape[-1] == dim for shape in shapes[1:])
+            and (rotated == dim or function.partial and 2 <= rotated <= dim))
 
 
 def _cache_repeats(function, cache) -> bool:
@@ -266,17 +320,17 @@ def _cache_repeats(function, cache) -> bool:
     return np.array_equal(cache[..., :width // 2], cache[..., width // 2:])
 
 
-def _torch_formula(torch, q, k, cos, sin, unsqueeze_dim):
+def _torch_formula(torch, xs, cos, sin, unsqueeze_dim):
     # transformers' own code, for what the NumPy path does not take.
     def rotate_half(x):
         x1, x2 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat((-x2, x1), dim=-1)
 
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    return tuple(x * cos + rotate_half(x) * sin for x in xs)
 
 
-def _apply_numpy(q, k, cos, sin, unsqueeze_dim, function=_LLAMA):
+def _apply_numpy(xs, cos, sin, unsqueeze_dim, function=_LLAMA):
     unsqueeze_dim = v.integer(unsqueeze_dim, "unsqueeze_dim")
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
@@ -286,28 +340,28 @@ def _apply_numpy(q, k, cos, sin, unsqueeze_dim, function=_LLAMA):
     axis = unsqueeze_dim + cos.ndim + 1 if unsqueeze_dim < 0 else unsqueeze_dim
     shape = cos.shape[:axis] + (1,) + cos.shape[axis:]
     cos, sin = cos.reshape(shape), sin.reshape(shape)  # np.expand_dims without its overhead
-    width = cos.shape[-1]
-    if not _fits(function, q.shape, k.shape, width):
-        raise ValueError(f"q, k and the unsqueezed cos/sin must end in the same even head_dim, "
-                         f"got q {q.shape}, k {k.shape}, cos {cos.shape} (a full-width "
+    width, names = cos.shape[-1], _names(xs)
+    if not _fits(function, [x.shape for x in xs], width):
+        got = ", ".join(f"{name} {x.shape}" for name, x in zip(names, xs))
+        raise ValueError(f"{', '.join(names)} and the unsqueezed cos/sin must end in the same "
+                         f"even head_dim, got {got}, cos {cos.shape} (a full-width "
                          f"transformers cache, halves repeated)")
     if function.cache == "halves":
         cos, sin = cos[..., :width // 2], sin[..., :width // 2]
     elif function.cache == "pairs":
         cos, sin = cos[..., 0::2], sin[..., 0::2]
-    outs = (None, None)
+    xs, outs = tuple(xs), (None,) * len(xs)
     if function.deinterleaves:  # its pairs (x[2i], x[2i + 1]) laid out in halves, then rotated there, in place
-        q, k = outs = tuple(np.concatenate((x[..., 0::2], x[..., 1::2]), axis=-1) for x in (q, k))
-    # Contiguous q and k (every decode step): the compiled path checks the rest.
-    fast = kernels.rotate_cos_sin_fast((q, k), cos, sin, function.kernel_layout, function.inverse, outs)
+        xs = outs = tuple(np.concatenate((x[..., 0::2], x[..., 1::2]), axis=-1) for x in xs)
+    # Contiguous data (every decode step): the compiled path checks the rest.
+    fast = kernels.rotate_cos_sin_fast(xs, cos, sin, function.kernel_layout, function.inverse, outs)
     if fast is not None:
         return fast
-    for x, name in ((q, "q"), (k, "k")):
+    for x, name in zip(xs, names):
         v.broadcast_target(cos.shape[:-1], x.shape[:-1],
                            f"cos/sin unsqueezed at {unsqueeze_dim}: their leading shape",
                            f"{name}.shape[:-1]")
-    return (_rotate_in_memory_order(q, cos, sin, function),
-            _rotate_in_memory_order(k, cos, sin, function))
+    return tuple(_rotate_in_memory_order(x, cos, sin, function) for x in xs)
 
 
 def _rotate_in_memory_order(x, cos, sin, function):
@@ -350,7 +404,9 @@ def install(model=None) -> Installation:
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants), and MLA's
+    its partial, interleaved, float32 and mRoPE variants, and the one-tensor
+    ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
+    rotate q and k in separate calls), and MLA's
     ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used when the config
     sets ``rope_interleave``, and always by Bailing-hybrid, GLM-MoE-DSA,
     LongCat-Flash and Mistral-Large-4).  Their attention
@@ -418,12 +474,16 @@ def _restore(modules) -> None:
 
 def _replacement(original, function):
     """`original` computed by posenc_fast when it can be exactly, else `original` itself."""
+    names, one = _parameters(function), function.one_tensor
+
     def apply_rotary_pos_emb(*args, **kwargs):
-        # Every transformers caller passes (q, k, cos, sin) and perhaps unsqueeze_dim=.
-        if len(args) == 4 and (not kwargs or kwargs.keys() == {"unsqueeze_dim"}):
-            rotated = _rotate_if_fits(function, *args, kwargs.get("unsqueeze_dim", 1))
+        # Every transformers caller passes (q, k, cos, sin) or (x, cos, sin), by position or
+        # keyword, and perhaps unsqueeze_dim=.
+        call = _arguments(args, kwargs, names)
+        if call is not None:
+            rotated = _rotate_if_fits(function, *call)
             if rotated is not None:
-                return rotated
+                return rotated[0] if one else rotated
         return original(*args, **kwargs)
 
     apply_rotary_pos_emb.__doc__ = f"posenc_fast's kernel for {original.__module__}'s function."
@@ -431,12 +491,29 @@ def _replacement(original, function):
     return apply_rotary_pos_emb
 
 
-def _rotate_if_fits(function, q, k, cos, sin, unsqueeze_dim):
+def _parameters(function) -> tuple:
+    # The leading parameters of the function `function` describes.
+    return ("x", "cos", "sin") if function.one_tensor else ("q", "k", "cos", "sin")
+
+
+def _arguments(args, kwargs, names):
+    """(the arguments `names`, unsqueeze_dim) of a call that passes them by position or keyword and
+    perhaps unsqueeze_dim= (as transformers' callers do); None for any other call."""
+    if len(args) == len(names) and (not kwargs or kwargs.keys() == {"unsqueeze_dim"}):
+        return args, kwargs.get("unsqueeze_dim", 1)  # the usual call
+    rest = names[len(args):]
+    if len(args) < len(names) and kwargs.keys() - {"unsqueeze_dim"} == set(rest):
+        return args + tuple(kwargs[name] for name in rest), kwargs.get("unsqueeze_dim", 1)
+    return None
+
+
+def _rotate_if_fits(function, tensors, unsqueeze_dim):
     torch = sys.modules["torch"]
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
-            and isinstance(cos, torch.Tensor) and _fits(function, q.shape, k.shape, cos.shape[-1])):
+    *xs, cos, sin = tensors
+    if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
+            and _fits(function, [x.shape for x in xs], cos.shape[-1])):
         return None
-    return _rotate_tensors(torch, function, q, k, cos, sin, unsqueeze_dim)
+    return _rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
 
 
 def _module_name(family: str) -> str:
@@ -450,10 +527,10 @@ def _why_not_patched(module, name):
     if module.__name__ != _module_name(family) or family not in table:
         return f"{family}: {NOT_PATCHED.get(family, f'its {name} is not classified')}"
     signature = inspect.signature(getattr(module, name))
-    params = signature.parameters
-    if (list(params)[:4] != ["q", "k", "cos", "sin"] or "unsqueeze_dim" not in params
+    params, expected = signature.parameters, _parameters(table[family])
+    if (tuple(params)[:len(expected)] != expected or "unsqueeze_dim" not in params
             or params["unsqueeze_dim"].default != 1):
-        return (f"{family}: its {name}{signature} is not the (q, k, cos, sin, "
+        return (f"{family}: its {name}{signature} is not the ({', '.join(expected)}, "
                 f"unsqueeze_dim=1) read from {table[family].source}")
     return None
 
