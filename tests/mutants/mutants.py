@@ -51,9 +51,13 @@ MUTANTS = [
            "    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first - 1), o, r",
            ("tests/test_rotary.py", "tests/test_fast_path_rules.py")),
     Mutant("KV cache value slot written from k", "compiled layer", PKG + "_core_cache.pxi",
-           "        memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, v + t * w.kv_heads * w.row_bytes,",
-           "        memcpy(v_cache + slot * w.kv_heads * w.cache_row_bytes, k + t * w.kv_heads * w.row_bytes,",
+           "            memcpy(v_slot, v_row, w.kv_heads * w.row_bytes)",
+           "            memcpy(v_slot, k_row, w.kv_heads * w.row_bytes)",
            ("tests/test_kv_cache.py",)),
+    Mutant("features before rotary_start not copied", "compiled layer", PKG + "_core_rotate.pxi",
+           "    if call.lead_bytes > 0:\n        memcpy(out, x, call.lead_bytes)",
+           "    if call.lead_bytes > 8:\n        memcpy(out, x, call.lead_bytes)",
+           ("tests/test_rotary_start.py",)),
     Mutant("fast path out overlap check removed", "compiled layer", PKG + "_core_rotary.pxi",
            "    if arr is not x and not _disjoint(arr, x):",
            "    if False and arr is not x and not _disjoint(arr, x):",
@@ -103,6 +107,9 @@ MUTANTS = [
            "    return np.repeat(np.arange(len(section)), section)",
            "    return np.repeat(np.arange(len(section))[::-1], section[::-1])", ("tests/test_streams.py",)),
     # model rules
+    Mutant("DeepSeek-V4 rotates its leading features", "model rules, scalings", PKG + "_hf_models.py",
+           'whole_head=False, trailing=True,', 'whole_head=False, trailing=False,',
+           ("tests/test_hf_models.py", "-k", "deepseek_v4")),
     Mutant("a model rule's layout flipped (Cohere)", "model rules, scalings", PKG + "_hf_models.py",
            '    "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),',
            '    "cohere": ModelRule("cohere/modeling_cohere.py"),',
@@ -121,6 +128,12 @@ MUTANTS = [
            "    if ntokens and (int(slots.min()) < -1 or", "    if ntokens and (int(slots.min()) < -2 or",
            ("tests/test_kv_cache.py",)),
     # integrations
+    Mutant("MLA cache row written before its rotation", "integrations", PKG + "_mla_cache.py",
+           "    rotary_embedding(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox)  # checks, then rotates\n"
+           "    _write(kv_c, k_rows, kv_cache, slots)",
+           "    _write(kv_c, k_rows, kv_cache, slots)\n"
+           "    rotary_embedding(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox)  # checks, then rotates",
+           ("tests/test_vllm_mla.py",)),
     Mutant("vLLM op's neox flag inverted", "integrations", PKG + "vllm.py",
            '    layout = "half" if is_neox else "interleaved"\n    if key is None:',
            '    layout = "interleaved" if is_neox else "half"\n    if key is None:', ("tests/test_vllm.py",)),
