@@ -5,7 +5,8 @@
 # scratch row, scaled by 1 / sqrt(mean(x**2) + eps) (the mean of squares in
 # float64, eight running sums in a fixed order: the same on every CPU) and by
 # its weight, rotated by the float32 (float64) row kernel, and stored, a half
-# type rounded once.
+# type rounded once: to the next row of `out`, or (a paged KV cache) to the
+# byte offset of its own row.
 
 from libc.math cimport sqrt
 
@@ -21,6 +22,8 @@ cdef struct NormJob:
     Py_ssize_t nrows
     Py_ssize_t dim
     Py_ssize_t itemsize
+    const long long* out_at  # each row's byte offset in out (-1: not stored), or NULL: rows in order
+    int store                # out's dtype index: x's, or a half type for float32 x
     const double* weight     # dim factors: weight_offset + weight
     const float* weight32    # the same rounded to float32 (float32 arithmetic)
     double eps
@@ -59,7 +62,12 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
     for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
         t = job.rows[r]
         row = job.x + r * dim * job.itemsize
-        out_row = job.out + r * dim * job.itemsize
+        if job.out_at == NULL:
+            out_row = job.out + r * dim * job.itemsize
+        elif job.out_at[r] < 0:
+            continue
+        else:
+            out_row = job.out + job.out_at[r]
         if job.data == POSENC_F64:
             a64 = <double*>(job.scratch + slot * 2 * dim * 8)
             rotated = <char*>(a64 + dim)
@@ -83,20 +91,24 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             a32[i] = (a32[i] * scale32) * job.weight32[i]
         _rotate_row(<char*>a32, rotated, job.cos + t * job.cos_stride,
                     job.sin + t * job.sin_stride, job.call)
-        if job.data == POSENC_F32:
+        if job.store == POSENC_F32:
             memcpy(out_row, rotated, dim * 4)
         else:
-            K.from_f32[job.data](rotated, out_row, dim)
+            K.from_f32[job.store](rotated, out_row, dim)
 
 
 def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                      cnp.ndarray weight not None, double eps, cnp.ndarray cos_table not None,
                      cnp.ndarray sin_table not None, cnp.ndarray row_table not None,
-                     bint half_layout, int num_threads, Py_ssize_t start=0):
+                     bint half_layout, int num_threads, Py_ssize_t start=0,
+                     cnp.ndarray out_at=None):
     """RMSNorm each row r of x over its dim features (scaled by `weight`), rotate it by table
     row row_table[r], write it to out.
 
-    x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; weight:
+    x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; or, with
+    `out_at` (C-contiguous int64 (rows,)), row r goes to byte out_at[r] of
+    `out` (-1: nowhere), any array of x's dtype or a half type for float32
+    x (rows contiguous, apart, in bounds: the caller's checks); weight:
     C-contiguous float64 (dim,), the factors (Gemma's ``1 + w`` already
     added); cos/sin tables: 2-D float32 (float64 for float64 x), unit stride
     along their last axis; row_table: intp (rows,); features [start, start +
@@ -104,7 +116,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     """
     cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef int data = _dtype(x)
+    cdef int data = _dtype(x), store = _dtype(out)
     cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4
     cdef RowCall call = _row_call(compute, _dtype(cos_table), compute_size,
@@ -112,9 +124,11 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                                   half_layout, False, False, 0, start)
     cdef cnp.ndarray scratch
     cdef cnp.ndarray weight32
-    if call.rotate == NULL or (data != compute and K.to_f32[data] == NULL):
+    cdef const long long* at = NULL if out_at is None else <const long long*>cnp.PyArray_DATA(out_at)
+    if (call.rotate == NULL or (data != compute and K.to_f32[data] == NULL)
+            or (store != data and (out_at is None or compute != POSENC_F32 or K.from_f32[store] == NULL))):
         raise TypeError(f"no fused norm and rotation for {x.dtype} data with a "
-                        f"{cos_table.dtype} table")
+                        f"{cos_table.dtype} table into {out.dtype}")
     if nrows == 0 or dim == 0:
         return
     import numpy
@@ -125,6 +139,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                                _data(cos_table), _data(sin_table),
                                cnp.PyArray_STRIDE(cos_table, 0), cnp.PyArray_STRIDE(sin_table, 0),
                                nrows, dim, cnp.PyArray_ITEMSIZE(x),
+                               at, store,
                                <const double*>_data(weight), <const float*>_data(weight32), eps,
                                data, _data(scratch), &call)
     with nogil:

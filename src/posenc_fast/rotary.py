@@ -365,8 +365,9 @@ class RotaryEmbedding(kernels.RotaryBase):
     def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
                           k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
                           slot_mapping: ArrayLike, *,
-                          out_q: NDArray[np.floating[Any]] | None = None
-                          ) -> NDArray[np.floating[Any]]:
+                          out_q: NDArray[np.floating[Any]] | None = None,
+                          qk_norm: tuple[ArrayLike, ArrayLike] | None = None, eps: float = 1e-6,
+                          weight_offset: float = 0.0) -> NDArray[np.floating[Any]]:
         """Rotate q; rotate k into its paged-cache slots and copy v into theirs, in one pass.
 
         Parameters
@@ -388,13 +389,16 @@ class RotaryEmbedding(kernels.RotaryBase):
             whose q is still rotated.  Other slots stay untouched.
         out_q : ndarray of q's shape and dtype, optional
             May be `q` itself (in place).
+        qk_norm : (q_weight, k_weight), optional
+            RMSNorm each q and k row first, in the same pass: `apply_qk_norm`
+            with these weights, `eps` and `weight_offset` (Qwen3, Gemma).
 
         Returns
         -------
         ndarray of q's shape and dtype
             The rotated q.  The cache rows equal ``apply(k, positions[:,
-            None])`` and v (cast to the cache dtype), bitwise, for any
-            thread count.
+            None])`` (``apply_qk_norm``'s k with `qk_norm`) and v (cast to
+            the cache dtype), bitwise, for any thread count.
 
         Raises
         ------
@@ -407,7 +411,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         """
         from ._kv_cache import apply_qk_to_cache
 
-        return apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q)
+        return apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q,
+                                 qk_norm, eps, weight_offset)
 
     def _apply_streams(self, xs, positions, offset, inverse, outs):
         # Explicit positions of several streams: one cos/sin table of the call's

@@ -20,9 +20,11 @@ Importing this module registers, through `torch.library`:
 
 ``torch.ops.posenc_fast.apply_qk_to_cache``
     ``(positions, query, key, value, key_cache, value_cache, slot_mapping,
-    head_size, cos_sin_cache, is_neox, kv_cache_layout="NHD") -> ()``:
+    head_size, cos_sin_cache, is_neox, kv_cache_layout="NHD", q_weight=None,
+    k_weight=None, eps=1e-6, weight_offset=0.0) -> ()``:
     `posenc_fast.vllm.apply_qk_to_cache`, rotating `query` in place and
-    writing the rotated key and the value into their cache slots.
+    writing the rotated key and the value into their cache slots (with
+    both weights, q/k RMSNorm first, in the same pass).
 
 ``torch.ops.posenc_fast.concat_and_cache_mla``, ``concat_and_cache_mla_rope_fused``
     vLLM's MLA cache writes (`posenc_fast.vllm.concat_and_cache_mla`,
@@ -140,7 +142,8 @@ fused_qk_norm_rope = _define(
 apply_qk_to_cache = _define(
     "apply_qk_to_cache(Tensor positions, Tensor(a!) query, Tensor key, Tensor value, "
     "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, SymInt head_size, "
-    "Tensor cos_sin_cache, bool is_neox, str kv_cache_layout=\"NHD\") -> ()",
+    "Tensor cos_sin_cache, bool is_neox, str kv_cache_layout=\"NHD\", Tensor? q_weight=None, "
+    "Tensor? k_weight=None, float eps=1e-06, float weight_offset=0.0) -> ()",
     _function("apply_qk_to_cache"), _mutates_only)
 """Rotate `query` in place, write the rotated key and the value into their cache slots
 (see `posenc_fast.vllm.apply_qk_to_cache`)."""
