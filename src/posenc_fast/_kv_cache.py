@@ -148,7 +148,7 @@ def write_normed(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.nda
                  start: int, weights: tuple, eps: float) -> np.ndarray:
     """As `write`, each q and k row RMSNormed by its weight (float64 factors) first: q to its
     result, k straight into its cache rows, v copied (cast to the cache dtype)."""
-    (ntokens, heads, dim), kv_heads = call.q.shape, call.k.shape[1]
+    (_, heads, dim), kv_heads = call.q.shape, call.k.shape[1]
     threads = threads_for(call.q.size)
     kernels.norm_rotate_rows(call.out.x_rows.reshape(-1, dim), call.out.rows.reshape(-1, dim), weights[0], eps,
                              cos, sin, np.repeat(rows, heads).astype(np.intp), half, threads, start)
