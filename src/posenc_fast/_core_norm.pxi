@@ -2,14 +2,11 @@
 # (posenc_fast._qk_norm: RotaryEmbedding.apply_qk_norm and vLLM-style calls).
 #
 # A row is widened to float32 (float64 for float64 data) in a per-thread
-# scratch row, scaled by 1 / sqrt(mean(x**2) + eps) (the mean of squares in
-# float64, eight running sums in a fixed order: the same on every CPU) and by
-# its weight, rotated by the float32 (float64) row kernel, and stored, a half
-# type rounded once: to the next row of `out`, or (a paged KV cache) to the
-# byte offset of its own row.
-
-from libc.math cimport sqrt
-
+# scratch row, scaled by 1 / sqrt(mean(x**2) + eps) and by its weight
+# (K.norm_scale: the mean of squares in float64, eight running sums in a fixed
+# order, the same in every variant), rotated by the float32 (float64) row
+# kernel, and stored, a half type rounded once: to the next row of `out`, or
+# (a paged KV cache) to the byte offset of its own row.
 
 cdef struct NormJob:
     const Py_ssize_t* rows   # the cos/sin table row of each row of x
@@ -32,33 +29,20 @@ cdef struct NormJob:
     const RowCall* call      # the compute dtype's rotation of one row
 
 
-cdef inline double _sum_of_squares(const cython.floating* a, Py_ssize_t n) noexcept nogil:
-    # Eight running sums in a fixed order (the compiler keeps them in vector
-    # lanes; one chain of adds ran the whole pass at 2.6x a copy).
-    cdef double acc[8]
-    cdef Py_ssize_t i = 0, j
-    for j in range(8):
-        acc[j] = 0.0
-    while i + 8 <= n:
-        for j in range(8):
-            acc[j] += <double>a[i + j] * a[i + j]
-        i += 8
-    while i < n:
-        acc[0] += <double>a[i] * a[i]
-        i += 1
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-
-
 cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    # Each row: widened (a half type) into a scratch row, normalized there
+    # (K.norm_scale: the variant's vectors), rotated into its output row, or
+    # into a second scratch row narrowed on store (a half type).
     cdef const NormJob* job = <const NormJob*>job_
-    cdef Py_ssize_t r, i, t, dim = job.dim
-    cdef double total, scale
-    cdef float scale32
+    cdef Py_ssize_t r, t, dim = job.dim
+    cdef int compute = POSENC_F64 if job.data == POSENC_F64 else POSENC_F32
+    cdef Py_ssize_t size = 8 if compute == POSENC_F64 else 4
+    cdef char* normed = job.scratch + slot * 2 * dim * size
+    cdef char* rotated = normed + dim * size
+    cdef const void* weight = (<const void*>job.weight if compute == POSENC_F64
+                               else <const void*>job.weight32)
     cdef const char* row
     cdef char* out_row
-    cdef float* a32
-    cdef double* a64
-    cdef char* rotated
     for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
         t = job.rows[r]
         row = job.x + r * dim * job.itemsize
@@ -68,32 +52,16 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             continue
         else:
             out_row = job.out + job.out_at[r]
-        if job.data == POSENC_F64:
-            a64 = <double*>(job.scratch + slot * 2 * dim * 8)
-            rotated = <char*>(a64 + dim)
-            total = _sum_of_squares(<const double*>row, dim)
-            scale = 1.0 / sqrt(total / dim + job.eps)
-            for i in range(dim):
-                a64[i] = (<const double*>row)[i] * scale * job.weight[i]
-            _rotate_row(<char*>a64, rotated, job.cos + t * job.cos_stride,
-                        job.sin + t * job.sin_stride, job.call)
-            memcpy(out_row, rotated, dim * 8)
-            continue
-        a32 = <float*>(job.scratch + slot * 2 * dim * 4)
-        rotated = <char*>(a32 + dim)
-        if job.data == POSENC_F32:
-            memcpy(a32, row, dim * 4)
+        if job.data != compute:
+            K.to_f32[job.data](row, normed, dim)
+            row = normed
+        K.norm_scale[compute](row, normed, weight, dim, job.eps)
+        if job.store == compute:
+            _rotate_row(normed, out_row, job.cos + t * job.cos_stride, job.sin + t * job.sin_stride,
+                        job.call)
         else:
-            K.to_f32[job.data](row, a32, dim)
-        total = _sum_of_squares(<const float*>a32, dim)
-        scale32 = <float>(1.0 / sqrt(total / dim + job.eps))
-        for i in range(dim):
-            a32[i] = (a32[i] * scale32) * job.weight32[i]
-        _rotate_row(<char*>a32, rotated, job.cos + t * job.cos_stride,
-                    job.sin + t * job.sin_stride, job.call)
-        if job.store == POSENC_F32:
-            memcpy(out_row, rotated, dim * 4)
-        else:
+            _rotate_row(normed, rotated, job.cos + t * job.cos_stride, job.sin + t * job.sin_stride,
+                        job.call)
             K.from_f32[job.store](rotated, out_row, dim)
 
 
