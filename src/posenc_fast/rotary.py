@@ -244,8 +244,10 @@ class RotaryEmbedding(kernels.RotaryBase):
             ``"sliding_attention"``; Gemma 4's ``per_layer_config``;
             DeepSeek-V4's ``"main"`` / ``"compress"`` or a layer type).
         layout : {"interleaved", "half"}, optional
-            Pair layout of a ``model_type`` posenc_fast has no rule for
-            (refused without it: never a guess).
+            Pair layout of a ``model_type`` posenc_fast has no rule for;
+            without it, the rule is probed in the installed transformers'
+            own code for that model type, or the call is refused (never a
+            guess).
         attention : {"main", "indexer"}, optional
             Whose RoPE: the model's attention (default) or its DSA indexer
             (DeepSeek-V3.2, AXK2, GLM-MoE-DSA, dots3: ``index_head_dim``
