@@ -21,7 +21,7 @@ import transformers
 from transformers.models.auto import configuration_auto, modeling_auto
 
 import hf_walk
-from posenc_fast import hf
+from posenc_fast import _hf_drop_in
 from posenc_fast._hf_models import MODEL_RULES
 
 HEAD_DIM = 32
@@ -47,6 +47,9 @@ MODEL_CHANGES = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "recurrent_gemma": {"num_hidden_layers": 3},  # block_types cycles recurrent, recurrent, attention
     "zamba2": {"hybrid_layer_ids": [1], "use_mem_rope": True},  # its default config applies no RoPE
+    # its default rotates the trailing 64 of 512 features; the MLA rule alone would make head_dim the rope part
+    # (qk_rope_head_dim 16: the whole head): the trailing 16 of 32
+    "deepseek_v4": {"head_dim": 32},
     # the default has only mamba layers (slow on the CPU) and no RoPE; Granite 4.0's dense models use "rope"
     "granitemoehybrid": {"num_hidden_layers": 1, "layer_types": ["full_attention"], "position_embedding_type": "rope"},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # the default leaves them None
@@ -355,12 +358,12 @@ def position_ids(model):
 def kernel_calls(monkeypatch):
     """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
     calls = []
-    rotate = hf._rotate_tensors
+    rotate = _hf_drop_in._rotate_tensors
 
     def counting(*args):
         result = rotate(*args)
         calls.append(result is not None)
         return result
 
-    monkeypatch.setattr(hf, "_rotate_tensors", counting)
+    monkeypatch.setattr(_hf_drop_in, "_rotate_tensors", counting)
     return calls

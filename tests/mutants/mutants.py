@@ -137,7 +137,7 @@ MUTANTS = [
     Mutant("vLLM op's neox flag inverted", "integrations", PKG + "vllm.py",
            '    layout = "half" if is_neox else "interleaved"\n    if key is None:',
            '    layout = "interleaved" if is_neox else "half"\n    if key is None:', ("tests/test_vllm.py",)),
-    Mutant("the backward rotates forward again", "integrations", PKG + "hf.py",
+    Mutant("the backward rotates forward again", "integrations", PKG + "_hf_drop_in.py",
            "            transpose = function._replace(inverse=not function.inverse, deinterleaves=False,",
            "            transpose = function._replace(inverse=function.inverse, deinterleaves=False,",
            ("tests/test_hf.py", "-k", "gradient")),
