@@ -6,9 +6,12 @@ NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
 ``apply_rotary_pos_emb`` of every modeling module whose function it computes
 exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, and
-the one-tensor form: ``_hf_models.ROTARY_FUNCTIONS``), and MLA's
-``apply_rotary_pos_emb_interleave`` (``_hf_models.INTERLEAVE_FUNCTIONS``).  torch and transformers stay optional: this
-module imports neither until a call needs it.
+the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_models.ROTARY_FUNCTIONS``),
+MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_models.INTERLEAVE_FUNCTIONS``)
+and the vision towers' ``apply_rotary_pos_emb_vision``
+(``_hf_models.VISION_FUNCTIONS``).  The kernel path they share is
+``_hf_drop_in``.  torch and transformers stay optional: this module imports
+neither until a call needs it.
 """
 
 import importlib
@@ -191,16 +194,22 @@ def install(model=None) -> Installation:
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
     its partial, interleaved, float32 and mRoPE variants, and the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
-    rotate q and k in separate calls), and MLA's
-    ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used when the config
-    sets ``rope_interleave``, and always by Bailing-hybrid, GLM-MoE-DSA,
-    LongCat-Flash and Mistral-Large-4).  Their attention
-    ``forward`` looks the function up as a module global on every call, so
-    models already built are affected too.  Results are those of the
-    module's own function (bit for bit in float32/float64 on the CPU); other
-    dtypes, devices, ``torch.compile`` tracing and caches whose
-    entries do not repeat as the function expects fall back to the module's
-    own function.  With parameters that need a gradient (training, or a
+    rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
+    trailing features of a head, and its attention output back with
+    ``-sin``), MLA's ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used
+    when the config sets ``rope_interleave``, and always by Bailing-hybrid,
+    GLM-MoE-DSA, LongCat-Flash and Mistral-Large-4), and the vision towers'
+    ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` (Qwen2-VL's and its
+    relatives', Inkling2's interleaved one and MiniMax-M3-VL's partial one).
+    Their attention ``forward`` looks the function up as a module global on
+    every call, so models already built are affected too.  Results are those
+    of the module's own function (bit for bit in float32/float64 on the CPU,
+    and in bfloat16/float16 for the functions that compute in float32 and
+    round once, as the kernel does); other dtypes, devices, ``torch.compile``
+    tracing and caches whose entries do not repeat as the function expects
+    fall back to the module's own function, and so do float64 data or caches
+    for the functions that compute in float32 (their ``.float()`` rounds
+    them first: DeepSeek-V4, the vision towers, Cohere).  With parameters that need a gradient (training, or a
     forward outside ``torch.no_grad()``) the kernel runs too, with its exact
     backward (see `apply_rotary_pos_emb`); what still falls back for a
     gradient is counted in `FALLBACKS`.
