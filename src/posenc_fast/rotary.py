@@ -237,7 +237,8 @@ class RotaryEmbedding(kernels.RotaryBase):
             object.  Read as transformers' own configuration class and
             modeling code for its ``model_type`` read it (head_dim, partial
             rotary, ``rope_theta``/``rope_scaling`` or ``rope_parameters``,
-            pair layout; the text model's part of a composite config).
+            pair layout; the text model's part of a composite config; a
+            vision tower's config gives its axial RoPE).
         layer_type : str, optional
             Which layer type's RoPE (and head size), for configs with one per
             layer type (Gemma 3: ``"full_attention"`` or
@@ -269,6 +270,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         from ._hf_config import rotary_kwargs_from_hf_config
 
         kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention)
+        if "n_axes" in kwargs:  # a vision tower's 2-D RoPE
+            return cls.axial(kwargs["dim"], base=kwargs["base"], n_axes=kwargs["n_axes"])
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
