@@ -20,12 +20,13 @@ from test_hf_models import OUT_OF_SCOPE, _agrees  # noqa: E402
 
 from posenc_fast._hf_models import (  # noqa: E402
     INTERLEAVE_FUNCTIONS, MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, VISION_FUNCTIONS)
+from posenc_fast._hf_probe import probed_rule  # noqa: E402
 
 
 def _rule_text(model_type, results):
     config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
     text_type = config.get_text_config(decoder=True).model_type
-    rule = MODEL_RULES[text_type]
+    rule = MODEL_RULES.get(text_type) or probed_rule(text_type)  # no row: what the probe read
     notes = [rule.layout]
     notes.append("qk_rope_head_dim (MLA)" if rule.mla else "whole head" if rule.whole_head
                  else "the trailing partial_rotary_factor (rotary_start)" if rule.trailing else "partial_rotary_factor")
@@ -88,7 +89,9 @@ def table() -> str:
         "modeling module (`_hf_models.ROTARY_FUNCTIONS`), MLA's `apply_rotary_pos_emb_interleave`",
         "(`INTERLEAVE_FUNCTIONS`) and its vision tower's `apply_rotary_pos_emb_vision` (`VISION_FUNCTIONS`),",
         "each checked by `tests/test_hf_install.py`, and whether a tiny model's",
-        "logits agree with and without it (`tests/test_hf_install_models.py`).",
+        "logits agree with and without it (`tests/test_hf_install_models.py`).  A rule marked",
+        "\"(probed)\" has no row in `_hf_models.MODEL_RULES`: `_hf_probe.py` read it from the modeling code.",
+        "Vision towers' 2-D RoPE (`_hf_models.AXIAL_TOWERS`) is checked by `tests/test_hf_towers.py`.",
         "",
         f"## Supported ({len(supported)})",
         "",
