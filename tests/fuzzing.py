@@ -1,4 +1,4 @@
-"""Strategies and checks shared by the fuzz tests (test_fuzz.py).
+"""Strategies and checks shared by the fuzz tests (test_fuzz.py, test_fuzz_rope.py).
 
 Each fuzz test draws arguments that are valid or invalid in known ways,
 predicts whether the call must fail, calls the function with every warning
