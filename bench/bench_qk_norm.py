@@ -5,7 +5,8 @@
 One thread; a 4096-token prefill, 32 query and 8 key heads of 128, float32
 and bfloat16: ``RotaryEmbedding.apply_qk_norm`` in place, the limit
 ``np.copyto`` of q and k, and (with torch) transformers' Qwen3 norm in torch
-followed by posenc_fast's rotation.  Medians of interleaved per-round ratios.
+followed by posenc_fast's rotation; then the same with the KV write
+(``apply_qk_to_cache(qk_norm=...)``, token-major) against a copy of q, k, v.  Medians of interleaved per-round ratios.
 """
 
 import argparse
@@ -63,6 +64,19 @@ def main():
         for label in funcs:
             if label != "copy":
                 print(f"{name:9s} {label:38s} {paired_ratio(t[label], t['copy']):.2f}x a copy of q and k")
+        # with the KV write: token-major q, k, v into a paged cache, against one copy of q, k and v
+        tq, tk = (np.ascontiguousarray(a[0].transpose(1, 0, 2)) for a in (q, k))
+        tv = tk.copy()
+        k_cache = np.zeros((256, 16, 8, 128), dtype)
+        v_cache = np.zeros_like(k_cache)
+        positions = slots = np.arange(4096)
+        copies = [np.empty_like(a) for a in (tq, tk, tv)]
+        funcs = {"fused with the KV write": lambda: rope.apply_qk_to_cache(
+                     tq, tk, tv, positions, k_cache, v_cache, slots, out_q=tq, qk_norm=(wq, wk)),
+                 "copy": lambda: [np.copyto(c, a) for c, a in zip(copies, (tq, tk, tv))]}
+        t = measure(funcs, rounds=args.rounds)
+        print(f"{name:9s} {'fused with the KV write':38s} "
+              f"{paired_ratio(t['fused with the KV write'], t['copy']):.2f}x a copy of q, k and v")
 
 
 if __name__ == "__main__":
