@@ -461,3 +461,18 @@ def magnitude(*arrays) -> float:
         if a is not None and np.size(a):
             m = max(m, float(np.max(np.abs(np.asarray(a, dtype=np.float64)))))
     return m
+
+
+# the layout and dtype arguments the fuzz tests draw, and whether a dtype argument is valid
+LAYOUT_VALUES = choose(["interleaved", "split"], ["half", "Half", 3, None])
+ROTARY_LAYOUTS = choose(["interleaved", "half"], ["split", "Half", 3, None])
+DTYPE_ARGS = choose([np.float32, np.float64, "float32", "f8", np.dtype("float32"), np.float16,
+                     "bfloat16"],
+                    [ml_dtypes.float8_e5m2, np.int64, "bogus", object, complex])
+
+
+def dtype_ok(dtype) -> bool:
+    try:
+        return native(dtype) in FLOAT_DTYPES
+    except TypeError:
+        return False

@@ -21,24 +21,10 @@ from hypothesis import strategies as st
 import posenc_fast as pf
 from posenc_fast import reference as ref
 
-from fuzzing import (FLOAT_DTYPES, FUZZ, HUGE_INTS, OUT_KINDS, Snapshot, arrays, assert_close,
-                     bad_ints, bad_reals, call, check, choose, int_ok, is_float_data, lead_shapes,
-                     magnitude, make_out, maybe, native, out_ok, positions_for, positions_value,
-                     real_ok, real_values)
-
-LAYOUT_VALUES = choose(["interleaved", "split"], ["half", "Half", 3, None])
-ROTARY_LAYOUTS = choose(["interleaved", "half"], ["split", "Half", 3, None])
-DTYPE_ARGS = choose([np.float32, np.float64, "float32", "f8", np.dtype("float32"), np.float16,
-                     "bfloat16"],
-                    [ml_dtypes.float8_e5m2, np.int64, "bogus", object, complex])
-
-
-def dtype_ok(dtype) -> bool:
-    try:
-        return native(dtype) in FLOAT_DTYPES
-    except TypeError:
-        return False
-
+from fuzzing import (DTYPE_ARGS, FUZZ, HUGE_INTS, LAYOUT_VALUES, OUT_KINDS, Snapshot, arrays,
+                     assert_close, bad_ints, bad_reals, call, check, choose, dtype_ok, int_ok,
+                     is_float_data, lead_shapes, magnitude, make_out, maybe, native, out_ok,
+                     positions_for, positions_value, real_ok, real_values)
 
 # ---------------------------------------------------------------------------
 # sinusoidal encodings
