@@ -51,6 +51,7 @@ import numpy as np
 from Cython import Tempita
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
 PKG = Path("src") / "posenc_fast"
@@ -156,6 +157,18 @@ directives = {
     "cdivision": True,
     "embedsignature": True,
 }
+
+
+class BuildExt(build_ext):
+    """build_ext compiling the extensions side by side, one per core, unless told otherwise (-j)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+
+
 _generate_sources()
-setup(ext_modules=cythonize(_extensions(), compiler_directives=directives,
-                            compile_time_env={}, quiet=True))
+setup(ext_modules=cythonize(_extensions(), compiler_directives=directives, compile_time_env={},
+                            quiet=True, nthreads=os.cpu_count() or 1),
+      cmdclass={"build_ext": BuildExt})
