@@ -188,6 +188,8 @@ def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     NumPy views, as a tuple; None when that would not be exact."""
     if not _numpy_can_take(torch, function, xs, cos, sin):
         return None
+    if torch.compiler.is_compiling():  # no NumPy in a graph: posenc_fast's op, which the graph keeps
+        return _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim)
     arrays = [numpy_view(torch, t) for t in (*xs, cos, sin)]
     if (_fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[-2]) and _cache_repeats(function, arrays[-1]))):
@@ -195,6 +197,17 @@ def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
         return _rotation(torch).apply(function, unsqueeze_dim, arrays, cos, sin, *xs)
     return _rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
+
+
+def _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim):
+    """Under ``torch.compile``: ``torch.ops.posenc_fast.hf_rotate`` (`posenc_fast.torch_ops`), the
+    kernel as an op with its backward; it checks the cache's repeats when it runs."""
+    if not _fits(function, [x.shape for x in xs], cos.shape[-1]):
+        return None  # the formula, which says what is wrong
+    from . import torch_ops  # noqa: F401  (registers the op)
+    name = "apply_rotary_pos_emb_interleave" if function.deinterleaves else "apply_rotary_pos_emb"
+    return tuple(torch.ops.posenc_fast.hf_rotate(list(xs), cos, sin, function.source.split("/")[0], name,
+                                                 unsqueeze_dim, False))
 
 
 def _rotated(torch, function, arrays, dtypes, unsqueeze_dim):
@@ -232,23 +245,29 @@ def _rotation(torch):
         @torch.autograd.function.once_differentiable
         def backward(ctx, *grads):
             ctx.saved_tensors  # raises if cos/sin changed in place since the forward
-            function = ctx.function
-            # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
-            # rotates back in halves, then interleaves.
-            transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
-                                          layout=function.kernel_layout)
-            # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
-            # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
-            # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
-            arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(ctx.tables)
-            grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], ctx.unsqueeze_dim)
-            if function.deinterleaves:
-                grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
+            grads = _transposed(torch, ctx.function, grads, ctx.tables, ctx.unsqueeze_dim)
             return (None,) * 5 + tuple(g if needed else None
                                        for g, needed in zip(grads, ctx.needs_input_grad[5:]))
 
     _ROTATION.append(Rotation)
     return Rotation
+
+
+def _transposed(torch, function, grads, tables, unsqueeze_dim):
+    """The gradients of `function`'s results rotated back: the backward of `Rotation` (and of the op
+    ``hf_rotate``), `tables` the NumPy views of cos and sin."""
+    # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
+    # rotates back in halves, then interleaves.
+    transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
+                                  layout=function.kernel_layout)
+    # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
+    # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
+    # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
+    arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(tables)
+    grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], unsqueeze_dim)
+    if function.deinterleaves:
+        grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
+    return grads
 
 
 def numpy_view(torch, t):
@@ -293,7 +312,7 @@ def _numpy_can_take(torch, function, xs, cos, sin) -> bool:
     elif function.compute == "torch" and any(t.dtype != cache for t in xs):
         if any(torch.promote_types(t.dtype, cache) != t.dtype for t in xs):
             return False  # torch would return the cache's wider dtype
-    return not torch.compiler.is_compiling()
+    return True
 
 
 def _fits(function, shapes, width) -> bool:

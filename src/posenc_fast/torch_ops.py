@@ -57,7 +57,7 @@ except ImportError:
 from . import vllm
 
 __all__ = ["apply_qk_to_cache", "apply_rotary", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
-           "fused_qk_norm_rope", "rotary_embedding"]
+           "fused_qk_norm_rope", "hf_rotate", "rotary_embedding"]
 
 _LIBRARY = torch.library.Library("posenc_fast", "DEF")
 
@@ -130,6 +130,97 @@ def _apply_rotary_backward(ctx, grad):
 
 torch.library.register_autograd("posenc_fast::apply_rotary", _apply_rotary_backward,
                                 setup_context=_apply_rotary_context, lib=_LIBRARY)
+
+def _hf_function(family, name):
+    from . import hf
+    return hf, hf._PATCHED[name][family]
+
+
+def _hf_formula(hf, function, family, name):
+    """The modeling module's own function (Llama's and Gemma 4's are `hf._torch_formula`), on a tuple."""
+    if function in (hf._LLAMA, hf._ONE_TENSOR):
+        return lambda xs, cos, sin, dim: hf._torch_formula(torch, xs, cos, sin, dim)
+    import importlib
+
+    module = importlib.import_module(hf._module_name(family))
+    original = hf._originals.get((module.__name__, name), getattr(module, name))
+    if function.one_tensor:
+        return lambda xs, cos, sin, dim: (original(*xs, cos, sin, unsqueeze_dim=dim),)
+    return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin, unsqueeze_dim=dim))
+
+
+def _hf_layout(function, x, transpose):
+    """An empty tensor laid out as posenc_fast.hf's result for `x`: in x's memory order where its
+    leading axes permuted are contiguous (`hf._rotate_in_memory_order`), else contiguous, and so a
+    gradient and a deinterleaving function's result."""
+    axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
+    if transpose or function.deinterleaves or x.is_contiguous() or not x.permute(axes).is_contiguous():
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    inverse = sorted(range(x.dim()), key=axes.__getitem__)
+    return torch.empty_like(x.permute(axes), memory_format=torch.contiguous_format).permute(inverse)
+
+
+def _in_layout(result, like):
+    # `result` with the strides `like` has (those of size-1 axes do not address memory: a view)
+    if result.stride() == like.stride():
+        return result
+    if all(a == b or n == 1 for a, b, n in zip(result.stride(), like.stride(), like.shape)):
+        return result.as_strided(like.shape, like.stride())
+    return like.copy_(result)
+
+
+def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
+    hf, function = _hf_function(family, name)
+    if transpose:
+        xs = [g.contiguous() for g in xs]
+    arrays = [hf.numpy_view(torch, t) for t in (*xs, cos, sin)]
+    if not (hf._cache_repeats(function, arrays[-2]) and hf._cache_repeats(function, arrays[-1])):
+        # no rotation of pairs: the module's formula, or its backward (a linear map's: at zeros)
+        formula = _hf_formula(hf, function, family, name)
+        if not transpose:
+            with torch.no_grad():
+                results = formula(tuple(xs), cos, sin, unsqueeze_dim)
+        else:
+            _, vjp = torch.func.vjp(lambda *zs: formula(zs, cos, sin, unsqueeze_dim),
+                                    *[torch.zeros_like(g) for g in xs])
+            results = vjp(tuple(xs))
+    elif transpose:
+        results = hf._transposed(torch, function, xs, arrays[-2:], unsqueeze_dim)
+    else:
+        results = hf._rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
+    return [_in_layout(r, _hf_layout(function, x, transpose)) for r, x in zip(results, xs)]
+
+
+def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
+    _, function = _hf_function(family, name)
+    return [_hf_layout(function, x, transpose) for x in xs]
+
+
+hf_rotate = _define(
+    "hf_rotate(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, SymInt unsqueeze_dim, "
+    "bool transpose) -> Tensor[]", _hf_rotate, _hf_rotate_fake)
+"""What `posenc_fast.hf`'s replacement of ``transformers.models.<family>``'s function `name`
+returns for `xs` (q and k, or one tensor), with a gradient: the drop-ins under ``torch.compile``.
+
+`transpose` rotates gradients back (its backward).  cos/sin whose entries do
+not repeat as the function expects take the module's own formula (and its
+backward), as the drop-in does.  cos/sin get no gradient.
+"""
+
+
+def _hf_rotate_context(ctx, inputs, output):
+    _, cos, sin, family, name, unsqueeze_dim, _ = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.arguments = (family, name, unsqueeze_dim)
+
+
+def _hf_rotate_backward(ctx, grads):
+    cos, sin = ctx.saved_tensors
+    return (hf_rotate(list(grads), cos, sin, *ctx.arguments, True),) + (None,) * 6
+
+
+torch.library.register_autograd("posenc_fast::hf_rotate", _hf_rotate_backward,
+                                setup_context=_hf_rotate_context, lib=_LIBRARY)
 
 fused_qk_norm_rope = _define(
     "fused_qk_norm_rope(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, "

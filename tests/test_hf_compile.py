@@ -1,0 +1,196 @@
+"""hf.install under torch.compile: a compiled training step runs posenc_fast's kernel inside its graph.
+
+Under ``torch.compile`` the drop-ins call ``torch.ops.posenc_fast.hf_rotate``
+(`posenc_fast.torch_ops`), whose CPU kernel is the eager drop-in's kernel and
+whose backward is the same op rotating back, so the graph keeps the rotation
+(no graph break, ``fullgraph=True`` compiles) and the kernel runs when the graph
+does.  With the ``aot_eager`` backend (AOTAutograd's forward and backward graphs
+run op by op, as eager does) a tiny Llama's and Cohere's step (forward,
+backward, SGD) equals the eager step under `install` bit for bit: the loss,
+every gradient, every updated parameter.  With inductor (its own C++ kernels
+for the rest of the model) the step is close, not bitwise (see
+`test_inductor_step_is_close_to_the_eager_one`).  Skipped without torch and
+transformers.
+"""
+
+import copy
+import warnings
+
+import pytest
+
+from posenc_fast import hf
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import hf_tiny  # noqa: E402  (needs torch)
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch, tmp_path):
+    # A graph found in inductor's on-disk cache (from an earlier run) was seen not to reach a
+    # patched function (test_torch_ops.py): compile afresh, into an empty cache.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    hf.FALLBACKS.clear()
+    yield
+    hf.uninstall()
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def kernel_runs(monkeypatch):
+    """The kernel's runs, when they happen (a compiled graph's, not its tracing): "forward" for a
+    rotation, "backward" for gradients rotated back."""
+    runs = []
+    rotated, transposed = hf._rotated, hf._transposed
+
+    def forward(*args):
+        runs.append("forward")
+        return rotated(*args)
+
+    def backward(*args):
+        runs.append("backward")
+        monkeypatch.setattr(hf, "_rotated", rotated)  # which the backward calls
+        try:
+            return transposed(*args)
+        finally:
+            monkeypatch.setattr(hf, "_rotated", forward)
+
+    monkeypatch.setattr(hf, "_rotated", forward)
+    monkeypatch.setattr(hf, "_transposed", backward)
+    return runs
+
+
+def _model(model_type):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_tiny.tiny_model(model_type)
+    model.train()
+    model.config.attention_dropout = 0.0
+    return model
+
+
+def _ids():
+    return torch.randint(1, 128, (hf_tiny.BATCH, hf_tiny.SEQ), generator=torch.Generator().manual_seed(3))
+
+
+def _step(model, optimizer, ids):
+    """One training step: forward, the language-model loss, backward, SGD."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _run(model, step, ids):
+    """(loss, {name: gradient}, {name: parameter after the step}) of `step` on a copy of `model`."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = step(model, optimizer, ids)
+    return (loss, {name: p.grad.clone() for name, p in model.named_parameters()},
+            {name: p.detach().clone() for name, p in model.named_parameters()})
+
+
+def _recording(backend, graphs):
+    """`backend` (by name), recording the graphs dynamo hands it."""
+    def compile_graph(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+    return compile_graph
+
+
+def _op_calls(graphs):
+    return sum(node.target is torch.ops.posenc_fast.hf_rotate.default
+               or node.target is torch.ops.posenc_fast.hf_rotate
+               for gm in graphs for node in gm.graph.nodes if node.op == "call_function")
+
+
+def _graph_breaks():
+    return dict(torch._dynamo.utils.counters["graph_break"])
+
+
+def _compiled_step(model, ids, backend, graphs, kernel_runs):
+    """The compiled step's results, after checking where the kernel ran."""
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(_step, backend=_recording(backend, graphs))
+    got = _run(model, compiled, ids)
+    layers = model.config.num_hidden_layers
+    # the graphs hold the op (one call per attention layer, q and k together) ...
+    assert _op_calls(graphs) == layers
+    # ... and it ran: each layer's rotation, and its gradients rotated back
+    assert sorted(kernel_runs) == ["backward"] * layers + ["forward"] * layers, kernel_runs
+    # one graph holds every layer's rotation, and dynamo stops only where it stops without
+    # install: at loss.backward() (not traced), Optimizer.zero_grad (skipped) and the
+    # optimizer's own torch._dynamo.graph_break() calls
+    assert max(_op_calls([gm]) for gm in graphs) == layers
+    expected = ("Tensor.backward()", "Optimizer.zero_grad", "Call to `torch._dynamo.graph_break()`")
+    assert all(any(e in reason for e in expected) for reason in _graph_breaks()), _graph_breaks()
+    assert not hf.FALLBACKS
+    return got
+
+
+def _assert_equal(got, want):
+    (got_loss, got_grads, got_params), (want_loss, want_grads, want_params) = got, want
+    assert torch.equal(got_loss, want_loss), (got_loss, want_loss)
+    assert got_grads.keys() == want_grads.keys() and len(want_grads) > 4
+    for name in want_grads:
+        assert torch.equal(got_grads[name], want_grads[name]), name
+        assert torch.equal(got_params[name], want_params[name]), name
+
+
+@pytest.mark.parametrize("model_type", ["llama", "cohere"])
+def test_compiled_step_equals_the_eager_one(model_type, kernel_runs):
+    model, ids = _model(model_type), _ids()
+    hf.install(model)
+    want = _run(model, _step, ids)
+    layers = model.config.num_hidden_layers
+    assert sorted(kernel_runs) == ["backward"] * layers + ["forward"] * layers
+    kernel_runs.clear()
+    got = _compiled_step(model, ids, "aot_eager", [], kernel_runs)
+    _assert_equal(got, want)
+    # and the eager step under install is the model's own step (test_hf_training.py: its gradients)
+    hf.uninstall()
+    own = _run(model, _step, ids)
+    assert torch.equal(own[0], want[0])
+
+
+def test_model_forward_compiles_in_one_graph(kernel_runs):
+    # fullgraph=True: an error at any graph break; the loss's backward then runs the op's backward
+    model, ids = _model("llama"), _ids()
+    hf.install(model)
+    want = _run(model, _step, ids)
+    kernel_runs.clear()
+    loss = torch.compile(lambda ids: model(input_ids=ids, labels=ids, use_cache=False).loss,
+                         fullgraph=True, backend="aot_eager")
+    model.zero_grad(set_to_none=True)
+    got = loss(ids)
+    got.backward()
+    assert torch.equal(got.detach(), want[0])
+    assert sorted(kernel_runs) == ["backward"] * 2 + ["forward"] * 2
+    for name, p in model.named_parameters():
+        assert torch.equal(p.grad, want[1][name]), name
+
+
+def test_inductor_step_is_close_to_the_eager_one(kernel_runs):
+    # Inductor writes its own C++ for the rest of the step (RMSNorm, softmax, SiLU, the loss,
+    # the SGD update), reducing in another order than eager: its loss and gradients differ from
+    # eager's in the last bits (relative 1e-7 to 1e-6), with install or without.  The rotation
+    # does not: the step with install (the kernel inside the graph) is bitwise inductor's step
+    # without it (inductor's own code for transformers' formula).
+    model, ids = _model("llama"), _ids()
+    hf.install(model)
+    eager = _run(model, _step, ids)
+    kernel_runs.clear()
+    got = _compiled_step(model, ids, "inductor", [], kernel_runs)
+    torch.testing.assert_close(got[0], eager[0], rtol=1e-6, atol=0)
+    for name in eager[1]:
+        torch.testing.assert_close(got[1][name], eager[1][name], rtol=1e-5, atol=1e-6 * eager[1][name].abs().max())
+        torch.testing.assert_close(got[2][name], eager[2][name], rtol=1e-5, atol=1e-7)
+    hf.uninstall()
+    torch._dynamo.reset()
+    kernel_runs.clear()
+    without = _run(model, torch.compile(_step), ids)
+    assert not kernel_runs
+    _assert_equal(got, without)
