@@ -98,8 +98,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     bfloat16/float16 are computed in float32 and rounded once
     (transformers' own formula rounds every operation to the half type, so
     the results differ in the last bit: ours are the closer ones).
-    Everything else (other devices, cos/sin that need a gradient, tracing by
-    ``torch.compile``) runs transformers' own formula in torch, so GPUs keep
+    Under ``torch.compile`` the call is the op
+    ``torch.ops.posenc_fast.hf_rotate`` (`posenc_fast.torch_ops`): the same
+    kernel and backward, kept in the graph (no graph break).
+    Everything else (other devices, cos/sin that need a gradient) runs
+    transformers' own formula in torch, so GPUs keep
     working unchanged; calls that fell back for a gradient are counted in
     `FALLBACKS`.  NumPy inputs follow
     posenc_fast's rule: the result has q's (k's) dtype, computed in the wider
@@ -432,9 +435,10 @@ def install(model=None) -> Installation:
     ``forward`` looks the function up as a module global on every call, so
     models already built are affected too.  Results are those of the
     module's own function (bit for bit in float32/float64 on the CPU); other
-    dtypes, devices, ``torch.compile`` tracing and caches whose
+    dtypes, devices and caches whose
     entries do not repeat as the function expects fall back to the module's
-    own function.  With parameters that need a gradient (training, or a
+    own function.  Under ``torch.compile`` the functions call posenc_fast's
+    op ``hf_rotate``, which the graph keeps and which runs the same kernel.  With parameters that need a gradient (training, or a
     forward outside ``torch.no_grad()``) the kernel runs too, with its exact
     backward (see `apply_rotary_pos_emb`); what still falls back for a
     gradient is counted in `FALLBACKS`.
