@@ -173,8 +173,10 @@ def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
     hf, function = _hf_function(family, name)
     if transpose:
         xs = [g.contiguous() for g in xs]
+    with torch.no_grad():  # (called directly) data the kernel does not compute as the module does?
+        exact = hf._numpy_can_take(torch, function, xs, cos, sin)
     arrays = [hf.numpy_view(torch, t) for t in (*xs, cos, sin)]
-    if not (hf._cache_repeats(function, arrays[-2]) and hf._cache_repeats(function, arrays[-1])):
+    if not (exact and hf._cache_repeats(function, arrays[-2]) and hf._cache_repeats(function, arrays[-1])):
         # no rotation of pairs: the module's formula, or its backward (a linear map's: at zeros)
         formula = _hf_formula(hf, function, family, name)
         if not transpose:
