@@ -34,8 +34,15 @@ _LLAMA = ROTARY_FUNCTIONS["llama"]
 _ONE_TENSOR = ROTARY_FUNCTIONS["gemma4"]
 
 FALLBACKS: collections.Counter = collections.Counter()
-"""Calls that needed a gradient and took transformers' formula, by reason (every other call
-with q/k needing a gradient runs the kernel, with its backward)."""
+"""Calls that needed a gradient and took transformers' formula, by reason: ``"cos/sin need a
+gradient"`` (the kernel's backward carries the data's gradients only); ``"data the kernel does not
+compute exactly"`` (other devices, dtypes or tensor kinds, float64 data of a function computing in
+float32, a result torch would promote to the cache's wider dtype, sin's dtype not cos's); ``"cos/sin
+entries do not repeat"`` (no rotation of pairs; under ``torch.compile`` counted when the op's
+backward runs); ``"arguments or shapes it does not take"`` (not (q, k, cos, sin) tensors,
+``unsqueeze_dim`` aside, or shapes the function rotates no pairs of).  Every other call with the
+data needing a gradient runs the kernel, with its backward (under ``torch.compile`` the op
+``hf_rotate``)."""
 
 # (module name, function name) -> the function `install` replaced there
 _originals: dict = {}
@@ -190,16 +197,25 @@ def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     """What `function` computes for the tensors `xs` (q and k, or one tensor), by the kernel on
     NumPy views, as a tuple; None when that would not be exact."""
     if not _numpy_can_take(torch, function, xs, cos, sin):
+        if not (cos.requires_grad or sin.requires_grad):  # else counted already
+            _fell_back(torch, xs, "data the kernel does not compute exactly")
         return None
     if torch.compiler.is_compiling():  # no NumPy in a graph: posenc_fast's op, which the graph keeps
         return _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim)
     arrays = [numpy_view(torch, t) for t in (*xs, cos, sin)]
     if (_fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[-2]) and _cache_repeats(function, arrays[-1]))):
+        _fell_back(torch, xs, "cos/sin entries do not repeat")
         return None  # its formula is then no rotation of pairs
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
         return _rotation(torch).apply(function, unsqueeze_dim, arrays, cos, sin, *xs)
     return _rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
+
+
+def _fell_back(torch, xs, reason):
+    # Count a call that takes the formula though the data `xs` need a gradient.
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs):
+        FALLBACKS[reason] += 1
 
 
 def _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim):
@@ -507,6 +523,8 @@ def _replacement(original, function):
             rotated = _rotate_if_fits(function, *call)
             if rotated is not None:
                 return rotated[0] if one else rotated
+        else:
+            _fell_back(sys.modules["torch"], (*args, *kwargs.values()), "arguments or shapes it does not take")
         return original(*args, **kwargs)
 
     apply_rotary_pos_emb.__doc__ = f"posenc_fast's kernel for {original.__module__}'s function."
@@ -535,6 +553,7 @@ def _rotate_if_fits(function, tensors, unsqueeze_dim):
     *xs, cos, sin = tensors
     if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
             and _fits(function, [x.shape for x in xs], cos.shape[-1])):
+        _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
 

@@ -183,6 +183,7 @@ def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
             with torch.no_grad():
                 results = formula(tuple(xs), cos, sin, unsqueeze_dim)
         else:
+            hf.FALLBACKS["cos/sin entries do not repeat"] += 1  # a gradient was needed: counted now
             _, vjp = torch.func.vjp(lambda *zs: formula(zs, cos, sin, unsqueeze_dim),
                                     *[torch.zeros_like(g) for g in xs])
             results = vjp(tuple(xs))
