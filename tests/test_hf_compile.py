@@ -150,10 +150,9 @@ def test_compiled_step_equals_the_eager_one(model_type, kernel_runs):
     kernel_runs.clear()
     got = _compiled_step(model, ids, "aot_eager", [], kernel_runs)
     _assert_equal(got, want)
-    # and the eager step under install is the model's own step (test_hf_training.py: its gradients)
+    # and the eager step under install is the model's own step (as test_hf_training.py finds)
     hf.uninstall()
-    own = _run(model, _step, ids)
-    assert torch.equal(own[0], want[0])
+    _assert_equal(want, _run(model, _step, ids))
 
 
 def test_model_forward_compiles_in_one_graph(kernel_runs):
