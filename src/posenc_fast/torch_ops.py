@@ -13,6 +13,11 @@ Importing this module registers, through `torch.library`:
     inverse=False) -> Tensor``: the same rotation into a new tensor, with a
     gradient (its backward the op with `inverse` flipped): for training.
 
+``torch.ops.posenc_fast.hf_rotate``
+    ``(xs, cos, sin, family, name, unsqueeze_dim, transpose) -> Tensor[]``:
+    what `posenc_fast.hf`'s replacement of a transformers module's function
+    returns, with a gradient; the drop-ins call it under ``torch.compile``.
+
 ``torch.ops.posenc_fast.fused_qk_norm_rope``
     ``(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
     is_neox, eps=1e-6, weight_offset=0.0) -> ()``:
