@@ -128,8 +128,12 @@ def _extensions() -> list[Extension]:
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     kernel_macros = macros + [("POSENC_DEFINE_KERNELS", "1")]
 
+    # Cython follows the .pxd/.pxi a module cimports, not the C headers they include: a changed
+    # header (a rendered template) must rebuild every module, or a stale kernel table stays built.
+    headers = [str(CSRC / header.name) for header in sorted((HERE / CSRC).glob("*.h"))]
+
     def ext(name: str, isa: list[str] = (), kernels: bool = False) -> Extension:
-        return Extension(f"posenc_fast.{name}", [str(PKG / f"{name}.pyx")],
+        return Extension(f"posenc_fast.{name}", [str(PKG / f"{name}.pyx")], depends=headers,
                          include_dirs=[np.get_include(), str(CSRC), str(PKG / "include")],
                          define_macros=kernel_macros if kernels else macros,
                          extra_compile_args=[*common, *threads, *isa], extra_link_args=link)

@@ -21,7 +21,7 @@ import transformers
 from transformers.models.auto import configuration_auto, modeling_auto
 
 import hf_walk
-from posenc_fast import hf
+from posenc_fast import _hf_drop_in
 from posenc_fast._hf_models import MODEL_RULES
 
 HEAD_DIM = 32
@@ -47,6 +47,9 @@ MODEL_CHANGES = {
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "recurrent_gemma": {"num_hidden_layers": 3},  # block_types cycles recurrent, recurrent, attention
     "zamba2": {"hybrid_layer_ids": [1], "use_mem_rope": True},  # its default config applies no RoPE
+    # its default rotates the trailing 64 of 512 features; the MLA rule alone would make head_dim the rope part
+    # (qk_rope_head_dim 16: the whole head): the trailing 16 of 32
+    "deepseek_v4": {"head_dim": 32},
     # the default has only mamba layers (slow on the CPU) and no RoPE; Granite 4.0's dense models use "rope"
     "granitemoehybrid": {"num_hidden_layers": 1, "layer_types": ["full_attention"], "position_embedding_type": "rope"},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # the default leaves them None
@@ -295,9 +298,17 @@ INPUTS = {
         "pixel_values": _noise(BATCH, 3, config.image_size, config.image_size)},
     "molmo2_vision": lambda config, ids: {  # the 27 x 27 patches of its 378 x 378 image, flattened
         "pixel_values": _noise(BATCH, (config.image_size[0] // config.patch_size) ** 2, 3 * config.patch_size ** 2)},
+    **dict.fromkeys(("mlcd", "mlcd_vision_model"), lambda config, ids: {"pixel_values": _image(config)}),
+    **dict.fromkeys(("lfm3_vl_vision",), lambda config, ids: _patches(config, temporal=config.temporal_patch_size)),
+    "kimi_k25_vision": lambda config, ids: {  # its patch embedding is a convolution: (patches, channels, p, p)
+        "pixel_values": _noise(16, 3, config.patch_size, config.patch_size), "grid_thw": torch.tensor([[1, 4, 4]])},
+    "video_llama_3_vision": lambda config, ids: {**_patches(config), "merge_sizes": torch.tensor([1])},
+    "inkling2_vision": lambda config, ids: {  # 2 x 2 language-model tokens, each merge x merge patches of pixels
+        "pixel_values": _noise(4, *(2 * [config.patch_size * config.spatial_merge_size]), 3),
+        "image_grid_thw": torch.tensor([[1, 2, 2]])},
     **{model_type: lambda config, ids: _patches(config, "hidden_states", getattr(config, "temporal_patch_size", 1))
        for model_type in ("cohere_compass_vision", "ernie4_5_vl_moe_vision", "exaone4_5_vision", "glm4v_moe_vision",
-                          "glm4v_vision", "glm_ocr_vision",
+                          "glm4v_vision", "glm5_next_vision", "glm_ocr_vision",
                           "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision",
                           "qwen3_5_moe_vision", "qwen3_5_vision", "qwen3_omni_moe_vision_encoder",
                           "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision")},
@@ -355,12 +366,12 @@ def position_ids(model):
 def kernel_calls(monkeypatch):
     """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
     calls = []
-    rotate = hf._rotate_tensors
+    rotate = _hf_drop_in._rotate_tensors
 
     def counting(*args):
         result = rotate(*args)
         calls.append(result is not None)
         return result
 
-    monkeypatch.setattr(hf, "_rotate_tensors", counting)
+    monkeypatch.setattr(_hf_drop_in, "_rotate_tensors", counting)
     return calls

@@ -11,18 +11,18 @@ Used by ``test_hf_models.py`` and ``make_models_table.py``; needs torch and
 transformers.
 """
 
-import importlib
 import inspect
 import re
 import warnings
 
 import numpy as np
 import torch
-import transformers
 from transformers.models.auto import configuration_auto
 
 import posenc_fast as pf
 from posenc_fast import _hf_models
+from posenc_fast._hf_probe import (  # noqa: F401  (the walk's names for them)
+    _not_text, attention_rotations, modeling_module, rotary_classes, text_rotary_class)
 
 SEQ = 12
 HEADS = 2
@@ -30,30 +30,6 @@ MAX_POSITION = 1024
 # |score error| allowed, relative to |q_i| |k_j|: transformers forms float32
 # angles up to MAX_POSITION rad (half an ulp: 6e-5 rad) and float32 products.
 SCORE_RTOL = 1e-3
-
-_NOT_TEXT = re.compile(r"Vision|ViT|DiT|Talker|Audio|Video")
-
-
-def _not_text(module, name):
-    """`name` is a vision/audio/talker class: past the module's own model name (Granite4Vision, HiggsAudioV2)."""
-    prefixes = [n[: -len("PreTrainedModel")] for n in vars(module) if n.endswith("PreTrainedModel")] + [""]
-    prefixes = [p for p in prefixes if p] or [""]
-    prefix = min((p for p in prefixes if name.startswith(p)), key=len, default="")
-    return bool(_NOT_TEXT.search(name[len(prefix):]))
-
-
-def modeling_module(model_type):
-    name = configuration_auto.model_type_to_module_name(model_type)
-    try:
-        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-    except ImportError:
-        return None
-
-
-def rotary_classes(module):
-    return [c for n, c in vars(module).items()
-            if n.endswith("RotaryEmbedding") and inspect.isclass(c) and c.__module__ == module.__name__]
-
 
 def model_types():
     """Model types whose modeling module defines a rotary embedding class, sorted."""
@@ -65,34 +41,6 @@ def model_types():
             if module is not None and rotary_classes(module):
                 types.append(model_type)
     return types
-
-
-def _built_rotary_class(module, config):
-    """The rotary class the module's model for `config`'s class builds (`self.rotary_emb = X(...)`), or None."""
-    built = set()
-    for cls in vars(module).values():
-        if not (inspect.isclass(cls) and cls.__module__ == module.__name__ and "__init__" in vars(cls)):
-            continue
-        annotation = inspect.signature(cls.__init__).parameters.get("config")
-        annotation = getattr(annotation, "annotation", None)
-        if getattr(annotation, "__name__", annotation) == type(config).__name__:
-            built |= set(re.findall(r"=\s*(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
-    built = [getattr(module, name) for name in built if hasattr(module, name)]
-    return built[0] if len(built) == 1 and not _not_text(module, built[0].__name__) else None
-
-
-def text_rotary_class(module, config=None):
-    """The module's text rotary embedding (None when it only has vision/audio ones).
-
-    With `config`, the one the model of its configuration class builds, where the module says.
-    """
-    if config is not None and (built := _built_rotary_class(module, config)) is not None:
-        return built
-    classes = rotary_classes(module)
-    text = [c for c in classes if not _not_text(module, c.__name__)]
-    if len(text) > 1:
-        text = [c for c in text if "Text" in c.__name__] or text
-    return text[0] if len(text) == 1 else None
 
 
 def head_dim(config, kind="main"):
@@ -115,21 +63,6 @@ def layer_config(config, layer_type):
         return config
     # its first layer's: from_hf_config refuses a layer type whose layers differ in what a RoPE reads
     return config.per_layer_config[config.layer_types.index(layer_type)]
-
-
-_ROTATION_CALL = re.compile(r"\b(apply_rotary_pos_emb\w*|apply_rotary_emb\w*)\s*\(")
-
-
-def attention_rotations(module, kind="main"):
-    """{function name: [class names]}: the rotations the module's text attention (or indexer) classes call."""
-    suffixes = ("Indexer",) if kind == "indexer" else ("Attention", "MLA")
-    found = {}
-    for name, cls in vars(module).items():
-        if (inspect.isclass(cls) and cls.__module__ == module.__name__ and name.endswith(suffixes)
-                and not _not_text(module, name)):
-            for function in sorted(set(_ROTATION_CALL.findall(inspect.getsource(cls)))):
-                found.setdefault(function, []).append(name)
-    return found
 
 
 def attention_kinds(module):

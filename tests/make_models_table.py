@@ -18,13 +18,15 @@ import transformers  # noqa: E402
 from test_hf_install_models import MODEL_TYPES, NOT_RUN  # noqa: E402
 from test_hf_models import OUT_OF_SCOPE, _agrees  # noqa: E402
 
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS  # noqa: E402
+from posenc_fast._hf_models import (  # noqa: E402
+    INTERLEAVE_FUNCTIONS, MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, VISION_FUNCTIONS)
+from posenc_fast._hf_probe import probed_rule  # noqa: E402
 
 
 def _rule_text(model_type, results):
     config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]()
     text_type = config.get_text_config(decoder=True).model_type
-    rule = MODEL_RULES[text_type]
+    rule = MODEL_RULES.get(text_type) or probed_rule(text_type)  # no row: what the probe read
     notes = [rule.layout]
     notes.append("qk_rope_head_dim (MLA)" if rule.mla else "whole head" if rule.whole_head
                  else "the trailing partial_rotary_factor (rotary_start)" if rule.trailing else "partial_rotary_factor")
@@ -48,7 +50,8 @@ def _rule_text(model_type, results):
 def _install_text(model_type):
     """What hf.install patches in the model type's modeling module, and whether its logits were checked."""
     module = hf_walk.configuration_auto.model_type_to_module_name(model_type)
-    tables = (("yes", ROTARY_FUNCTIONS), ("`apply_rotary_pos_emb_interleave`", INTERLEAVE_FUNCTIONS))
+    tables = (("yes", ROTARY_FUNCTIONS), ("`apply_rotary_pos_emb_interleave`", INTERLEAVE_FUNCTIONS),
+              ("`apply_rotary_pos_emb_vision`", VISION_FUNCTIONS))
     patched = [name for name, table in tables if module in table]
     if not patched:
         return "no"
@@ -83,9 +86,12 @@ def table() -> str:
         "call agree with `from_hf_config(config).apply_qk` through the attention scores q·k, for each",
         "layer type (its own head_dim and RoPE) and each attention kind (a DSA indexer).  The column",
         "hf.install says whether `posenc_fast.hf.install` replaces the `apply_rotary_pos_emb` of its",
-        "modeling module (`_hf_models.ROTARY_FUNCTIONS`) and MLA's `apply_rotary_pos_emb_interleave`",
-        "(`INTERLEAVE_FUNCTIONS`), each checked by `tests/test_hf_install.py`, and whether a tiny model's",
-        "logits agree with and without it (`tests/test_hf_install_models.py`).",
+        "modeling module (`_hf_models.ROTARY_FUNCTIONS`), MLA's `apply_rotary_pos_emb_interleave`",
+        "(`INTERLEAVE_FUNCTIONS`) and its vision tower's `apply_rotary_pos_emb_vision` (`VISION_FUNCTIONS`),",
+        "each checked by `tests/test_hf_install.py`, and whether a tiny model's",
+        "logits agree with and without it (`tests/test_hf_install_models.py`).  A rule marked",
+        "\"(probed)\" has no row in `_hf_models.MODEL_RULES`: `_hf_probe.py` read it from the modeling code.",
+        "Vision towers' 2-D RoPE (`_hf_models.AXIAL_TOWERS`) is checked by `tests/test_hf_towers.py`.",
         "",
         f"## Supported ({len(supported)})",
         "",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import posenc_fast
-from posenc_fast import hf
+from posenc_fast import _hf_drop_in, hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -121,9 +121,9 @@ def kernel_calls(monkeypatch):
         calls.append(args[0].shape)
         return posenc_fast.apply_rotary_cos_sin(*args, **kwargs)
 
-    monkeypatch.setattr(hf, "kernels",
-                        RecordingKernels(hf.kernels, lambda x, *_: calls.append(x.shape)))
-    monkeypatch.setattr(hf, "apply_rotary_cos_sin", counting)
+    monkeypatch.setattr(_hf_drop_in, "kernels",
+                        RecordingKernels(_hf_drop_in.kernels, lambda x, *_: calls.append(x.shape)))
+    monkeypatch.setattr(_hf_drop_in, "apply_rotary_cos_sin", counting)
     return calls
 
 
@@ -139,9 +139,9 @@ def test_torch_tensors_are_viewed_not_copied(monkeypatch, layout):
         calls.append((x, c, s, result))
         return result
 
-    monkeypatch.setattr(hf, "apply_rotary_cos_sin", recording)
-    monkeypatch.setattr(hf, "kernels",
-                        RecordingKernels(hf.kernels, lambda *call: calls.append(call)))
+    monkeypatch.setattr(_hf_drop_in, "apply_rotary_cos_sin", recording)
+    monkeypatch.setattr(_hf_drop_in, "kernels",
+                        RecordingKernels(_hf_drop_in.kernels, lambda *call: calls.append(call)))
     q_rot, k_rot = hf.apply_rotary_pos_emb(q, k, cos, sin)
     (xq, cq, sq, rq), (xk, _, _, rk) = calls
     # The kernel saw q's and the cache's own memory, already in row order ...

@@ -9,8 +9,10 @@ run op by op, as eager does) a tiny Llama's and Cohere's step (forward,
 backward, SGD) equals the eager step under `install` bit for bit: the loss,
 every gradient, every updated parameter.  With inductor (its own C++ kernels
 for the rest of the model) the step is close, not bitwise (see
-`test_inductor_step_is_close_to_the_eager_one`).  Skipped without torch and
-transformers.
+`test_inductor_step_is_close_to_the_eager_one`).  DeepSeek-V4's function (the
+trailing features, one tensor) and the vision towers' compile to the op too,
+bitwise the eager drop-in (`test_the_new_kinds_compile_to_the_op`).  Skipped
+without torch and transformers.
 """
 
 import copy
@@ -18,7 +20,7 @@ import warnings
 
 import pytest
 
-from posenc_fast import hf
+from posenc_fast import _hf_drop_in as _drop_in, hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -43,7 +45,7 @@ def kernel_runs(monkeypatch):
     """The kernel's runs, when they happen (a compiled graph's, not its tracing): "forward" for a
     rotation, "backward" for gradients rotated back."""
     runs = []
-    rotated, transposed = hf._rotated, hf._transposed
+    rotated, transposed = _drop_in._rotated, _drop_in._transposed
 
     def forward(*args):
         runs.append("forward")
@@ -51,14 +53,14 @@ def kernel_runs(monkeypatch):
 
     def backward(*args):
         runs.append("backward")
-        monkeypatch.setattr(hf, "_rotated", rotated)  # which the backward calls
+        monkeypatch.setattr(_drop_in, "_rotated", rotated)  # which the backward calls
         try:
             return transposed(*args)
         finally:
-            monkeypatch.setattr(hf, "_rotated", forward)
+            monkeypatch.setattr(_drop_in, "_rotated", forward)
 
-    monkeypatch.setattr(hf, "_rotated", forward)
-    monkeypatch.setattr(hf, "_transposed", backward)
+    monkeypatch.setattr(_drop_in, "_rotated", forward)
+    monkeypatch.setattr(_drop_in, "_transposed", backward)
     return runs
 
 
@@ -203,3 +205,66 @@ def test_inductor_step_is_close_to_the_eager_one(kernel_runs, one_thread):
     without = _run(model, torch.compile(_step), ids)
     assert not kernel_runs
     _assert_equal(got, without)
+
+
+def test_the_op_names_each_patched_function():
+    # _compiled_rotation hands the op (module, function name) read off the function's flags
+    for name, table in hf._PATCHED.items():
+        for module, function in table.items():
+            assert _drop_in._patched_as(function) == (module, name)
+
+
+def _inputs(function, width):
+    """float32 q, k needing a gradient and a cos/sin `width` wide in the form `function` reads: a
+    vision tower's (tokens, heads, head_dim) with a (tokens, width) cache, else Llama's shapes."""
+    generator = torch.Generator().manual_seed(width)
+    vision = function.unsqueeze is not None
+    lead = (6,) if vision else (2, 5)  # cos/sin's leading shape
+    q, k = (torch.randn(*((6, heads) if vision else (2, heads, 5)), 16, generator=generator) for heads in (3, 1))
+    angles = torch.rand(*lead, width // 2, generator=generator, dtype=torch.float64) * 6
+    if function.cache == "pairs":
+        angles = angles.repeat_interleave(2, -1)
+    elif function.cache == "halves":
+        angles = torch.cat((angles, angles), -1)
+    return q.requires_grad_(), k.requires_grad_(), angles.cos().float(), angles.sin().float()
+
+
+@pytest.mark.parametrize("module, name, width", [("deepseek_v4", "apply_rotary_pos_emb", 8),
+                                                 ("qwen2_vl", "apply_rotary_pos_emb_vision", 16),
+                                                 ("inkling2", "apply_rotary_pos_emb_vision", 16),
+                                                 ("minimax_m3_vl", "apply_rotary_pos_emb_vision", 8)])
+def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
+    # DeepSeek-V4's one-tensor function of the trailing features (a half-width cache, in float32) and
+    # the vision towers' (q, k, cos, sin) ones (float32, interleaved, partial with cos[:, None, :]):
+    # under torch.compile (fullgraph) the op in the graph, the kernel and its backward running, the
+    # results and gradients the eager drop-in's bit for bit (and so the module's own function's)
+    import importlib
+
+    function = hf._PATCHED[name][module]
+    own = getattr(importlib.import_module(hf._module_name(module)), name)
+    patched = hf._replacement(own, function)
+    if function.one_tensor:
+        def call(q, k, cos, sin):
+            return patched(q, cos, sin, unsqueeze_dim=1), patched(k, cos, sin, unsqueeze_dim=1)
+    else:
+        def call(q, k, cos, sin):
+            return tuple(patched(q, k, cos, sin))
+    q, k, cos, sin = _inputs(function, width)
+    want = call(q, k, cos, sin)
+    want_grads = torch.autograd.grad(sum(w.square().sum() for w in want), (q, k))
+    with torch.no_grad():
+        own_result = (own(q, cos, sin), own(k, cos, sin)) if function.one_tensor else own(q, k, cos, sin)
+    for w, o in zip(want, own_result):
+        assert torch.equal(w, o)
+    calls = 2 if function.one_tensor else 1
+    assert sorted(kernel_runs) == ["backward"] * calls + ["forward"] * calls
+    kernel_runs.clear()
+    graphs = []
+    compiled = torch.compile(call, fullgraph=True, backend=_recording("aot_eager", graphs))
+    got = compiled(q, k, cos, sin)
+    grads = torch.autograd.grad(sum(g.square().sum() for g in got), (q, k))
+    assert _op_calls(graphs) == calls
+    assert sorted(kernel_runs) == ["backward"] * calls + ["forward"] * calls, kernel_runs
+    for g, w in zip((*got, *grads), (*want, *want_grads)):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+    assert not hf.FALLBACKS

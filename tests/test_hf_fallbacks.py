@@ -17,7 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
 
-SOURCES = [Path(hf.__file__), Path(hf.__file__).with_name("torch_ops.py")]
+# _hf_drop_in.py first: FALLBACKS and its docstring are there
+SOURCES = [Path(hf.__file__).with_name(name) for name in ("_hf_drop_in.py", "hf.py", "torch_ops.py")]
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from posenc_fast import hf
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS
+from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,13 +40,15 @@ def modules_with_the_function(name="apply_rotary_pos_emb"):
 
 
 def test_every_module_with_the_function_is_classified():
-    found = set(modules_with_the_function())
-    assert set(ROTARY_FUNCTIONS) & set(NOT_PATCHED) == set()
-    assert found - set(ROTARY_FUNCTIONS) - set(NOT_PATCHED) == set(), "read them into ROTARY_FUNCTIONS"
-    assert set(ROTARY_FUNCTIONS) | set(NOT_PATCHED) == found, "rows for modules gone"
-    assert set(modules_with_the_function("apply_rotary_pos_emb_interleave")) == set(INTERLEAVE_FUNCTIONS)
-    for name, function in {**ROTARY_FUNCTIONS, **INTERLEAVE_FUNCTIONS}.items():
-        assert function.source == f"{name}/modeling_{name}.py"
+    not_patched = set()  # modules with a function of a patched name that is not in its table
+    for name, table in hf._PATCHED.items():
+        found = set(modules_with_the_function(name))
+        assert found - set(table) - set(NOT_PATCHED) == set(), f"read them into the table of {name}"
+        assert set(table) <= found, f"rows of {name} for modules gone"
+        not_patched |= found - set(table)
+        for module, function in table.items():
+            assert function.source == f"{module}/modeling_{module}.py"
+    assert set(NOT_PATCHED) == not_patched, "NOT_PATCHED rows for modules gone, or now patched"
 
 
 def cache(function, batch, seq, rotated, dtype, seed):
@@ -70,7 +72,10 @@ def dtypes(function):
 
 
 def call(function, apply, q, k, cos, sin, unsqueeze_dim):
-    """(q rotated, k rotated) by `apply`, a function of the kind `function` says (one tensor a call, or both)."""
+    """(q rotated, k rotated) by `apply`, a function of the kind `function` says (one tensor a call, or both;
+    a vision tower's without unsqueeze_dim)."""
+    if function.unsqueeze is not None:
+        return apply(q, k, cos, sin)
     if function.one_tensor:
         return tuple(apply(x, cos, sin, unsqueeze_dim=unsqueeze_dim) for x in (q, k))
     return apply(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
@@ -78,7 +83,8 @@ def call(function, apply, q, k, cos, sin, unsqueeze_dim):
 
 @pytest.mark.parametrize("name, function_name",
                          [(name, "apply_rotary_pos_emb") for name in sorted(ROTARY_FUNCTIONS)]
-                         + [(name, "apply_rotary_pos_emb_interleave") for name in sorted(INTERLEAVE_FUNCTIONS)])
+                         + [(name, "apply_rotary_pos_emb_interleave") for name in sorted(INTERLEAVE_FUNCTIONS)]
+                         + [(name, "apply_rotary_pos_emb_vision") for name in sorted(VISION_FUNCTIONS)])
 def test_function_equals_the_modules_own(name, function_name, kernel_calls):
     module = importlib.import_module(hf._module_name(name))
     function = hf._PATCHED[function_name][name]
@@ -88,12 +94,16 @@ def test_function_equals_the_modules_own(name, function_name, kernel_calls):
     for dtype, kernel in dtypes(function):
         for width in widths:
             # (batch, heads, seq, dim) or (batch, seq, heads, dim); one key head
-            for unsqueeze_dim, q_shape, k_shape in ((1, (2, 3, 5, 16), (2, 1, 5, 16)),
-                                                    (2, (2, 5, 3, 16), (2, 5, 1, 16))):
+            shapes = ((1, (2, 3, 5, 16), (2, 1, 5, 16)), (2, (2, 5, 3, 16), (2, 5, 1, 16)))
+            if function.unsqueeze is not None:  # a vision tower's (patches, heads, dim), cos/sin (patches, dim)
+                shapes = ((None, (10, 3, 16), (10, 1, 16)),)
+            for unsqueeze_dim, q_shape, k_shape in shapes:
                 generator = torch.Generator().manual_seed(width)
                 q = torch.randn(q_shape, generator=generator).to(dtype)
                 k = torch.randn(k_shape, generator=generator).to(dtype)
-                cos, sin = cache(function, 2, 5, width, dtype, seed=unsqueeze_dim)
+                cos, sin = cache(function, 2, 5, width, dtype, seed=unsqueeze_dim or 0)
+                if unsqueeze_dim is None:
+                    cos, sin = cos.flatten(0, 1), sin.flatten(0, 1)
                 with torch.no_grad():
                     expected = call(function, own, q, k, cos, sin, unsqueeze_dim)
                     got = call(function, patched, q, k, cos, sin, unsqueeze_dim)

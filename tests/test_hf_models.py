@@ -21,17 +21,13 @@ _FULL_WIDTH = ("cannot be a RoPE of pairs: its recomposition splits the full-wid
                "pair); its default config has no mrope_section (its own rotary module fails)")
 
 OUT_OF_SCOPE = {
-    "mlcd": "vision tower (2-D rotary)", "mlcd_vision_model": "vision tower (2-D rotary)",
+    # from_hf_config gives these towers' axial 2-D RoPE (tests/test_hf_towers.py checks it against each tower's
+    # own rotary module); the text walk here gives no (h, w) positions
+    "mlcd": "vision tower (2-D rotary): see test_hf_towers.py",
+    "mlcd_vision_model": "vision tower (2-D rotary): see test_hf_towers.py",
     "efficientloftr": "vision (2-D rotary)", "eomt_dinov3": "vision (2-D rotary)",
     "qwen2_5_omni_dit": "speech DiT rotary, not a text model",
-    # audio/video towers whose model name holds "Audio"/"Video" (the walk reads class names past it): no rule yet
-    "pe_audio_encoder": "audio tower, not a text model: its apply_rotary_pos_emb multiplies by a stacked freqs_cis",
-    "pe_video_encoder": "video tower, not a text model: its apply_rotary_pos_emb multiplies by a stacked freqs_cis",
-    "pe_audio_video_encoder": ("audio/video tower, not a text model: its apply_rotary_pos_emb multiplies by a "
-                               "stacked freqs_cis"),
-    "pocket_tts_audio_tokenizer": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
-    "pocket_tts_audio_tokenizer_decoder": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
-    "pocket_tts_audio_tokenizer_encoder": "audio tokenizer (a codec's transformer), not a text model: no rule yet",
+    # (the pe_* audio/video towers and pocket_tts' codec transformers: read by the probe, _hf_probe.py)
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
 

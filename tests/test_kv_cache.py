@@ -340,8 +340,10 @@ def test_a_slot_twice_among_many_tokens_is_refused():
     assert np.isnan(k_cache).all() and np.isnan(v_cache).all()
 
 
-def test_example_server_loop_matches_the_models_forward():
-    # Runs examples/server_loop.py: its logits are checked against transformers' own forward.
+@pytest.mark.parametrize("model", ["small_llama", "small_qwen3"])
+def test_example_server_loop_matches_the_models_forward(model):
+    # Runs examples/server_loop.py: its logits are checked against transformers' own forward
+    # (Qwen3: its q/k norm fused into the rotate-and-write).
     import importlib.util
     from pathlib import Path
 
@@ -353,7 +355,7 @@ def test_example_server_loop_matches_the_models_forward():
     spec.loader.exec_module(server_loop)
     requests = [server_loop.Request(list(range(n)), new, arrives)
                 for n, new, arrives in ((5, 3, 0), (9, 4, 1), (2, 5, 1))]
-    assert server_loop.serve(requests, server_loop.small_llama()) >= 5
+    assert server_loop.serve(requests, getattr(server_loop, model)()) >= 5
     assert all(len(r.tokens) == len(r.prompt) + r.max_new_tokens for r in requests)
 
 

@@ -160,3 +160,83 @@ def test_the_torch_op_compiles_and_is_the_function():
     compiled(*call.values())
     assert torch.equal(call["query"], q) and torch.equal(call["key"], k)
     torch.library.opcheck(op, tuple(dict(call, query=q.clone(), key=k.clone()).values()))
+
+
+def norm_cache_case(dtype, cache_dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (data(rng, (6, h, 32), dtype) for h in (4, 2, 2))
+    weights = data(rng, 32), data(rng, 32)
+    positions, slots = rng.integers(0, 300, 6), np.array([5, 0, -1, 9, 2, 11])
+    k_cache = np.full((3, 4, 2, 32), np.nan, cache_dtype)
+    return q, k, v, weights, positions, slots, k_cache, k_cache.copy()
+
+
+@pytest.mark.parametrize("dtype, cache_dtype", [(np.float32, np.float32), (np.float64, np.float64),
+                                                (ml_dtypes.bfloat16, ml_dtypes.bfloat16),
+                                                (np.float32, ml_dtypes.bfloat16), (np.float32, np.float16)])
+@pytest.mark.parametrize("layout, start", [("half", 0), ("interleaved", 8)])
+def test_norm_then_rotation_into_the_kv_cache(dtype, cache_dtype, layout, start):
+    # the cache rows are apply_qk_norm's k (cast to the cache dtype), v cast; q apply_qk_norm's q
+    rope = pf.RotaryEmbedding(32, rotary_dim=16, rotary_start=start, layout=layout)
+    q, k, v, (wq, wk), positions, slots, k_cache, v_cache = norm_cache_case(dtype, cache_dtype)
+    want_q, want_k = rope.apply_qk_norm(q, k, wq, wk, positions[:, None], eps=1e-5, weight_offset=1.0)
+    got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots, qk_norm=(wq, wk), eps=1e-5,
+                                   weight_offset=1.0)
+    assert untouched(want_q, got_q)
+    flat_k, flat_v = k_cache.reshape(12, 2, 32), v_cache.reshape(12, 2, 32)
+    for t, slot in enumerate(slots):
+        if slot >= 0:
+            assert untouched(want_k[t].astype(cache_dtype), flat_k[slot])
+            assert untouched(v[t].astype(cache_dtype), flat_v[slot])
+    others = np.setdiff1d(np.arange(12), slots)
+    assert np.isnan(flat_k[others].astype(np.float64)).all() and np.isnan(flat_v[others].astype(np.float64)).all()
+    if start:
+        return  # vllm's apply_qk_to_cache rotates from feature 0 (its cache is rot_dim wide)
+    # the vLLM-style call (its cos/sin cache in q's dtype), with the caches as vLLM's CPU backend holds
+    # them (the HND halves of one tensor): fused_qk_norm_rope's q and k
+    cache = np.concatenate(rope.cos_sin(np.arange(300), dtype=np.float64), 1).astype(q.dtype)
+    want_q, want_k = q.copy(), k.copy()
+    vllm.fused_qk_norm_rope(positions, want_q, want_k, wq, wk, 32, cache, layout == "half", 1e-5, 1.0)
+    kv = np.full((2, 3, 2, 4, 32), np.nan, cache_dtype)
+    query = q.copy()
+    vllm.apply_qk_to_cache(positions, query, k, v, kv[0], kv[1], slots, 32, cache, layout == "half", "HND",
+                           wq, wk, 1e-5, 1.0)
+    assert untouched(want_q, query)
+    flat_k, flat_v = np.swapaxes(kv[0], 1, 2).reshape(12, 2, 32), np.swapaxes(kv[1], 1, 2).reshape(12, 2, 32)
+    for t, slot in enumerate(slots):
+        if slot >= 0:
+            assert untouched(want_k[t].astype(cache_dtype), flat_k[slot])
+            assert untouched(v[t].astype(cache_dtype), flat_v[slot])
+
+
+def test_norm_into_the_cache_refuses_bad_weights_and_writes_nothing():
+    rope = pf.RotaryEmbedding(32)
+    q, k, v, (wq, wk), positions, slots, k_cache, v_cache = norm_cache_case(np.float32, np.float32)
+    q_before = q.copy()
+    for qk_norm, error, match in (((wq, np.ones(31)), ValueError, "k_weight must have shape"),
+                                  ([wq, wk], TypeError, "qk_norm must be a tuple"),
+                                  ((wq, wk), ValueError, "slot_mapping uses slot")):
+        bad_slots = np.array([1, 1, -1, 2, 3, 4]) if match == "slot_mapping uses slot" else slots
+        with pytest.raises(error, match=match):
+            rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, bad_slots, qk_norm=qk_norm, out_q=q)
+        assert untouched(q_before, q) and np.isnan(k_cache).all() and np.isnan(v_cache).all()
+    with pytest.raises(TypeError, match="pass both q_weight and k_weight"):
+        vllm.apply_qk_to_cache(positions, q, k, v, k_cache, v_cache, slots, 32,
+                               np.ones((300, 32), np.float32), True, "NHD", wq)
+    assert untouched(q_before, q) and np.isnan(k_cache).all()
+
+
+def test_the_torch_op_norms_into_the_cache():
+    torch = pytest.importorskip("torch")
+    import posenc_fast.torch_ops  # noqa: F401
+
+    q, k, v, (wq, wk), positions, slots, k_cache, v_cache = norm_cache_case(np.float32, np.float32)
+    cache = np.concatenate(pf.RotaryEmbedding(32).cos_sin(np.arange(300)), 1)
+    want = [a.copy() for a in (q, k_cache, v_cache)]
+    vllm.apply_qk_to_cache(positions, want[0], k, v, want[1], want[2], slots, 32, cache, True, "NHD", wq, wk)
+    got = [torch.from_numpy(a.copy()) for a in (q, k_cache, v_cache)]
+    t = torch.from_numpy
+    args = (t(positions), got[0], t(k), t(v), got[1], got[2], t(slots), 32, t(cache), True, "NHD", t(wq), t(wk))
+    torch.compile(lambda *a: torch.ops.posenc_fast.apply_qk_to_cache(*a), fullgraph=True, backend="aot_eager")(*args)
+    for w, g in zip(want, got):
+        assert untouched(w, g.numpy())

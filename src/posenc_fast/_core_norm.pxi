@@ -2,13 +2,11 @@
 # (posenc_fast._qk_norm: RotaryEmbedding.apply_qk_norm and vLLM-style calls).
 #
 # A row is widened to float32 (float64 for float64 data) in a per-thread
-# scratch row, scaled by 1 / sqrt(mean(x**2) + eps) (the mean of squares in
-# float64, eight running sums in a fixed order: the same on every CPU) and by
-# its weight, rotated by the float32 (float64) row kernel, and stored, a half
-# type rounded once.
-
-from libc.math cimport sqrt
-
+# scratch row, scaled by 1 / sqrt(mean(x**2) + eps) and by its weight
+# (K.norm_scale: the mean of squares in float64, eight running sums in a fixed
+# order, the same in every variant), rotated by the float32 (float64) row
+# kernel, and stored, a half type rounded once: to the next row of `out`, or
+# (a paged KV cache) to the byte offset of its own row.
 
 cdef struct NormJob:
     const Py_ssize_t* rows   # the cos/sin table row of each row of x
@@ -21,6 +19,8 @@ cdef struct NormJob:
     Py_ssize_t nrows
     Py_ssize_t dim
     Py_ssize_t itemsize
+    const long long* out_at  # each row's byte offset in out (-1: not stored), or NULL: rows in order
+    int store                # out's dtype index: x's, or a half type for float32 x
     const double* weight     # dim factors: weight_offset + weight
     const float* weight32    # the same rounded to float32 (float32 arithmetic)
     double eps
@@ -29,74 +29,54 @@ cdef struct NormJob:
     const RowCall* call      # the compute dtype's rotation of one row
 
 
-cdef inline double _sum_of_squares(const cython.floating* a, Py_ssize_t n) noexcept nogil:
-    # Eight running sums in a fixed order (the compiler keeps them in vector
-    # lanes; one chain of adds ran the whole pass at 2.6x a copy).
-    cdef double acc[8]
-    cdef Py_ssize_t i = 0, j
-    for j in range(8):
-        acc[j] = 0.0
-    while i + 8 <= n:
-        for j in range(8):
-            acc[j] += <double>a[i + j] * a[i + j]
-        i += 8
-    while i < n:
-        acc[0] += <double>a[i] * a[i]
-        i += 1
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-
-
 cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    # Each row: widened (a half type) into a scratch row, normalized there
+    # (K.norm_scale: the variant's vectors), rotated into its output row, or
+    # into a second scratch row narrowed on store (a half type).
     cdef const NormJob* job = <const NormJob*>job_
-    cdef Py_ssize_t r, i, t, dim = job.dim
-    cdef double total, scale
-    cdef float scale32
+    cdef Py_ssize_t r, t, dim = job.dim
+    cdef int compute = POSENC_F64 if job.data == POSENC_F64 else POSENC_F32
+    cdef Py_ssize_t size = 8 if compute == POSENC_F64 else 4
+    cdef char* normed = job.scratch + slot * 2 * dim * size
+    cdef char* rotated = normed + dim * size
+    cdef const void* weight = (<const void*>job.weight if compute == POSENC_F64
+                               else <const void*>job.weight32)
     cdef const char* row
     cdef char* out_row
-    cdef float* a32
-    cdef double* a64
-    cdef char* rotated
     for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
         t = job.rows[r]
         row = job.x + r * dim * job.itemsize
-        out_row = job.out + r * dim * job.itemsize
-        if job.data == POSENC_F64:
-            a64 = <double*>(job.scratch + slot * 2 * dim * 8)
-            rotated = <char*>(a64 + dim)
-            total = _sum_of_squares(<const double*>row, dim)
-            scale = 1.0 / sqrt(total / dim + job.eps)
-            for i in range(dim):
-                a64[i] = (<const double*>row)[i] * scale * job.weight[i]
-            _rotate_row(<char*>a64, rotated, job.cos + t * job.cos_stride,
-                        job.sin + t * job.sin_stride, job.call)
-            memcpy(out_row, rotated, dim * 8)
+        if job.out_at == NULL:
+            out_row = job.out + r * dim * job.itemsize
+        elif job.out_at[r] < 0:
             continue
-        a32 = <float*>(job.scratch + slot * 2 * dim * 4)
-        rotated = <char*>(a32 + dim)
-        if job.data == POSENC_F32:
-            memcpy(a32, row, dim * 4)
         else:
-            K.to_f32[job.data](row, a32, dim)
-        total = _sum_of_squares(<const float*>a32, dim)
-        scale32 = <float>(1.0 / sqrt(total / dim + job.eps))
-        for i in range(dim):
-            a32[i] = (a32[i] * scale32) * job.weight32[i]
-        _rotate_row(<char*>a32, rotated, job.cos + t * job.cos_stride,
-                    job.sin + t * job.sin_stride, job.call)
-        if job.data == POSENC_F32:
-            memcpy(out_row, rotated, dim * 4)
+            out_row = job.out + job.out_at[r]
+        if job.data != compute:
+            K.to_f32[job.data](row, normed, dim)
+            row = normed
+        K.norm_scale[compute](row, normed, weight, dim, job.eps)
+        if job.store == compute:
+            _rotate_row(normed, out_row, job.cos + t * job.cos_stride, job.sin + t * job.sin_stride,
+                        job.call)
         else:
-            K.from_f32[job.data](rotated, out_row, dim)
+            _rotate_row(normed, rotated, job.cos + t * job.cos_stride, job.sin + t * job.sin_stride,
+                        job.call)
+            K.from_f32[job.store](rotated, out_row, dim)
 
 
 def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                      cnp.ndarray weight not None, double eps, cnp.ndarray cos_table not None,
                      cnp.ndarray sin_table not None, cnp.ndarray row_table not None,
-                     bint half_layout, int num_threads, Py_ssize_t start=0):
+                     bint half_layout, int num_threads, Py_ssize_t start=0,
+                     cnp.ndarray out_at=None):
     """RMSNorm each row r of x over its dim features (scaled by `weight`), rotate it by table
     row row_table[r], write it to out.
 
-    x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; weight:
+    x, out: C-contiguous (rows, dim) of one dtype, `out` may be `x`; or, with
+    `out_at` (C-contiguous int64 (rows,)), row r goes to byte out_at[r] of
+    `out` (-1: nowhere), any array of x's dtype or a half type for float32
+    x (rows contiguous, apart, in bounds: the caller's checks); weight:
     C-contiguous float64 (dim,), the factors (Gemma's ``1 + w`` already
     added); cos/sin tables: 2-D float32 (float64 for float64 x), unit stride
     along their last axis; row_table: intp (rows,); features [start, start +
@@ -104,7 +84,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     """
     cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef int data = _dtype(x)
+    cdef int data = _dtype(x), store = _dtype(out)
     cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4
     cdef RowCall call = _row_call(compute, _dtype(cos_table), compute_size,
@@ -112,9 +92,11 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                                   half_layout, False, False, 0, start)
     cdef cnp.ndarray scratch
     cdef cnp.ndarray weight32
-    if call.rotate == NULL or (data != compute and K.to_f32[data] == NULL):
+    cdef const long long* at = NULL if out_at is None else <const long long*>cnp.PyArray_DATA(out_at)
+    if (call.rotate == NULL or (data != compute and K.to_f32[data] == NULL)
+            or (store != data and (out_at is None or compute != POSENC_F32 or K.from_f32[store] == NULL))):
         raise TypeError(f"no fused norm and rotation for {x.dtype} data with a "
-                        f"{cos_table.dtype} table")
+                        f"{cos_table.dtype} table into {out.dtype}")
     if nrows == 0 or dim == 0:
         return
     import numpy
@@ -125,6 +107,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                                _data(cos_table), _data(sin_table),
                                cnp.PyArray_STRIDE(cos_table, 0), cnp.PyArray_STRIDE(sin_table, 0),
                                nrows, dim, cnp.PyArray_ITEMSIZE(x),
+                               at, store,
                                <const double*>_data(weight), <const float*>_data(weight32), eps,
                                data, _data(scratch), &call)
     with nogil:

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
 from ._hf_layers import canonical_config, layer_config
-from ._hf_models import MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
+from ._hf_models import AXIAL_TOWERS, MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
+from ._hf_probe import probed_rule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
 
@@ -277,12 +278,19 @@ def _rule(model_type, layout, where: str) -> ModelRule:
         raise ValueError(f"{where}: this model's text attention has no RoPE ({no_rope}); only its vision tower "
                          f"rotates")
     if rule is None:
-        if layout is None:
+        if layout is not None:
+            return ModelRule(source="", layout=layout, whole_head=False)  # the config's partial_rotary_factor holds
+        try:
+            rule = probed_rule(model_type) if isinstance(model_type, str) else None
+        except ValueError as error:
+            raise ValueError(f"{where}: no rule for model_type {model_type!r}, and probing the installed "
+                             f"transformers' code found no rule: {error}") from None
+        if rule is None:
             raise ValueError(
                 f"{where}: no rule for model_type {model_type!r}, and its pair layout cannot be read from the "
-                f"config; pass layout='half' (transformers' rotate_half) or layout='interleaved' (x[..., 0::2]) "
-                f"as its attention rotates")
-        return ModelRule(source="", layout=layout, whole_head=False)  # the config's partial_rotary_factor holds
+                f"config (nor probed: transformers does not know it, or is not installed); pass layout='half' "
+                f"(transformers' rotate_half) or layout='interleaved' (x[..., 0::2]) as its attention rotates")
+        return rule
     if layout is not None and layout != rule.layout and not rule.mla:
         raise ValueError(f"{where}: layout={layout!r} contradicts model_type {model_type!r}, which rotates "
                          f"{rule.layout!r} pairs ({rule.source})")
@@ -312,7 +320,10 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         types' RoPEs differ.
     layout : {"half", "interleaved"}, optional
         The pair layout, for a ``model_type`` without a rule in
-        ``_hf_models.MODEL_RULES`` (refused without it).
+        ``_hf_models.MODEL_RULES``.  Without it such a model type's rule is
+        probed in the installed transformers' own code (`_hf_probe`: its
+        rotary module and rotation function run on basis vectors, the rule
+        found checked against their frequencies), else refused.
     attention : {"main", "indexer"}, optional
         Which attention's RoPE: ``"main"`` (default), the model's attention;
         ``"indexer"``, the DSA indexer of DeepSeek-V3.2-style models (its
@@ -372,6 +383,11 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       (sliding-window layers) and ``"compress"`` (compressed layers):
       ``layer_type`` takes either name or a layer type.  Its attention
       output is rotated back by the same RoPE: ``apply(..., inverse=True)``.
+    - A vision tower's config (``rope_type`` ``"axial"``, e.g. Qwen2-VL's
+      ``vision_config``) gives ``dim``, ``base`` and ``n_axes=2``: the
+      arguments of ``RotaryEmbedding.axial``, whose positions are each
+      patch's (h, w) (from the image grid, not the config); towers whose
+      2-D RoPE is not Qwen2-VL's are refused.
     - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
       attention layers have their own ``head_dim``) is read for
       `layer_type`; ``layer_type`` is then required where layer types differ.
@@ -396,7 +412,27 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     if model_type is not None and not isinstance(model_type, str):
         raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
     where = f"{where} (model_type {model_type!r})"
-    rule = _rule(model_type, layout, where)
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and params.get("rope_type") == "axial":
+        return _tower_kwargs(cfg, model_type, params, where)
+    return kwargs_by_rule(cfg, where, _rule(model_type, layout, where), layer_type, attention)
+
+
+def _tower_kwargs(cfg: dict, model_type, params: Mapping, where: str) -> dict:
+    """A vision tower's 2-D RoPE: ``RotaryEmbedding.axial`` arguments (``n_axes``), where it is Qwen2-VL's."""
+    if model_type not in AXIAL_TOWERS:
+        raise ValueError(f"{where}: a vision tower's 2-D (axial) RoPE whose frequencies and pairs posenc_fast has "
+                         f"not checked against its rotary module (Qwen2-VL's, h pairs then w pairs, holds for "
+                         f"{len(AXIAL_TOWERS)} towers: _hf_models.AXIAL_TOWERS)")
+    heads = cfg.get("num_attention_heads") or _int(cfg, "num_heads", where)
+    # compute_axial_rope_parameters: head_dim, else embed_dim (Qwen2-VL) or hidden_size over the heads
+    dim = cfg.get("head_dim") or _int(cfg, "embed_dim" if "embed_dim" in cfg else "hidden_size", where) // heads
+    return dict(dim=dim, base=_real(params.get("rope_theta", _DEFAULT_THETA), "rope_theta", where), n_axes=2)
+
+
+def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention: str) -> dict:
+    """`rotary_kwargs_from_hf_config` of a text model's config read by `rule` (_hf_probe checks a probed rule so)."""
+    model_type = cfg.get("model_type")
     if attention == "indexer" and rule.indexer is None:
         raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
                          f"{model_type!r}; its main attention is attention='main'")

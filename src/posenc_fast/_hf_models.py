@@ -9,8 +9,9 @@ refused unless the caller settles its layout (``layout=``).
 ``ROTARY_FUNCTIONS`` says, per modeling module, what its
 ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (or Gemma 4's
 one-tensor ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``) computes,
-for ``hf.install``, and ``INTERLEAVE_FUNCTIONS`` what its MLA
-``apply_rotary_pos_emb_interleave`` computes; ``tests/test_hf_install.py``
+for ``hf.install``, ``INTERLEAVE_FUNCTIONS`` what its MLA
+``apply_rotary_pos_emb_interleave`` computes, and ``VISION_FUNCTIONS`` what its
+vision tower's ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` computes; ``tests/test_hf_install.py``
 runs each module's own function against posenc_fast's, and lists every module
 of the installed transformers that defines one in these tables.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS",
-           "NOT_PATCHED"]
+           "VISION_FUNCTIONS", "NOT_PATCHED"]
 
 
 class ModelRule(NamedTuple):
@@ -322,8 +323,9 @@ class RotaryFunction(NamedTuple):
     cos.shape[-1]``); False: the cache covers the whole head."""
     compute: str = "torch"
     """Result dtypes: ``"torch"``, torch's promotion of the data and the cache; ``"own_dtype"``, each
-    result cast back to its input's dtype; ``"float32"``, computed in float32 (``q.float()``), both
-    results in q's dtype."""
+    result cast back to its input's dtype; ``"float32"``, computed in float32 (``q.float()``) and rounded once,
+    to q's dtype (Cohere) or each input's (the vision towers): the kernel takes only data of one dtype, and
+    neither float64 data nor a float64 cache (``.float()`` would round them first)."""
     inverse: bool = False
     """Rotates by ``-theta`` (its ``rotate_half`` is ``cat(x2, -x1)``)."""
     deinterleaves: bool = False
@@ -332,6 +334,12 @@ class RotaryFunction(NamedTuple):
     one_tensor: bool = False
     """Its signature is ``(x, cos, sin, unsqueeze_dim=1)``: it rotates one tensor and returns its rotation
     (Gemma 3n's and Gemma 4's, whose attention rotates q and k in separate calls)."""
+    trailing: bool = False
+    """With `partial`: rotates the trailing features the cache covers, not the leading ones
+    (DeepSeek-V4's ``x[..., -rope_dim:]``; ``rotary_start = dim - rotated``)."""
+    unsqueeze: int | None = None
+    """None: its signature ends in ``unsqueeze_dim=1``; an axis: it has no ``unsqueeze_dim`` and
+    unsqueezes cos/sin there itself (the vision towers' ``cos.unsqueeze(-2)``)."""
 
     @property
     def kernel_layout(self) -> str:
@@ -365,6 +373,8 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "diffusion_gemma": RotaryFunction("diffusion_gemma/modeling_diffusion_gemma.py", one_tensor=True),
     "deepseek_ocr2": RotaryFunction("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_v3": RotaryFunction("deepseek_v3/modeling_deepseek_v3.py"),
+    "deepseek_v4": RotaryFunction("deepseek_v4/modeling_deepseek_v4.py", "interleaved", "half_width", partial=True,
+                                  compute="float32", one_tensor=True, trailing=True),
     "deepseek_v32": RotaryFunction("deepseek_v32/modeling_deepseek_v32.py"),
     "dia": RotaryFunction("dia/modeling_dia.py"),
     "diffllama": RotaryFunction("diffllama/modeling_diffllama.py"),
@@ -534,11 +544,29 @@ INTERLEAVE_FUNCTIONS: dict[str, RotaryFunction] = {module: _interleave(module) f
     "axk1", "axk2", "bailing_hybrid", "deepseek_v3", "deepseek_v32", "dots3_note", "glm4_moe_lite",
     "glm_moe_dsa", "longcat_flash", "mistral4", "mistral_large4", "youtu")}
 
-# Modules whose apply_rotary_pos_emb is not one of the above, and why.
+
+def _vision(module: str, *args, **kwargs) -> RotaryFunction:
+    return RotaryFunction(f"{module}/modeling_{module}.py", *args, unsqueeze=-2, **kwargs)
+
+
+# Module -> its apply_rotary_pos_emb_vision(q, k, cos, sin) (Qwen2-VL's: q.float(), k.float(), cos/sin
+# .float() and unsqueezed at -2, each result cast back to its input's dtype).
+VISION_FUNCTIONS: dict[str, RotaryFunction] = {
+    **{module: _vision(module, compute="float32") for module in (
+        "cohere_compass", "dots3_note", "ernie4_5_vl_moe", "exaone4_5", "glm4v", "glm4v_moe", "glm5_next",
+        "glm_ocr", "kimi_k25", "lfm3_vl", "mlcd", "muse_glimmer", "muse_spark", "paddleocr_vl", "qwen2_5_omni",
+        "qwen2_5_vl", "qwen2_vl", "qwen3_5", "qwen3_5_moe", "qwen3_omni_moe", "qwen3_vl", "qwen3_vl_moe",
+        "qwen4_exp", "step3p7", "video_llama_3")},
+    # rotate_pairwise on a repeat_interleave'd cache; otherwise the same body
+    "inkling2": _vision("inkling2", "interleaved", "pairs", compute="float32"),
+    # no float(): torch's promotion; rotates the leading cos.shape[-1] features; cos[:, None, :]
+    "minimax_m3_vl": RotaryFunction("minimax_m3_vl/modeling_minimax_m3_vl.py", partial=True, unsqueeze=1),
+}
+
+# Modules with a function of the name of one of the tables above that is not in it, and why.
 NOT_PATCHED: dict[str, str] = {
     "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
     "codegen": "its apply_rotary_pos_emb rotates one tensor with (sin, cos) caches of half width",
-    "deepseek_v4": "its apply_rotary_pos_emb rotates one tensor's trailing features",
     "dinov3_vit": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "eomt_dinov3": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "sapiens2": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
@@ -548,3 +576,14 @@ NOT_PATCHED: dict[str, str] = {
     "pe_audio_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
     "pe_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
 }
+
+# Vision towers whose 2-D RoPE is Qwen2-VL's (rope_type "axial"): base ** (-2i / (head_dim / 2)) for the h pairs,
+# then the same for the w pairs, in halves (cat(freq_hw, freq_hw)) -- RotaryEmbedding.axial(head_dim, base).
+# Checked against each tower's own rotary module by tests/test_hf_towers.py; other axial towers are refused.
+AXIAL_TOWERS = frozenset((
+    "cohere_compass_vision", "dots3_note_vision_encoder", "ernie4_5_vl_moe_vision", "exaone4_5_vision",
+    "glm4v_moe_vision", "glm4v_vision", "glm5_next_vision", "glm_ocr_vision", "lfm3_vl_vision", "mlcd",
+    "mlcd_vision_model", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision",
+    "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision", "qwen3_5_moe_vision", "qwen3_5_vision",
+    "qwen3_omni_moe_vision_encoder", "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision",
+    "video_llama_3_vision"))

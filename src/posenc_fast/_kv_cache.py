@@ -12,7 +12,9 @@ import numpy as np
 
 from . import _validate as v
 from ._dispatch import kernels
+from ._qk_norm import norm_args, norm_weight
 from ._rows import RowOutput
+from ._threads import threads_for
 
 
 class CacheCall(NamedTuple):
@@ -142,19 +144,54 @@ def write(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray,
     return call.out.result()
 
 
-def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q):
+def write_normed(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: bool,
+                 start: int, weights: tuple, eps: float) -> np.ndarray:
+    """As `write`, each q and k row RMSNormed by its weight (float64 factors) first: q to its
+    result, k straight into its cache rows, v copied (cast to the cache dtype)."""
+    (_, heads, dim), kv_heads = call.q.shape, call.k.shape[1]
+    threads = threads_for(call.q.size)
+    kernels.norm_rotate_rows(call.out.x_rows.reshape(-1, dim), call.out.rows.reshape(-1, dim), weights[0], eps,
+                             cos, sin, np.repeat(rows, heads).astype(np.intp), half, threads, start)
+    used = call.slots >= 0
+    blocks, offsets = np.divmod(call.slots, call.k_cache.shape[1])
+    strides = call.k_cache.strides
+    out_at = (blocks * strides[0] + offsets * strides[1])[:, None] + np.arange(kv_heads) * strides[2]
+    out_at[~used] = -1
+    kernels.norm_rotate_rows(call.k.reshape(-1, dim), call.k_cache, weights[1], eps, cos, sin,
+                             np.repeat(rows, kv_heads).astype(np.intp), half, threads_for(call.k.size), start,
+                             np.ascontiguousarray(out_at.reshape(-1), dtype=np.int64))
+    call.v_cache[blocks[used], offsets[used]] = call.v[used]
+    return call.out.result()
+
+
+def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, qk_norm=None,
+                      eps=1e-6, weight_offset=0.0):
     """RotaryEmbedding.apply_qk_to_cache (see its docstring)."""
     if rope.n_streams != 1:
         raise ValueError(f"apply_qk_to_cache takes one position per token; this embedding has "
                          f"{rope.n_streams} position streams (use apply_qk, then write the cache)")
-    fast = kernels.apply_qk_to_cache_fast(rope, q, k, v_, positions, k_cache, v_cache,
-                                          slot_mapping, out_q)
-    if fast is not None:
-        return fast
+    if qk_norm is None:
+        fast = kernels.apply_qk_to_cache_fast(rope, q, k, v_, positions, k_cache, v_cache,
+                                              slot_mapping, out_q)
+        if fast is not None:
+            return fast
+    else:
+        weights = _norm_weights(qk_norm, rope.dim, eps, weight_offset)
     call = check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, rope.dim)
     # A table of the call's distinct positions, exactly as `apply` builds one
     # (the frequencies of a dynamic scaling depend on the largest).
     distinct, rows = np.unique(v.positions_array(call.positions), return_inverse=True)
     cos, sin = rope._table(distinct, v.compute_dtype(call.q.dtype))
-    return write(call, np.ascontiguousarray(rows.reshape(-1), dtype=np.int64), cos, sin,
-                 rope.layout == "half", rope.rotary_start)
+    rows = np.ascontiguousarray(rows.reshape(-1), dtype=np.int64)
+    if qk_norm is None:
+        return write(call, rows, cos, sin, rope.layout == "half", rope.rotary_start)
+    return write_normed(call, rows, cos, sin, rope.layout == "half", rope.rotary_start, *weights)
+
+
+def _norm_weights(qk_norm, dim: int, eps, weight_offset) -> tuple:
+    """((q factors, k factors), eps) of a ``qk_norm=(q_weight, k_weight)`` argument, checked."""
+    if not isinstance(qk_norm, tuple) or len(qk_norm) != 2:
+        raise TypeError(f"qk_norm must be a tuple (q_weight, k_weight) or None, got {type(qk_norm).__name__}")
+    eps, weight_offset = norm_args(eps, weight_offset)
+    return (norm_weight(qk_norm[0], "q_weight", dim, weight_offset),
+            norm_weight(qk_norm[1], "k_weight", dim, weight_offset)), eps

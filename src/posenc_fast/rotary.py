@@ -237,15 +237,18 @@ class RotaryEmbedding(kernels.RotaryBase):
             object.  Read as transformers' own configuration class and
             modeling code for its ``model_type`` read it (head_dim, partial
             rotary, ``rope_theta``/``rope_scaling`` or ``rope_parameters``,
-            pair layout; the text model's part of a composite config).
+            pair layout; the text model's part of a composite config; a
+            vision tower's config gives its axial RoPE).
         layer_type : str, optional
             Which layer type's RoPE (and head size), for configs with one per
             layer type (Gemma 3: ``"full_attention"`` or
             ``"sliding_attention"``; Gemma 4's ``per_layer_config``;
             DeepSeek-V4's ``"main"`` / ``"compress"`` or a layer type).
         layout : {"interleaved", "half"}, optional
-            Pair layout of a ``model_type`` posenc_fast has no rule for
-            (refused without it: never a guess).
+            Pair layout of a ``model_type`` posenc_fast has no rule for;
+            without it, the rule is probed in the installed transformers'
+            own code for that model type, or the call is refused (never a
+            guess).
         attention : {"main", "indexer"}, optional
             Whose RoPE: the model's attention (default) or its DSA indexer
             (DeepSeek-V3.2, AXK2, GLM-MoE-DSA, dots3: ``index_head_dim``
@@ -267,6 +270,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         from ._hf_config import rotary_kwargs_from_hf_config
 
         kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention)
+        if "n_axes" in kwargs:  # a vision tower's 2-D RoPE
+            return cls.axial(kwargs["dim"], base=kwargs["base"], n_axes=kwargs["n_axes"])
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
@@ -365,8 +370,9 @@ class RotaryEmbedding(kernels.RotaryBase):
     def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
                           k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
                           slot_mapping: ArrayLike, *,
-                          out_q: NDArray[np.floating[Any]] | None = None
-                          ) -> NDArray[np.floating[Any]]:
+                          out_q: NDArray[np.floating[Any]] | None = None,
+                          qk_norm: tuple[ArrayLike, ArrayLike] | None = None, eps: float = 1e-6,
+                          weight_offset: float = 0.0) -> NDArray[np.floating[Any]]:
         """Rotate q; rotate k into its paged-cache slots and copy v into theirs, in one pass.
 
         Parameters
@@ -388,13 +394,16 @@ class RotaryEmbedding(kernels.RotaryBase):
             whose q is still rotated.  Other slots stay untouched.
         out_q : ndarray of q's shape and dtype, optional
             May be `q` itself (in place).
+        qk_norm : (q_weight, k_weight), optional
+            RMSNorm each q and k row first, in the same pass: `apply_qk_norm`
+            with these weights, `eps` and `weight_offset` (Qwen3, Gemma).
 
         Returns
         -------
         ndarray of q's shape and dtype
             The rotated q.  The cache rows equal ``apply(k, positions[:,
-            None])`` and v (cast to the cache dtype), bitwise, for any
-            thread count.
+            None])`` (``apply_qk_norm``'s k with `qk_norm`) and v (cast to
+            the cache dtype), bitwise, for any thread count.
 
         Raises
         ------
@@ -407,7 +416,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         """
         from ._kv_cache import apply_qk_to_cache
 
-        return apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q)
+        return apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q,
+                                 qk_norm, eps, weight_offset)
 
     def _apply_streams(self, xs, positions, offset, inverse, outs):
         # Explicit positions of several streams: one cos/sin table of the call's

@@ -16,7 +16,9 @@ Importing this module registers, through `torch.library`:
 ``torch.ops.posenc_fast.hf_rotate``
     ``(xs, cos, sin, family, name, unsqueeze_dim, transpose) -> Tensor[]``:
     what `posenc_fast.hf`'s replacement of a transformers module's function
-    returns, with a gradient; the drop-ins call it under ``torch.compile``.
+    returns, with a gradient, for every kind `install` patches (the one-tensor,
+    MLA, DeepSeek-V4 and vision ones too); the drop-ins call it under
+    ``torch.compile``.
 
 ``torch.ops.posenc_fast.fused_qk_norm_rope``
     ``(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
@@ -25,9 +27,11 @@ Importing this module registers, through `torch.library`:
 
 ``torch.ops.posenc_fast.apply_qk_to_cache``
     ``(positions, query, key, value, key_cache, value_cache, slot_mapping,
-    head_size, cos_sin_cache, is_neox, kv_cache_layout="NHD") -> ()``:
+    head_size, cos_sin_cache, is_neox, kv_cache_layout="NHD", q_weight=None,
+    k_weight=None, eps=1e-6, weight_offset=0.0) -> ()``:
     `posenc_fast.vllm.apply_qk_to_cache`, rotating `query` in place and
-    writing the rotated key and the value into their cache slots.
+    writing the rotated key and the value into their cache slots (with
+    both weights, q/k RMSNorm first, in the same pass).
 
 ``torch.ops.posenc_fast.concat_and_cache_mla``, ``concat_and_cache_mla_rope_fused``
     vLLM's MLA cache writes (`posenc_fast.vllm.concat_and_cache_mla`,
@@ -137,18 +141,23 @@ torch.library.register_autograd("posenc_fast::apply_rotary", _apply_rotary_backw
                                 setup_context=_apply_rotary_context, lib=_LIBRARY)
 
 def _hf_function(family, name):
+    from . import _hf_drop_in
+    return _hf_drop_in, _hf_drop_in._PATCHED[name][family]
+
+
+def _hf_formula(drop_in, function, family, name):
+    """The modeling module's own function (the public drop-ins': `_hf_drop_in._torch_formula`), on a
+    tuple: ``unsqueeze_dim`` passed where it has one (not the vision towers')."""
     from . import hf
-    return hf, hf._PATCHED[name][family]
 
-
-def _hf_formula(hf, function, family, name):
-    """The modeling module's own function (Llama's and Gemma 4's are `hf._torch_formula`), on a tuple."""
     if function in (hf._LLAMA, hf._ONE_TENSOR):
-        return lambda xs, cos, sin, dim: hf._torch_formula(torch, xs, cos, sin, dim)
+        return lambda xs, cos, sin, dim: drop_in._torch_formula(torch, xs, cos, sin, dim)
     import importlib
 
     module = importlib.import_module(hf._module_name(family))
     original = hf._originals.get((module.__name__, name), getattr(module, name))
+    if function.unsqueeze is not None:  # it unsqueezes at its own axis, the one `dim` is
+        return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin))
     if function.one_tensor:
         return lambda xs, cos, sin, dim: (original(*xs, cos, sin, unsqueeze_dim=dim),)
     return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin, unsqueeze_dim=dim))
@@ -156,7 +165,7 @@ def _hf_formula(hf, function, family, name):
 
 def _hf_layout(function, x, transpose):
     """An empty tensor laid out as posenc_fast.hf's result for `x`: in x's memory order where its
-    leading axes permuted are contiguous (`hf._rotate_in_memory_order`), else contiguous, and so a
+    leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous, and so a
     gradient and a deinterleaving function's result."""
     axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
     if transpose or function.deinterleaves or x.is_contiguous() or not x.permute(axes).is_contiguous():
@@ -175,27 +184,27 @@ def _in_layout(result, like):
 
 
 def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
-    hf, function = _hf_function(family, name)
+    drop_in, function = _hf_function(family, name)
     if transpose:
         xs = [g.contiguous() for g in xs]
     with torch.no_grad():  # (called directly) data the kernel does not compute as the module does?
-        exact = hf._numpy_can_take(torch, function, xs, cos, sin)
-    arrays = [hf.numpy_view(torch, t) for t in (*xs, cos, sin)]
-    if not (exact and hf._cache_repeats(function, arrays[-2]) and hf._cache_repeats(function, arrays[-1])):
+        exact = drop_in._numpy_can_take(torch, function, xs, cos, sin)
+    arrays = [drop_in.numpy_view(torch, t) for t in (*xs, cos, sin)] if exact else None
+    if not (exact and drop_in._cache_repeats(function, arrays[-2]) and drop_in._cache_repeats(function, arrays[-1])):
         # no rotation of pairs: the module's formula, or its backward (a linear map's: at zeros)
-        formula = _hf_formula(hf, function, family, name)
+        formula = _hf_formula(drop_in, function, family, name)
         if not transpose:
             with torch.no_grad():
                 results = formula(tuple(xs), cos, sin, unsqueeze_dim)
         else:
-            hf.FALLBACKS["cos/sin entries do not repeat"] += 1  # a gradient was needed: counted now
+            drop_in.FALLBACKS["cos/sin entries do not repeat"] += 1  # a gradient was needed: counted now
             _, vjp = torch.func.vjp(lambda *zs: formula(zs, cos, sin, unsqueeze_dim),
                                     *[torch.zeros_like(g) for g in xs])
             results = vjp(tuple(xs))
     elif transpose:
-        results = hf._transposed(torch, function, xs, arrays[-2:], unsqueeze_dim)
+        results = drop_in._transposed(torch, function, xs, arrays[-2:], unsqueeze_dim)
     else:
-        results = hf._rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
+        results = drop_in._rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
     return [_in_layout(r, _hf_layout(function, x, transpose)) for r, x in zip(results, xs)]
 
 
@@ -210,9 +219,13 @@ hf_rotate = _define(
 """What `posenc_fast.hf`'s replacement of ``transformers.models.<family>``'s function `name`
 returns for `xs` (q and k, or one tensor), with a gradient: the drop-ins under ``torch.compile``.
 
-`transpose` rotates gradients back (its backward).  cos/sin whose entries do
-not repeat as the function expects take the module's own formula (and its
-backward), as the drop-in does.  cos/sin get no gradient.
+`name` is ``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave`` or
+``apply_rotary_pos_emb_vision``; `unsqueeze_dim` is the call's (a vision
+tower's function: its own axis).  `transpose` rotates gradients back (its
+backward).  cos/sin whose entries do not repeat as the function expects, and
+data the kernel does not compute as the module does (called directly), take
+the module's own formula (and its backward), as the drop-in does.  cos/sin
+get no gradient.
 """
 
 
@@ -239,7 +252,8 @@ fused_qk_norm_rope = _define(
 apply_qk_to_cache = _define(
     "apply_qk_to_cache(Tensor positions, Tensor(a!) query, Tensor key, Tensor value, "
     "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, SymInt head_size, "
-    "Tensor cos_sin_cache, bool is_neox, str kv_cache_layout=\"NHD\") -> ()",
+    "Tensor cos_sin_cache, bool is_neox, str kv_cache_layout=\"NHD\", Tensor? q_weight=None, "
+    "Tensor? k_weight=None, float eps=1e-06, float weight_offset=0.0) -> ()",
     _function("apply_qk_to_cache"), _mutates_only)
 """Rotate `query` in place, write the rotated key and the value into their cache slots
 (see `posenc_fast.vllm.apply_qk_to_cache`)."""

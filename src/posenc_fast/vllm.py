@@ -145,20 +145,24 @@ def _query_key_cache(positions: np.ndarray, query, key, head_size: int, cache, o
     return query, key, cos, sin
 
 
+_OPTIONAL = ("key", "q_weight", "k_weight")
+
+
 def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
-    """NumPy views of the arguments: all torch tensors or all NumPy arrays (key may be None).
+    """NumPy views of the arguments: all torch tensors or all NumPy arrays (those named in
+    `_OPTIONAL` may be None).
 
     The arguments named in `written` must be ndarrays already: a converted
     copy would take the result and be lost.
     """
     torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
     if torch is not None and isinstance(args[1], torch.Tensor):
-        return tuple(None if t is None and name == "key" else _tensor_view(torch, t, name)
+        return tuple(None if t is None and name in _OPTIONAL else _tensor_view(torch, t, name)
                      for name, t in zip(names, args))
     if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
         raise TypeError(f"{', '.join(names)} must be all torch tensors or all NumPy arrays")
     for x, name in zip(args, names):
-        if name in written and not isinstance(x, np.ndarray) and not (x is None and name == "key"):
+        if name in written and not isinstance(x, np.ndarray) and not (x is None and name in _OPTIONAL):
             raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is written in "
                             f"place), got {type(x).__name__}")
     return args
@@ -232,8 +236,10 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
 def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayOrTensor,
                       value: ArrayOrTensor, key_cache: ArrayOrTensor, value_cache: ArrayOrTensor,
                       slot_mapping: ArrayOrTensor, head_size: int, cos_sin_cache: ArrayOrTensor,
-                      is_neox: bool, kv_cache_layout: str = "NHD") -> None:
-    """`rotary_embedding` and vLLM's ``reshape_and_cache_flash`` in one pass.
+                      is_neox: bool, kv_cache_layout: str = "NHD", q_weight: ArrayOrTensor | None = None,
+                      k_weight: ArrayOrTensor | None = None, eps: float = 1e-6,
+                      weight_offset: float = 0.0) -> None:
+    """`rotary_embedding` and vLLM's ``reshape_and_cache_flash`` in one pass (optionally q/k RMSNorm first).
 
     `query` is rotated in place; `key` is rotated straight into its slots of
     `key_cache` and `value` copied into `value_cache` (both left unchanged),
@@ -261,6 +267,10 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
         head_size)`` (vLLM's flash layout), ``"HND"`` ``(num_blocks,
         kv_heads, block_size, head_size)`` (its CPU backend's, flashinfer's
         HND).  Never read from the shapes: they can fit both.
+    q_weight, k_weight, eps, weight_offset : optional
+        Both weights given: each q and k head is RMSNormed first, in the same
+        pass, as `fused_qk_norm_rope` does (its cache rows then equal
+        `fused_qk_norm_rope`'s key).
 
     Raises
     ------
@@ -271,11 +281,13 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     from . import _kv_cache
 
     names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
-             "cos_sin_cache")
+             "cos_sin_cache", "q_weight", "k_weight")
     arrays = _as_arrays(names, (positions, query, key, value, key_cache, value_cache,
-                                slot_mapping, cos_sin_cache),
+                                slot_mapping, cos_sin_cache, q_weight, k_weight),
                         written=("query", "key_cache", "value_cache"))
-    positions, query, key, value, key_cache, value_cache, slot_mapping, cache = arrays
+    positions, query, key, value, key_cache, value_cache, slot_mapping, cache, q_weight, k_weight = arrays
+    if (q_weight is None) != (k_weight is None):
+        raise TypeError("pass both q_weight and k_weight (q/k RMSNorm first), or neither")
     if v.choice(kv_cache_layout, "kv_cache_layout", ("NHD", "HND")) == "HND":
         key_cache, value_cache = (np.swapaxes(c, 1, 2) if isinstance(c, np.ndarray) and c.ndim == 4
                                   else c for c in (key_cache, value_cache))
@@ -296,9 +308,21 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     if slot_mapping.shape != positions.shape:
         raise ValueError(f"slot_mapping must have positions' shape {positions.shape}, "
                          f"got {slot_mapping.shape}")
+    normed = None if q_weight is None else _kv_cache._norm_weights((q_weight, k_weight), head_size, eps,
+                                                                    weight_offset)
     call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
                                 slot_mapping.reshape(-1), query, head_size, (cache,))
-    _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
+    if normed is None:
+        _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
+    else:  # the norm computes in float32 (float64): the call's cos/sin rows, widened
+        cos, sin = _rows_in(cos, sin, tokens, query.dtype)
+        _kv_cache.write_normed(call, np.arange(tokens.size, dtype=np.int64), cos, sin, is_neox, 0, *normed)
+
+
+def _rows_in(cos: np.ndarray, sin: np.ndarray, tokens: np.ndarray, dtype: np.dtype) -> tuple:
+    """Row t of each: token t's cos/sin row in `dtype`'s compute dtype (float32 for half types)."""
+    compute = v.compute_dtype(dtype)
+    return cos[tokens].astype(compute, copy=False), sin[tokens].astype(compute, copy=False)
 
 
 def _token_heads(x, name: str, lead: tuple, head_size: int) -> np.ndarray:
@@ -364,8 +388,8 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
                          f"got values from {int(tokens.min())} to {int(tokens.max())}")
     weights = (norm_weight(q_weight, "q_weight", head_size, weight_offset),
                norm_weight(k_weight, "k_weight", head_size, weight_offset))
-    compute = v.compute_dtype(query.dtype)
-    cos, sin = cos.astype(compute, copy=False), sin.astype(compute, copy=False)
+    cos, sin = _rows_in(cos, sin, tokens, query.dtype)  # never the whole cache: O(tokens) a call
     for x, weight in zip((query, key), weights):
-        norm_rotate(x, x, True, weight, eps, cos, sin, token_rows(tokens, x.shape[1]), is_neox)
+        norm_rotate(x, x, True, weight, eps, cos, sin, token_rows(np.arange(tokens.size), x.shape[1]),
+                    is_neox)
 

@@ -220,6 +220,30 @@ def _shifted_one_position(dtype, layout):
     return np.stack(results)
 
 
+def _qk_norm_calls():
+    # Added with the norm's rows in each variant (K.norm_scale), recorded from the portable loop
+    # before it: head_dim 100 leaves a rest of the eight running sums.
+    for dtype, name in ((np.float32, "f32"), (np.float64, "f64"), (np.float16, "f16"),
+                        (ml_dtypes.bfloat16, "bf16")):
+        for layout, dim in (("half", 128), ("interleaved", 100)):
+            rope = pf.RotaryEmbedding(dim, layout=layout)
+            q, k = _data((1, 6, 40, dim), dtype, 17), _data((1, 2, 40, dim), dtype, 18)
+            weights = _data(dim, np.float32, 19), _data(dim, np.float32, 20)
+            yield (f"rope.apply_qk_norm-{name}-{layout}",
+                   lambda r=rope, q=q, k=k, w=weights: r.apply_qk_norm(q, k, *w, offset=900, eps=1e-5,
+                                                                       weight_offset=1.0))
+
+
+def _rotary_start_calls():
+    # Added with rotary_start (DeepSeek-V4: the last 64 of 512 features; a start off a vector boundary)
+    for dtype, name in ((np.float32, "f32"), (np.float64, "f64"), (ml_dtypes.bfloat16, "bf16")):
+        for layout, dim, rotary_dim, start in (("interleaved", 512, 64, 448), ("half", 70, 48, 5)):
+            rope = pf.RotaryEmbedding(dim, rotary_dim=rotary_dim, rotary_start=start, layout=layout)
+            x = _data((2, 3, 21, dim), dtype, 21)
+            yield f"rope.rotary_start-{name}-{layout}-{start}", lambda r=rope, x=x: r.apply(x, offset=333)
+            yield f"rope.rotary_start-in-place-{name}-{layout}-{start}", _in_place(rope.apply, x, offset=7)
+
+
 def calls():
     """(name, zero-argument function) for every recorded call."""
     for dtype, name in ((np.float32, "f32"), (np.float64, "f64")):
@@ -229,6 +253,8 @@ def calls():
     yield from _half_calls()
     yield from _one_position_calls()
     yield from _half_bit_pattern_calls()
+    yield from _qk_norm_calls()
+    yield from _rotary_start_calls()
 
 
 def compute() -> dict:

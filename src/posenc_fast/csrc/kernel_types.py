@@ -101,6 +101,9 @@ FUNCTION_TYPES = [
                            "rounded once; x NULL: fill.",),
                  ("const void* x, void* out, double slope, double start,",
                   "double step, const double* ramp, Py_ssize_t n")),
+    FunctionType("norm_scale", ("out[i] = x[i] * (1 / sqrt(mean(x**2) + eps)) * weight[i], a float or double",
+                                "row (out may be x): the mean in double, eight sums in a fixed order.",),
+                 ("const void* x, void* out, const void* weight, Py_ssize_t n, double eps",)),
 ]
 
 
@@ -133,6 +136,7 @@ TABLE_FIELDS = [
     TableField("posenc_alibi_fn", "alibi_add_in_place", _BY_DTYPE),
     TableField("posenc_convert_fn", "from_f32", _BY_DTYPE, "NULL: not a half type"),
     TableField("posenc_convert_fn", "to_f32", _BY_DTYPE),
+    TableField("posenc_norm_scale_fn", "norm_scale", _BY_DTYPE, "NULL: a half type (normed in float32)"),
 ]
 
 
@@ -178,3 +182,8 @@ def names(prefix):
 
 def converters(prefix):
     return ", ".join(prefix + d.suffix if d.suffix in HALF else "NULL" for d in DTYPES)
+
+
+def arithmetic(prefix):
+    # The kernels of the types that are their own arithmetic type (float32, float64).
+    return ", ".join("NULL" if d.suffix in HALF else prefix + d.suffix for d in DTYPES)

@@ -1,0 +1,240 @@
+"""A model rule read from the installed transformers' own code, for a model type the table lacks.
+
+`probed_rule` builds the model type's rotary module from its default config,
+finds the one rotation function its attention classes call (read from their
+source), and runs it on the basis vectors of a head at position 1: the
+matrix it applies says which features pair (interleaved or half layout),
+which pass through (partial rotary, or the trailing features), which way it
+turns and by which angles (the pairs read at position 4096 too, where the
+slowest frequencies turn far enough to be seen).  A second probe with ``partial_rotary_factor=0.5``
+tells a model that reads the factor from one that rotates its whole head.
+The rule found is then checked by reading the default config with it: the
+frequencies and attention factor must be the module's own (to float32
+rounding).  Anything else -- several rotation functions, a feature mixed
+with more than one other, position streams, a rotary module that cannot be
+built from the default config -- raises with what was found: never a guess.
+torch and transformers are imported only here, and only when asked.
+"""
+
+import functools
+import importlib
+import inspect
+import re
+
+import numpy as np
+
+from ._hf_models import ModelRule
+
+_NOT_TEXT = re.compile(r"Vision|ViT|DiT|Talker|Audio|Video")
+_ROTATION_CALL = re.compile(r"\b(apply_rotary_pos_emb\w*|apply_rotary_emb\w*)\s*\(")
+_TOLERANCE = 1e-6  # of an angle (rad) and of the attention factor: float32 cos/sin at position 1
+
+
+def _not_text(module, name):
+    """`name` is a vision/audio/talker class: past the module's own model name (Granite4Vision, HiggsAudioV2)."""
+    prefixes = [n[: -len("PreTrainedModel")] for n in vars(module) if n.endswith("PreTrainedModel")] + [""]
+    prefixes = [p for p in prefixes if p] or [""]
+    prefix = min((p for p in prefixes if name.startswith(p)), key=len, default="")
+    return bool(_NOT_TEXT.search(name[len(prefix):]))
+
+
+def modeling_module(model_type):
+    """transformers' modeling module of `model_type`, or None."""
+    from transformers.models.auto import configuration_auto
+
+    name = configuration_auto.model_type_to_module_name(model_type)
+    try:
+        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return None
+
+
+def rotary_classes(module):
+    return [c for n, c in vars(module).items()
+            if n.endswith("RotaryEmbedding") and inspect.isclass(c) and c.__module__ == module.__name__]
+
+
+def _built_rotary_class(module, config):
+    """The rotary class the module's model for `config`'s class builds (`self.rotary_emb = X(...)`), or None."""
+    built = set()
+    for cls in vars(module).values():
+        if not (inspect.isclass(cls) and cls.__module__ == module.__name__ and "__init__" in vars(cls)):
+            continue
+        annotation = inspect.signature(cls.__init__).parameters.get("config")
+        annotation = getattr(annotation, "annotation", None)
+        if getattr(annotation, "__name__", annotation) == type(config).__name__:
+            built |= set(re.findall(r"=\s*(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
+    built = [getattr(module, name) for name in built if hasattr(module, name)]
+    return built[0] if len(built) == 1 and not _not_text(module, built[0].__name__) else None
+
+
+def text_rotary_class(module, config=None):
+    """The module's text rotary embedding (None when it only has vision/audio ones).
+
+    With `config`, the one the model of its configuration class builds, where the module says.
+    """
+    if config is not None and (built := _built_rotary_class(module, config)) is not None:
+        return built
+    classes = rotary_classes(module)
+    text = [c for c in classes if not _not_text(module, c.__name__)]
+    if len(text) > 1:
+        text = [c for c in text if "Text" in c.__name__] or text
+    return text[0] if len(text) == 1 else None
+
+
+def attention_rotations(module, kind="main"):
+    """{function name: [class names]}: the rotations the module's text attention (or indexer) classes call."""
+    suffixes = ("Indexer",) if kind == "indexer" else ("Attention", "MLA")
+    found = {}
+    for name, cls in vars(module).items():
+        if (inspect.isclass(cls) and cls.__module__ == module.__name__ and name.endswith(suffixes)
+                and not _not_text(module, name)):
+            for function in sorted(set(_ROTATION_CALL.findall(inspect.getsource(cls)))):
+                found.setdefault(function, []).append(name)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def probed_rule(model_type: str) -> ModelRule | None:
+    """The rule of `model_type` read from the installed transformers' code (see the module docstring).
+
+    None where transformers (or torch) is not installed or does not know
+    the model type; ValueError naming what the probe found where that is not
+    a rule posenc_fast can state.
+    """
+    try:
+        import torch  # noqa: F401  (the rotary module and the function run on tensors)
+        import transformers
+        from transformers.models.auto import configuration_auto
+    except ImportError:
+        return None
+    if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        return None
+    where = f"model_type {model_type!r}, probed in transformers {transformers.__version__}"
+    module = modeling_module(model_type)
+    calls = {} if module is None else attention_rotations(module)
+    if len(calls) != 1:
+        raise ValueError(f"{where}: its attention classes call {sorted(calls) or 'no rotation function'}, not "
+                         f"one rotation to probe; pass layout= as its attention rotates")
+    function = getattr(module, next(iter(calls)))
+    source = module.__name__.split(".")[2] + "/" + module.__name__.split(".")[3] + ".py"
+    config_class = configuration_auto.CONFIG_MAPPING[model_type]
+    found = _probe(module, function, config_class(), None, where)
+    if found["rotary_dim"] == found["dim"]:
+        whole_head = _probe(module, function, config_class(), 0.5, where)["rotary_dim"] in (found["dim"], None)
+    else:
+        whole_head = False
+    rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
+                     trailing=found["start"] > 0, reversed=found["reversed"])
+    _check_frequencies(config_class(), rule, found, where)
+    return rule
+
+
+def _text_config(config, partial):
+    text = config.get_text_config(decoder=True)
+    if partial is not None:
+        params = getattr(text, "rope_parameters", None)
+        if not isinstance(params, dict) or any(isinstance(value, dict) for value in params.values()):
+            return None  # one RoPE per layer type: the factor is not probed
+        text.rope_parameters = {**params, "partial_rotary_factor": partial}
+    return text
+
+
+def _probe(module, function, config, partial, where) -> dict:
+    """What `function` applies at position 1 to the basis vectors of a head (see the module docstring)."""
+    import torch
+
+    text = _text_config(config, partial)
+    if text is None:
+        return {"rotary_dim": None}
+    rotary_class = text_rotary_class(module, text)
+    if rotary_class is None:
+        raise ValueError(f"{where}: no single text rotary embedding class to probe")
+    forward = inspect.signature(rotary_class.forward).parameters
+    if re.search(r"position_ids\.expand\(", inspect.getsource(rotary_class.forward)):
+        raise ValueError(f"{where}: its rotary module takes several position streams (multimodal RoPE): "
+                         f"not probed; build the RotaryEmbedding with pair_streams=")
+    pairwise = list(inspect.signature(function).parameters)[1] in ("k", "xk", "key", "k_embed")
+    try:
+        dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 2, dim).contiguous()
+        extra = {}
+        if "layer_type" in forward:
+            extra = {"layer_type": (getattr(text, "layer_types", None) or [None])[0]}
+        with torch.no_grad():
+            cos, sin = rotary_class(config=text)(basis, torch.tensor([[1, 4096]]), **extra)
+            # the whole head, or the leading features its attention cuts out for the call (Phi, GPT-J)
+            errors = []
+            for width in dict.fromkeys(w for w in (dim, cos.shape[-1], 2 * cos.shape[-1]) if w <= dim):
+                part = basis[:, :width, :, :width]
+                try:
+                    rotated = function(part, part.clone(), cos, sin)[0] if pairwise else function(part, cos, sin)
+                except RuntimeError as error:
+                    errors.append(error)
+                    continue
+                break
+            else:
+                raise errors[-1]
+    except Exception as error:  # its module fails on the default config or the probe's shapes
+        raise ValueError(f"{where}: its rotary module or {function.__name__} cannot be run on a probe "
+                         f"({type(error).__name__}: {str(error)[:120]})") from None
+    matrices = np.tile(np.eye(dim), (2, 1, 1))
+    matrices[:, :width, :width] = rotated.double().numpy()[0].transpose(1, 0, 2)
+    return _read_matrix(matrices[0], matrices[1], where)
+
+
+def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
+    """Pairs, layout, start, direction and angles of the map whose row h is the image of e_h at
+    position 1 (`m`); `far`, the map at position 4096, shows the pairs that turn slowly."""
+    dim = m.shape[0]
+    partner = {}
+    for h in range(dim):
+        others = [j for j in range(dim) if j != h and max(abs(m[h, j]), abs(far[h, j])) > _TOLERANCE]
+        if len(others) > 1:
+            raise ValueError(f"{where}: its rotation mixes feature {h} with features {others}: not a rotation "
+                             f"of pairs")
+        if others:
+            partner[h] = others[0]
+        elif max(abs(m[h, h] - 1.0), abs(far[h, h] - 1.0)) > _TOLERANCE:
+            raise ValueError(f"{where}: its rotation scales feature {h} by {m[h, h]!r} without a partner")
+    rotated = sorted(partner)
+    if not rotated or any(partner[partner[h]] != h for h in rotated) or rotated != list(
+            range(rotated[0], rotated[0] + len(rotated))):
+        raise ValueError(f"{where}: its rotated features {rotated} are not contiguous pairs")
+    start, width = rotated[0], len(rotated)
+    if start and start + width != dim:
+        raise ValueError(f"{where}: it rotates features [{start}, {start + width}) of {dim}: neither the "
+                         f"leading nor the trailing ones")
+    if all(partner[start + 2 * i] == start + 2 * i + 1 for i in range(width // 2)):
+        layout, firsts = "interleaved", [start + 2 * i for i in range(width // 2)]
+    elif all(partner[start + i] == start + i + width // 2 for i in range(width // 2)):
+        layout, firsts = "half", [start + i for i in range(width // 2)]
+    else:
+        raise ValueError(f"{where}: its pairs {sorted(partner.items())[:4]}... are neither interleaved nor "
+                         f"halves")
+    cos = np.array([m[a, a] for a in firsts])
+    sin = np.array([m[a, partner[a]] for a in firsts])
+    angles = np.arctan2(sin, cos)
+    return {"dim": dim, "rotary_dim": width, "start": start, "layout": layout, "reversed": bool(angles[0] < 0),
+            "angles": np.abs(angles), "factor": float(np.hypot(cos[0], sin[0]))}
+
+
+def _check_frequencies(config, rule: ModelRule, found: dict, where: str) -> None:
+    """The default config read by `rule` gives the module's own angles at position 1 and its factor."""
+    from ._hf_config import _text_part, kwargs_by_rule
+    from .rotary import RotaryEmbedding
+
+    cfg, _ = _text_part(config.to_dict(), where)
+    names = cfg.get("layer_types") or [None]
+    layer_type = names[0] if isinstance(cfg.get("rope_parameters"), dict) and any(
+        isinstance(value, dict) for value in cfg["rope_parameters"].values()) else None
+    kwargs = kwargs_by_rule(cfg, where, rule, layer_type, "main")
+    rope = RotaryEmbedding(kwargs.pop("dim"), **kwargs)
+    ours = np.abs(rope.inv_freq_for(2))
+    if (rope.rotary_dim, rope.rotary_start) != (found["rotary_dim"], found["start"]) or not (
+            np.allclose(ours, found["angles"], rtol=0, atol=_TOLERANCE)
+            and abs(rope.attention_factor - found["factor"]) <= _TOLERANCE):
+        raise ValueError(f"{where}: it rotates {found['rotary_dim']} features from {found['start']} with angles "
+                         f"{found['angles'][:3]}... (factor {found['factor']:.6g}); its config read by the probed rule "
+                         f"gives {rope.rotary_dim} from {rope.rotary_start}, {ours[:3]}... (factor "
+                         f"{rope.attention_factor:.6g})")

@@ -1,0 +1,92 @@
+"""A model type without a rule in the table: from_hf_config probes the installed transformers' own code.
+
+Every model type the table has a rule for is probed as if it had none: a
+probed rule must give exactly the table's RotaryEmbedding for the model's
+default config, or the probe refuses with what it found (never a guess).
+"""
+
+import collections
+import re
+import warnings
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers.models.auto import configuration_auto  # noqa: E402
+
+import posenc_fast as pf  # noqa: E402
+from posenc_fast import _hf_models, _hf_probe  # noqa: E402
+
+
+def _default(model_type):
+    return configuration_auto.CONFIG_MAPPING[model_type]().to_dict()
+
+
+def _without_rule(monkeypatch, model_type):
+    rules = dict(_hf_models.MODEL_RULES)
+    rules.pop(model_type)
+    monkeypatch.setattr("posenc_fast._hf_config.MODEL_RULES", rules)
+
+
+def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
+    agreed, refused = [], collections.Counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model_type in sorted(_hf_models.MODEL_RULES):
+            try:
+                rule = _hf_probe.probed_rule(model_type)
+            except ValueError as error:
+                reason = re.sub(r"model_type '[^']*', probed in transformers [0-9.]*:? ?", "", str(error))
+                refused[re.sub(r"\d+|\[.*?\]|'.*?'", "_", reason)[:60]] += 1
+                continue
+            with monkeypatch.context() as patch:
+                try:
+                    want = repr(pf.RotaryEmbedding.from_hf_config(_default(model_type)))
+                except ValueError as error:  # refused with the table's rule: refused without it too
+                    want = type(error)
+                _without_rule(patch, model_type)
+                try:
+                    got = repr(pf.RotaryEmbedding.from_hf_config(_default(model_type)))
+                except ValueError as error:
+                    got = type(error)
+            assert got == want, f"{model_type}: probed {rule} gives {got}, the table {want}"
+            agreed.append(model_type)
+    print(f"{len(agreed)} of {len(_hf_models.MODEL_RULES)} rules probed and agreeing; refused: {dict(refused)}")
+    assert len(agreed) >= 140  # the probe reads most families: a broken probe refuses them all
+    assert {"llama", "cohere", "phi", "gpt_neox", "nanochat", "stablelm", "glm"} <= set(agreed)
+
+
+@pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [
+    ("llama", "half", True, False), ("cohere", "interleaved", True, False), ("phi", "half", False, False),
+    ("nanochat", "half", True, True), ("glm", "interleaved", False, False),
+])
+def test_a_model_type_without_a_rule_is_probed(monkeypatch, model_type, layout, whole_head, reversed_):
+    _without_rule(monkeypatch, model_type)
+    rule = _hf_probe.probed_rule(model_type)
+    assert (rule.layout, rule.whole_head, rule.reversed) == (layout, whole_head, reversed_)
+    assert rule.source.endswith("(probed)")
+    rope = pf.RotaryEmbedding.from_hf_config({**_default(model_type), "partial_rotary_factor": 0.5})
+    assert rope.layout == layout and (rope.rotary_dim == rope.dim) == whole_head
+
+
+@pytest.mark.parametrize("model_type, reason", [
+    ("deepseek_v3", "call .*apply_rotary_pos_emb_interleave.*not one rotation to probe"),
+    ("qwen2_vl_text", "several position streams"),
+])
+def test_what_the_probe_cannot_state_is_refused_with_the_reason(monkeypatch, model_type, reason):
+    _without_rule(monkeypatch, model_type)
+    with pytest.raises(ValueError, match=f"no rule for model_type '{model_type}', and probing .*{reason}"):
+        pf.RotaryEmbedding.from_hf_config(_default(model_type))
+
+
+def test_without_transformers_the_table_alone(monkeypatch):
+    _without_rule(monkeypatch, "llama")
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    _hf_probe.probed_rule.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="nor probed: transformers does not know it, or is not installed"):
+            pf.RotaryEmbedding.from_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2})
+    finally:
+        _hf_probe.probed_rule.cache_clear()
