@@ -237,7 +237,7 @@ def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     # DeepSeek-V4's one-tensor function of the trailing features (a half-width cache, in float32) and
     # the vision towers' (q, k, cos, sin) ones (float32, interleaved, partial with cos[:, None, :]):
     # under torch.compile (fullgraph) the op in the graph, the kernel and its backward running, the
-    # results and gradients the eager drop-in's bit for bit (and so the module's own function's)
+    # results and gradients the eager drop-in's bit for bit, and the module's own function's
     import importlib
 
     function = hf._PATCHED[name][module]
@@ -252,9 +252,9 @@ def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     q, k, cos, sin = _inputs(function, width)
     want = call(q, k, cos, sin)
     want_grads = torch.autograd.grad(sum(w.square().sum() for w in want), (q, k))
-    with torch.no_grad():
-        own_result = (own(q, cos, sin), own(k, cos, sin)) if function.one_tensor else own(q, k, cos, sin)
-    for w, o in zip(want, own_result):
+    own_result = (own(q, cos, sin), own(k, cos, sin)) if function.one_tensor else own(q, k, cos, sin)
+    own_grads = torch.autograd.grad(sum(o.square().sum() for o in own_result), (q, k))
+    for w, o in zip((*want, *want_grads), (*own_result, *own_grads)):
         assert torch.equal(w, o)
     calls = 2 if function.one_tensor else 1
     assert sorted(kernel_runs) == ["backward"] * calls + ["forward"] * calls
