@@ -3,7 +3,9 @@
 `RotaryFunction` (``_hf_models``) says what a module's function computes; `_rotate_tensors` gives that
 result for CPU torch tensors through NumPy views (None where it would not be exact), with the autograd
 `Rotation` when the data needs a gradient, and `_apply_numpy` for NumPy arrays.  hf.py's public functions
-and what `install` puts in transformers' modules all call these.
+and what `install` puts in transformers' modules all call these.  Under ``torch.compile`` `_rotate_tensors`
+calls the op ``torch.ops.posenc_fast.hf_rotate`` instead (`_compiled_rotation`; ``torch_ops`` registers it
+and runs `_rotated` and `_transposed`, `Rotation`'s backward, in it).
 """
 
 import collections
@@ -14,14 +16,25 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin
-from ._hf_models import ROTARY_FUNCTIONS
+from ._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
 
+# function name -> {module: what that module's function of the name computes}
+_PATCHED = {"apply_rotary_pos_emb": ROTARY_FUNCTIONS, "apply_rotary_pos_emb_interleave": INTERLEAVE_FUNCTIONS,
+            "apply_rotary_pos_emb_vision": VISION_FUNCTIONS}
 
 FALLBACKS: collections.Counter = collections.Counter()
-"""Calls that needed a gradient and took transformers' formula, by reason (every other call
-with q/k needing a gradient runs the kernel, with its backward)."""
+"""Calls that needed a gradient and took transformers' formula, by reason: ``"cos/sin need a
+gradient"`` (the kernel's backward carries the data's gradients only); ``"data the kernel does not
+compute exactly"`` (other devices, dtypes or tensor kinds, float64 data or caches of a function
+computing in float32, q and k of two dtypes there, a result torch would promote to the cache's wider
+dtype, sin's dtype not cos's, a half cache not of the data's dtype); ``"cos/sin entries do not
+repeat"`` (no rotation of pairs; under ``torch.compile`` counted when the op's backward runs);
+``"arguments or shapes it does not take"`` (not (q, k, cos, sin) or (x, cos, sin) tensors,
+``unsqueeze_dim`` aside where the function has it, shapes the function rotates no pairs of, a
+vision tower's cos of one dimension).  Every other call with the data needing a gradient runs the
+kernel, with its backward (under ``torch.compile`` the op ``hf_rotate``)."""
 
 
 def _apply(function, xs, cos, sin, unsqueeze_dim):
@@ -47,14 +60,45 @@ def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     """What `function` computes for the tensors `xs` (q and k, or one tensor), by the kernel on
     NumPy views, as a tuple; None when that would not be exact."""
     if not _numpy_can_take(torch, function, xs, cos, sin):
+        if not (cos.requires_grad or sin.requires_grad):  # else counted already
+            _fell_back(torch, xs, "data the kernel does not compute exactly")
         return None
+    if torch.compiler.is_compiling():  # no NumPy in a graph: posenc_fast's op, which the graph keeps
+        return _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim)
     arrays = [numpy_view(torch, t) for t in (*xs, cos, sin)]
     if (_fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[-2]) and _cache_repeats(function, arrays[-1]))):
+        _fell_back(torch, xs, "cos/sin entries do not repeat")
         return None  # its formula is then no rotation of pairs
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
         return _rotation(torch).apply(function, unsqueeze_dim, arrays, cos, sin, *xs)
     return _rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
+
+
+def _fell_back(torch, xs, reason):
+    # Count a call that takes the formula though the data `xs` need a gradient.
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in xs):
+        FALLBACKS[reason] += 1
+
+
+def _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim):
+    """Under ``torch.compile``: ``torch.ops.posenc_fast.hf_rotate`` (`posenc_fast.torch_ops`), the
+    kernel as an op with its backward; it checks the cache's repeats when it runs."""
+    if not _fits(function, [x.shape for x in xs], cos.shape[-1]):
+        return None  # the formula, which says what is wrong
+    from . import torch_ops  # noqa: F401  (registers the op)
+    family, name = _patched_as(function)
+    return tuple(torch.ops.posenc_fast.hf_rotate(list(xs), cos, sin, family, name, unsqueeze_dim, False))
+
+
+def _patched_as(function):
+    """(module, function name): where `function` is in `_PATCHED` (read off its flags, which a
+    ``torch.compile`` trace reads as constants)."""
+    if function.deinterleaves:
+        name = "apply_rotary_pos_emb_interleave"
+    else:
+        name = "apply_rotary_pos_emb" if function.unsqueeze is None else "apply_rotary_pos_emb_vision"
+    return function.source.split("/")[0], name
 
 
 def _rotated(torch, function, arrays, dtypes, unsqueeze_dim):
@@ -92,23 +136,29 @@ def _rotation(torch):
         @torch.autograd.function.once_differentiable
         def backward(ctx, *grads):
             ctx.saved_tensors  # raises if cos/sin changed in place since the forward
-            function = ctx.function
-            # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
-            # rotates back in halves, then interleaves.
-            transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
-                                          layout=function.kernel_layout)
-            # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
-            # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
-            # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
-            arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(ctx.tables)
-            grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], ctx.unsqueeze_dim)
-            if function.deinterleaves:
-                grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
+            grads = _transposed(torch, ctx.function, grads, ctx.tables, ctx.unsqueeze_dim)
             return (None,) * 5 + tuple(g if needed else None
                                        for g, needed in zip(grads, ctx.needs_input_grad[5:]))
 
     _ROTATION.append(Rotation)
     return Rotation
+
+
+def _transposed(torch, function, grads, tables, unsqueeze_dim):
+    """The gradients of `function`'s results rotated back: the backward of `Rotation` (and of the op
+    ``hf_rotate``), `tables` the NumPy views of cos and sin."""
+    # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
+    # rotates back in halves, then interleaves.
+    transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
+                                  layout=function.kernel_layout)
+    # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
+    # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
+    # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
+    arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(tables)
+    grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], unsqueeze_dim)
+    if function.deinterleaves:
+        grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
+    return grads
 
 
 def numpy_view(torch, t):
@@ -153,7 +203,7 @@ def _numpy_can_take(torch, function, xs, cos, sin) -> bool:
     elif function.compute == "torch" and any(t.dtype != cache for t in xs):
         if any(torch.promote_types(t.dtype, cache) != t.dtype for t in xs):
             return False  # torch would return the cache's wider dtype
-    return not torch.compiler.is_compiling()
+    return True
 
 
 def _fits(function, shapes, width) -> bool:

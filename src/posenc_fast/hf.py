@@ -19,15 +19,13 @@ import inspect
 import sys
 
 from . import _hf_drop_in as _drop_in
-from ._hf_drop_in import FALLBACKS, _apply, _fits, numpy_view
-from ._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+from ._hf_drop_in import _PATCHED, FALLBACKS, _apply, _fell_back, _fits, numpy_view
+from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
 
 __all__ = ["FALLBACKS", "Installation", "SUPPORTED_FAMILIES", "apply_rotary_pos_emb", "apply_rotary_pos_emb_single",
            "install", "numpy_view", "uninstall"]
 
-# function name -> {module: what that module's function of the name computes}
-_PATCHED = {"apply_rotary_pos_emb": ROTARY_FUNCTIONS, "apply_rotary_pos_emb_interleave": INTERLEAVE_FUNCTIONS,
-            "apply_rotary_pos_emb_vision": VISION_FUNCTIONS}
+# _PATCHED (_hf_drop_in's): function name -> {module: what that module's function of the name computes}
 
 SUPPORTED_FAMILIES = tuple(sorted(set().union(*_PATCHED.values())))
 """Modeling modules (``transformers/models/<name>``) whose ``apply_rotary_pos_emb`` (or MLA's
@@ -98,8 +96,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     bfloat16/float16 are computed in float32 and rounded once
     (transformers' own formula rounds every operation to the half type, so
     the results differ in the last bit: ours are the closer ones).
-    Everything else (other devices, cos/sin that need a gradient, tracing by
-    ``torch.compile``) runs transformers' own formula in torch, so GPUs keep
+    Under ``torch.compile`` the call is the op
+    ``torch.ops.posenc_fast.hf_rotate`` (`posenc_fast.torch_ops`): the same
+    kernel and backward, kept in the graph (no graph break).
+    Everything else (other devices, cos/sin that need a gradient) runs
+    transformers' own formula in torch, so GPUs keep
     working unchanged; calls that fell back for a gradient are counted in
     `FALLBACKS`.  NumPy inputs follow
     posenc_fast's rule: the result has q's (k's) dtype, computed in the wider
@@ -205,11 +206,13 @@ def install(model=None) -> Installation:
     every call, so models already built are affected too.  Results are those
     of the module's own function (bit for bit in float32/float64 on the CPU,
     and in bfloat16/float16 for the functions that compute in float32 and
-    round once, as the kernel does); other dtypes, devices, ``torch.compile``
-    tracing and caches whose entries do not repeat as the function expects
-    fall back to the module's own function, and so do float64 data or caches
-    for the functions that compute in float32 (their ``.float()`` rounds
-    them first: DeepSeek-V4, the vision towers, Cohere).  With parameters that need a gradient (training, or a
+    round once, as the kernel does); other dtypes, devices and caches whose
+    entries do not repeat as the function expects fall back to the module's
+    own function, and so do float64 data or caches for the functions that
+    compute in float32 (their ``.float()`` rounds them first: DeepSeek-V4,
+    the vision towers, Cohere).  Under ``torch.compile`` the functions call
+    posenc_fast's op ``hf_rotate``, which the graph keeps and which runs the
+    same kernel.  With parameters that need a gradient (training, or a
     forward outside ``torch.no_grad()``) the kernel runs too, with its exact
     backward (see `apply_rotary_pos_emb`); what still falls back for a
     gradient is counted in `FALLBACKS`.
@@ -278,6 +281,8 @@ def _replacement(original, function):
             rotated = _rotate_if_fits(function, *call)
             if rotated is not None:
                 return rotated[0] if one else rotated
+        else:
+            _fell_back(sys.modules["torch"], (*args, *kwargs.values()), "arguments or shapes it does not take")
         return original(*args, **kwargs)
 
     apply_rotary_pos_emb.__doc__ = f"posenc_fast's kernel for {original.__module__}'s function."
@@ -310,6 +315,7 @@ def _rotate_if_fits(function, tensors, unsqueeze_dim):
     if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
             and _fits(function, [x.shape for x in xs], cos.shape[-1])
             and (function.unsqueeze is None or cos.ndim >= 2)):  # MiniMax-M3-VL's cos[:, None, :]
+        _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _drop_in._rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
 

@@ -13,6 +13,13 @@ Importing this module registers, through `torch.library`:
     inverse=False) -> Tensor``: the same rotation into a new tensor, with a
     gradient (its backward the op with `inverse` flipped): for training.
 
+``torch.ops.posenc_fast.hf_rotate``
+    ``(xs, cos, sin, family, name, unsqueeze_dim, transpose) -> Tensor[]``:
+    what `posenc_fast.hf`'s replacement of a transformers module's function
+    returns, with a gradient, for every kind `install` patches (the one-tensor,
+    MLA, DeepSeek-V4 and vision ones too); the drop-ins call it under
+    ``torch.compile``.
+
 ``torch.ops.posenc_fast.fused_qk_norm_rope``
     ``(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
     is_neox, eps=1e-6, weight_offset=0.0) -> ()``:
@@ -59,7 +66,7 @@ except ImportError:
 from . import vllm
 
 __all__ = ["apply_qk_to_cache", "apply_rotary", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
-           "fused_qk_norm_rope", "rotary_embedding"]
+           "fused_qk_norm_rope", "hf_rotate", "rotary_embedding"]
 
 _LIBRARY = torch.library.Library("posenc_fast", "DEF")
 
@@ -132,6 +139,109 @@ def _apply_rotary_backward(ctx, grad):
 
 torch.library.register_autograd("posenc_fast::apply_rotary", _apply_rotary_backward,
                                 setup_context=_apply_rotary_context, lib=_LIBRARY)
+
+def _hf_function(family, name):
+    from . import _hf_drop_in
+    return _hf_drop_in, _hf_drop_in._PATCHED[name][family]
+
+
+def _hf_formula(drop_in, function, family, name):
+    """The modeling module's own function (the public drop-ins': `_hf_drop_in._torch_formula`), on a
+    tuple: ``unsqueeze_dim`` passed where it has one (not the vision towers')."""
+    from . import hf
+
+    if function in (hf._LLAMA, hf._ONE_TENSOR):
+        return lambda xs, cos, sin, dim: drop_in._torch_formula(torch, xs, cos, sin, dim)
+    import importlib
+
+    module = importlib.import_module(hf._module_name(family))
+    original = hf._originals.get((module.__name__, name), getattr(module, name))
+    if function.unsqueeze is not None:  # it unsqueezes at its own axis, the one `dim` is
+        return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin))
+    if function.one_tensor:
+        return lambda xs, cos, sin, dim: (original(*xs, cos, sin, unsqueeze_dim=dim),)
+    return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin, unsqueeze_dim=dim))
+
+
+def _hf_layout(function, x, transpose):
+    """An empty tensor laid out as posenc_fast.hf's result for `x`: in x's memory order where its
+    leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous, and so a
+    gradient and a deinterleaving function's result."""
+    axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
+    if transpose or function.deinterleaves or x.is_contiguous() or not x.permute(axes).is_contiguous():
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    inverse = sorted(range(x.dim()), key=axes.__getitem__)
+    return torch.empty_like(x.permute(axes), memory_format=torch.contiguous_format).permute(inverse)
+
+
+def _in_layout(result, like):
+    # `result` with the strides `like` has (those of size-1 axes do not address memory: a view)
+    if result.stride() == like.stride():
+        return result
+    if all(a == b or n == 1 for a, b, n in zip(result.stride(), like.stride(), like.shape)):
+        return result.as_strided(like.shape, like.stride())
+    return like.copy_(result)
+
+
+def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
+    drop_in, function = _hf_function(family, name)
+    if transpose:
+        xs = [g.contiguous() for g in xs]
+    with torch.no_grad():  # (called directly) data the kernel does not compute as the module does?
+        exact = drop_in._numpy_can_take(torch, function, xs, cos, sin)
+    arrays = [drop_in.numpy_view(torch, t) for t in (*xs, cos, sin)] if exact else None
+    if not (exact and drop_in._cache_repeats(function, arrays[-2]) and drop_in._cache_repeats(function, arrays[-1])):
+        # no rotation of pairs: the module's formula, or its backward (a linear map's: at zeros)
+        formula = _hf_formula(drop_in, function, family, name)
+        if not transpose:
+            with torch.no_grad():
+                results = formula(tuple(xs), cos, sin, unsqueeze_dim)
+        else:
+            drop_in.FALLBACKS["cos/sin entries do not repeat"] += 1  # a gradient was needed: counted now
+            _, vjp = torch.func.vjp(lambda *zs: formula(zs, cos, sin, unsqueeze_dim),
+                                    *[torch.zeros_like(g) for g in xs])
+            results = vjp(tuple(xs))
+    elif transpose:
+        results = drop_in._transposed(torch, function, xs, arrays[-2:], unsqueeze_dim)
+    else:
+        results = drop_in._rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
+    return [_in_layout(r, _hf_layout(function, x, transpose)) for r, x in zip(results, xs)]
+
+
+def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
+    _, function = _hf_function(family, name)
+    return [_hf_layout(function, x, transpose) for x in xs]
+
+
+hf_rotate = _define(
+    "hf_rotate(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, SymInt unsqueeze_dim, "
+    "bool transpose) -> Tensor[]", _hf_rotate, _hf_rotate_fake)
+"""What `posenc_fast.hf`'s replacement of ``transformers.models.<family>``'s function `name`
+returns for `xs` (q and k, or one tensor), with a gradient: the drop-ins under ``torch.compile``.
+
+`name` is ``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave`` or
+``apply_rotary_pos_emb_vision``; `unsqueeze_dim` is the call's (a vision
+tower's function: its own axis).  `transpose` rotates gradients back (its
+backward).  cos/sin whose entries do not repeat as the function expects, and
+data the kernel does not compute as the module does (called directly), take
+the module's own formula (and its backward), as the drop-in does.  cos/sin
+get no gradient.
+"""
+
+
+def _hf_rotate_context(ctx, inputs, output):
+    _, cos, sin, family, name, unsqueeze_dim, _ = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.arguments = (family, name, unsqueeze_dim)
+
+
+def _hf_rotate_backward(ctx, grads):
+    cos, sin = ctx.saved_tensors
+    return (hf_rotate(list(grads), cos, sin, *ctx.arguments, True),) + (None,) * 6
+
+
+torch.library.register_autograd("posenc_fast::hf_rotate", _hf_rotate_backward,
+                                setup_context=_hf_rotate_context, lib=_LIBRARY)
 
 fused_qk_norm_rope = _define(
     "fused_qk_norm_rope(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, "

@@ -1,0 +1,183 @@
+"""torch.autograd.gradcheck, in float64, of every kind of function `hf.install` patches.
+
+One module per distinct ``RotaryFunction`` (the table's rows less their
+source: half and interleaved layouts, partial, the cache forms, float32 and
+own-dtype arithmetic, inverse, MLA's deinterleaving one, the one-tensor ones,
+DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
+replacement called as transformers calls it; the public drop-ins; the op
+``hf_rotate`` the drop-ins call under ``torch.compile``, eager and compiled,
+also with a cache whose entries do not repeat (the op's formula and its
+backward).  Functions computing in float32 (``q.float()``: Cohere's) take
+transformers' formula for float64 data (rounding it to float32 first would
+not be exact): they are checked all the same, with a step the rounding
+does not swamp.  Skipped without torch and transformers.
+"""
+
+import importlib
+
+import pytest
+
+from posenc_fast import _hf_drop_in as _drop_in, hf
+from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
+
+
+def _kinds():
+    """(module, function name) of the first module of each distinct kind of function."""
+    kinds = {}
+    for name, table in (("apply_rotary_pos_emb", ROTARY_FUNCTIONS),
+                        ("apply_rotary_pos_emb_interleave", INTERLEAVE_FUNCTIONS),
+                        ("apply_rotary_pos_emb_vision", VISION_FUNCTIONS)):
+        for module in sorted(table):
+            kinds.setdefault(table[module]._replace(source=""), (module, name))
+    return sorted(kinds.values())
+
+
+KINDS = _kinds()
+
+
+@pytest.fixture(autouse=True)
+def fallbacks():
+    hf.FALLBACKS.clear()
+    yield
+    hf.FALLBACKS.clear()
+
+
+def test_every_kind_is_checked():
+    kinds = {f._replace(source="") for table in (ROTARY_FUNCTIONS, INTERLEAVE_FUNCTIONS, VISION_FUNCTIONS)
+             for f in table.values()}
+    assert len(KINDS) == len(kinds) >= 13
+    checked = {hf._PATCHED[name][module] for module, name in KINDS}
+    assert any(f.one_tensor for f in checked) and any(f.deinterleaves for f in checked)
+    assert any(f.trailing for f in checked) and {f.unsqueeze for f in checked} == {None, 1, -2}
+    assert any(f.partial for f in checked) and any(f.layout == "interleaved" for f in checked)
+    assert {f.cache for f in checked} == {"halves", "pairs", "half_width"}
+
+
+def cache(function, batch, seq, rotated, repeat=True):
+    """A float64 cos/sin `rotated` features wide in the form `function` reads (`repeat`=False: entries
+    that do not repeat as it expects)."""
+    generator = torch.Generator().manual_seed(rotated)
+    lead = (batch, seq) if function.unsqueeze is None else (seq,)  # a vision tower's: (tokens, rotated)
+    positions = torch.randint(0, 4096, (*lead, 1), generator=generator).double()
+    angles = positions * 10000.0 ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+    if function.cache == "pairs":
+        angles = angles.repeat_interleave(2, dim=-1)
+    elif function.cache == "halves":
+        angles = torch.cat((angles, angles), dim=-1)
+    if not repeat:
+        angles = angles + torch.rand(angles.shape, generator=generator, dtype=torch.float64)
+    return angles.cos(), angles.sin()
+
+
+def data(batch=2, seq=5, dim=16, function=hf._LLAMA):
+    generator = torch.Generator().manual_seed(7)
+    vision = function.unsqueeze is not None  # (tokens, heads, head_dim)
+    q = torch.randn(*((seq, 3) if vision else (batch, 3, seq)), dim, generator=generator, dtype=torch.float64)
+    k = torch.randn(*((seq, 1) if vision else (batch, 1, seq)), dim, generator=generator, dtype=torch.float64)
+    return q.requires_grad_(), k.requires_grad_()
+
+
+def _call(function, apply, cos, sin):
+    """`apply` of (q, k) as transformers' attention calls it: a function of (q, k), or of one tensor
+    (a vision tower's has no unsqueeze_dim)."""
+    if function.one_tensor:
+        return lambda q, k: (apply(q, cos, sin, unsqueeze_dim=1), apply(k, cos, sin, unsqueeze_dim=1))
+    if function.unsqueeze is not None:
+        return lambda q, k: apply(q, k, cos, sin)
+    return lambda q, k: apply(q, k, cos, sin, unsqueeze_dim=1)
+
+
+def _gradcheck(fn, inputs, float32):
+    # float32 arithmetic inside: a step of 1e-2 (the function is linear: no truncation error)
+    options = dict(eps=1e-2, atol=1e-4, rtol=1e-4) if float32 else {}
+    assert torch.autograd.gradcheck(fn, inputs, **options)
+
+
+@pytest.mark.parametrize("module, name", KINDS)
+def test_the_drop_in_passes_gradcheck(module, name, kernel_calls):
+    function = hf._PATCHED[name][module]
+    own = getattr(importlib.import_module(hf._module_name(module)), name)
+    patched = hf._replacement(own, function)
+    float32 = function.compute == "float32"
+    for width in ((16, 8) if function.partial else (16,)):
+        cos, sin = cache(function, 2, 5, width)
+        q, k = data(function=function)
+        fn = _call(function, patched, cos, sin)
+        q_embed, _ = fn(q, k)
+        # the kernel with its backward, but for q.float(): then the formula (no gradient lost)
+        assert kernel_calls == [not float32] * (1 + function.one_tensor)
+        assert (q_embed.grad_fn.name() == "RotationBackward") is not float32
+        # listed where it falls back
+        assert hf.FALLBACKS == ({"data the kernel does not compute exactly": 1 + function.one_tensor}
+                                if float32 else {})
+        _gradcheck(fn, (q, k), float32)
+        kernel_calls.clear()
+        hf.FALLBACKS.clear()  # gradcheck's calls too
+
+
+@pytest.mark.parametrize("public", ["apply_rotary_pos_emb", "apply_rotary_pos_emb_single"])
+def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
+    function = hf._ONE_TENSOR if public.endswith("single") else hf._LLAMA
+    cos, sin = cache(function, 2, 5, 16)
+    fn = _call(function, getattr(hf, public), cos, sin)
+    _gradcheck(fn, data(), False)
+    assert kernel_calls and all(kernel_calls)
+
+
+@pytest.mark.parametrize("module, name", [("llama", "apply_rotary_pos_emb"), ("blt", "apply_rotary_pos_emb"),
+                                          ("cohere", "apply_rotary_pos_emb"),
+                                          ("deepseek_v3", "apply_rotary_pos_emb_interleave"),
+                                          ("gemma4", "apply_rotary_pos_emb"), ("deepseek_v4", "apply_rotary_pos_emb"),
+                                          ("qwen2_vl", "apply_rotary_pos_emb_vision"),
+                                          ("minimax_m3_vl", "apply_rotary_pos_emb_vision")])
+@pytest.mark.parametrize("repeat", [True, False], ids=["cache", "cache not repeating"])
+def test_the_op_passes_gradcheck(module, name, repeat):
+    # hf_rotate, called directly: the kernel (or, entries not repeating, the module's formula;
+    # float64 data of a function computing in float32: DeepSeek-V4's, Qwen2-VL's, Cohere's)
+    import posenc_fast.torch_ops  # noqa: F401
+
+    function = hf._PATCHED[name][module]
+    cos, sin = cache(function, 2, 5, 8 if function.partial else 16, repeat)  # partial: 8 of 16 features
+    dim = 1 if function.unsqueeze is None else function.unsqueeze  # what the drop-in passes the op
+
+    def fn(q, k):
+        xs = [q] if function.one_tensor else [q, k]
+        return tuple(torch.ops.posenc_fast.hf_rotate(xs, cos, sin, module, name, dim, False))
+
+    q, k = data(function=function)
+    own = getattr(importlib.import_module(hf._module_name(module)), name)
+    with torch.no_grad():
+        want = _call(function, own, cos, sin)(q, k)
+        got = fn(q, k)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    _gradcheck(fn, (q, k), function.compute == "float32")  # Cohere's: its formula (q.float())
+
+
+def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
+    # under torch.compile (fullgraph: the op in the graph), repeating entries or not
+    cos, sin = cache(hf._LLAMA, 2, 5, 16)
+    rand_cos, rand_sin = cache(hf._LLAMA, 2, 5, 16, repeat=False)
+    runs = []  # the kernel's, when the compiled graph runs (a counter in the traced code would be a guard)
+    monkeypatch.setattr(_drop_in, "_rotated", lambda *args, rotated=_drop_in._rotated: runs.append(1) or rotated(*args))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, cos, sin: hf.apply_rotary_pos_emb(q, k, cos, sin),
+                             fullgraph=True, backend="aot_eager")
+    for c, s, kernel in ((cos, sin, True), (rand_cos, rand_sin, False)):
+        runs.clear()
+        _gradcheck(lambda q, k: compiled(q, k, c, s), data(), False)
+        q, k = data()
+        want = _drop_in._torch_formula(torch, (q, k), c, s, 1)
+        got = compiled(q, k, c, s)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+        grads = torch.autograd.grad(sum(g.square().sum() for g in got), (q, k))
+        for g, w in zip(grads, torch.autograd.grad(sum(w.square().sum() for w in want), (q, k))):
+            assert torch.equal(g, w)
+        assert bool(runs) is kernel  # entries not repeating: the op's formula
+    torch._dynamo.reset()
