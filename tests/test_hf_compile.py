@@ -16,6 +16,7 @@ without torch and transformers.
 """
 
 import copy
+import os
 import warnings
 
 import pytest
@@ -184,6 +185,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("POSENC_FAST_TEST_BIG", "") in ("", "0"),
+                    reason="inductor compiles for about a minute: set POSENC_FAST_TEST_BIG=1")
 def test_inductor_step_is_close_to_the_eager_one(kernel_runs, one_thread):
     # Inductor writes its own C++ for the rest of the step (RMSNorm, softmax, SiLU, the loss,
     # the SGD update), reducing in another order than eager: its loss and gradients differ from
