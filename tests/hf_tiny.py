@@ -362,6 +362,15 @@ def position_ids(model):
     return torch.stack(rows)[:, None].expand(streams, BATCH, SEQ)
 
 
+
+def full_width_cache(batch, seq, dim, dtype=torch.float32, seed=0):
+    """A full-width (batch, seq, dim) cos/sin cache with repeated halves, as transformers' rotary modules build."""
+    generator = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 4096, (batch, seq, 1), generator=generator).double()
+    angles = positions * 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Count the calls that `install`'s functions answered with posenc_fast's kernel."""

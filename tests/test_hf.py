@@ -16,6 +16,7 @@ from posenc_fast import _hf_drop_in, hf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 modeling_llama = importlib.import_module("transformers.models.llama.modeling_llama")
+from hf_tiny import full_width_cache as hf_cache  # noqa: E402  (needs torch)
 
 # transformers' function, kept even while a test has posenc_fast installed
 HF_APPLY = modeling_llama.apply_rotary_pos_emb
@@ -26,16 +27,6 @@ TOL = {torch.float32: dict(rtol=0, atol=1e-6), torch.float64: dict(rtol=0, atol=
 def restore_transformers():
     yield
     hf.uninstall()
-
-
-def hf_cache(batch, seq, dim, dtype=torch.float32, seed=0):
-    """A full-width (batch, seq, dim) cos/sin cache with repeated halves, as transformers builds."""
-    generator = torch.Generator().manual_seed(seed)
-    positions = torch.randint(0, 4096, (batch, seq, 1), generator=generator).double()
-    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = positions * inv_freq
-    emb = torch.cat((angles, angles), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def qk(shape_q, shape_k, dtype, layout, seed=1):

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import hf_tiny  # noqa: E402  (needs torch)
-from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
+from hf_tiny import full_width_cache as cache, kernel_calls  # noqa: E402,F401  (kernel_calls: a fixture)
 
 # Gemma's form (a full-width cache); DeepSeek-V4's half-width one on trailing features: test_hf_deepseek_v4.py
 ONE_TENSOR = sorted(name for name, function in ROTARY_FUNCTIONS.items()
@@ -42,15 +42,6 @@ GEMMA4 = own("gemma4")
 def restore_transformers():
     yield
     hf.uninstall()
-
-
-def cache(batch, seq, dim, dtype=torch.float32, seed=0):
-    """A full-width (batch, seq, dim) cos/sin cache with repeated halves, as the rotary module builds."""
-    generator = torch.Generator().manual_seed(seed)
-    positions = torch.randint(0, 4096, (batch, seq, 1), generator=generator).double()
-    angles = positions * 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    emb = torch.cat((angles, angles), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def data(shape, dtype=torch.float32, layout="contiguous", seed=1):
