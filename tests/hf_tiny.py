@@ -373,14 +373,22 @@ def full_width_cache(batch, seq, dim, dtype=torch.float32, seed=0):
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Count the calls that `install`'s functions answered with posenc_fast's kernel."""
+    """Count the calls that `install`'s functions answered with posenc_fast's kernel (the compiled
+    route's answers, then the Python route's answers and refusals)."""
     calls = []
-    rotate = _hf_drop_in._rotate_tensors
+    rotate, compiled = _hf_drop_in._rotate_tensors, _hf_drop_in._compiled_call
 
     def counting(*args):
         result = rotate(*args)
         calls.append(result is not None)
         return result
 
+    def counting_compiled(*args):
+        result = compiled(*args)
+        if result is not None:
+            calls.append(True)
+        return result
+
     monkeypatch.setattr(_hf_drop_in, "_rotate_tensors", counting)
+    monkeypatch.setattr(_hf_drop_in, "_compiled_call", counting_compiled)
     return calls

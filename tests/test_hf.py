@@ -112,18 +112,28 @@ def kernel_calls(monkeypatch):
         calls.append(args[0].shape)
         return posenc_fast.apply_rotary_cos_sin(*args, **kwargs)
 
+    compiled = _hf_drop_in._compiled_call
+
+    def counting_compiled(torch_, function, xs, *args):
+        result = compiled(torch_, function, xs, *args)
+        calls.extend(tuple(x.shape) for x in (xs if result is not None else ()))
+        return result
+
     monkeypatch.setattr(_hf_drop_in, "kernels",
                         RecordingKernels(_hf_drop_in.kernels, lambda x, *_: calls.append(x.shape)))
     monkeypatch.setattr(_hf_drop_in, "apply_rotary_cos_sin", counting)
+    monkeypatch.setattr(_hf_drop_in, "_compiled_call", counting_compiled)
     return calls
 
 
 @pytest.mark.parametrize("layout", ["transposed", "contiguous"])
 def test_torch_tensors_are_viewed_not_copied(monkeypatch, layout):
-    # Transposed views take apply_rotary_cos_sin, contiguous ones the compiled path.
+    # The Python route (the compiled one is test_the_compiled_route_*): transposed views
+    # take apply_rotary_cos_sin, contiguous ones the compiled path of NumPy arrays.
     q, k = qk((1, 4, 6, 16), (1, 2, 6, 16), torch.float32, layout)
     cos, sin = hf_cache(1, 6, 16)
     calls = []
+    monkeypatch.setattr(_hf_drop_in, "_compiled_call", lambda *args: None)
 
     def recording(x, c, s, **kwargs):
         result = posenc_fast.apply_rotary_cos_sin(x, c, s, **kwargs)

@@ -48,7 +48,8 @@ cdef bint _token_rows(object a, Py_ssize_t tokens, Py_ssize_t head_size, Py_ssiz
     rows.data = _data(arr) + offset * itemsize
     rows.token_stride = cnp.PyArray_STRIDE(arr, 0)
     rows.extent = max(rows.heads - 1, 0) * rows.head_stride + head_size * itemsize
-    return True
+    # tokens that share memory (an expanded view) would rotate twice: vllm.py refuses them
+    return tokens < 2 or rows.token_stride >= rows.extent
 
 
 cdef bint _rows_disjoint(const TokenRows* a, const TokenRows* b, Py_ssize_t tokens):

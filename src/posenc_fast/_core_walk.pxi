@@ -202,14 +202,21 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
     returns the results as a tuple, or returns None, having written nothing,
     when the call is not one this path takes.
     """
+    if (not (inverse is True or inverse is False)
+            or type(layout) is not str or layout not in ("half", "interleaved")):
+        return None
+    return _rotate_cos_sin(xs, cos_cache, sin_cache, layout == "half", inverse, outs, start)
+
+
+cdef object _rotate_cos_sin(tuple xs, object cos_cache, object sin_cache, bint half, bint inverse,
+                            tuple outs, Py_ssize_t start):
+    # rotate_cos_sin_fast's work, once its flags are checked.
     cdef CacheWalk walks[2]
     cdef Py_ssize_t n = len(xs), j, dim = 0
     cdef int table
     cdef list results = []
     cdef cnp.ndarray c, s, x
     if (not _fast_paths_on or n > 2 or len(outs) != n or start < 0
-            or not (inverse is True or inverse is False)
-            or type(layout) is not str or layout not in ("half", "interleaved")
             or not (_fast_cache(cos_cache) and _fast_cache(sin_cache))):
         return None
     c, s = cos_cache, sin_cache
@@ -237,25 +244,31 @@ def rotate_cos_sin_fast(tuple xs, cos_cache, sin_cache, layout, inverse, tuple o
             return None
         results.append(result)
     for j in range(n):
-        _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j],
-                  layout == "half", inverse, start)
+        _run_walk(<cnp.ndarray>xs[j], <cnp.ndarray>results[j], c, s, &walks[j], half, inverse,
+                  start)
     return tuple(results)
 
 
 def entries_repeat(cache, bint pairs):
     """Whether a C-contiguous cache's rows repeat bit for bit: entry 2i equals 2i + 1
     (`pairs`) or the first half equals the second (else); None for any other array."""
+    cdef int same = _entries_repeat(cache, pairs)
+    return None if same < 0 else bool(same)
+
+
+cdef int _entries_repeat(object cache, bint pairs):
+    # entries_repeat's answer as 1 / 0, or -1 for an array it does not read.
     cdef cnp.ndarray a
     cdef Py_ssize_t width, rows, r, i, itemsize
     cdef const char* row
     if not cnp.PyArray_CheckExact(cache):
-        return None
+        return -1
     a = <cnp.ndarray>cache
     if cnp.PyArray_NDIM(a) < 1 or not cnp.PyArray_ISCARRAY_RO(a):
-        return None
+        return -1
     width = cnp.PyArray_DIMS(a)[cnp.PyArray_NDIM(a) - 1]
     if width % 2:
-        return None
+        return -1
     itemsize = cnp.PyArray_ITEMSIZE(a)
     rows = cnp.PyArray_SIZE(a) // width if width else 0
     row = _data(a)
@@ -263,8 +276,8 @@ def entries_repeat(cache, bint pairs):
         if pairs:
             for i in range(0, width, 2):
                 if memcmp(row + i * itemsize, row + (i + 1) * itemsize, itemsize):
-                    return False
+                    return 0
         elif memcmp(row, row + width // 2 * itemsize, width // 2 * itemsize):
-            return False
+            return 0
         row += width * itemsize
-    return True
+    return 1

@@ -39,9 +39,12 @@ kernel, with its backward (under ``torch.compile`` the op ``hf_rotate``)."""
 
 def _apply(function, xs, cos, sin, unsqueeze_dim):
     """The public drop-ins: `function` of `xs` (q and k, or one tensor) as torch tensors or NumPy arrays."""
+    torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
+    rotated = _compiled_call(torch, function, xs, cos, sin, unsqueeze_dim)
+    if rotated is not None:
+        return rotated
     names = _names(xs)
     tensors = (*xs, cos, sin)
-    torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
     if torch is not None and any(isinstance(t, torch.Tensor) for t in tensors):
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"{', '.join(names)}, cos and sin must be all torch tensors or all NumPy arrays")
@@ -165,11 +168,27 @@ def numpy_view(torch, t):
     """A CPU tensor's memory as an ndarray (no copy): half types through int16,
     since NumPy has no bfloat16 of its own.  (.numpy() refuses tensors that
     require grad, possible under no_grad: they are detached.)"""
+    if not _REGISTERED:
+        _register(torch)
     t = t.detach() if t.requires_grad else t
     if t.dtype in (torch.bfloat16, torch.float16):
         return t.view(torch.int16).numpy().view(
             v.BFLOAT16 if t.dtype == torch.bfloat16 else np.float16)
     return t.numpy()
+
+
+_REGISTERED = []
+
+
+def _register(torch):
+    # The compiled glue reads tensors from now on (_core_torch.pxi).
+    descrs = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+              torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(v.BFLOAT16),
+              torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32),
+              torch.int16: np.dtype(np.int16), torch.int8: np.dtype(np.int8),
+              torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.bool_)}
+    kernels.register_torch(torch, descrs)
+    _REGISTERED.append(True)
 
 
 def _torch_view(torch, a, dtype):
@@ -191,19 +210,53 @@ def _numpy_can_take(torch, function, xs, cos, sin) -> bool:
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         FALLBACKS["cos/sin need a gradient"] += 1  # Rotation carries the data's gradients only
         return False
-    cache = cos.dtype
-    if sin.dtype != cache:
-        return False
-    for t in xs:  # the kernel takes half data with a float32 cache or one of its own dtype
-        if t.dtype in (torch.bfloat16, torch.float16) and cache not in (torch.float32, t.dtype):
+    return sin.dtype == cos.dtype and _dtypes_fit(torch, function, [t.dtype for t in xs], cos.dtype)
+
+
+def _dtypes_fit(torch, function, dtypes, cache) -> bool:
+    """True when the kernel gives `function`'s result for data of `dtypes` (q's and k's, or one)
+    and a cos/sin cache of dtype `cache` (all kernel dtypes)."""
+    for dtype in dtypes:  # the kernel takes half data with a float32 cache or one of its own dtype
+        if dtype in (torch.bfloat16, torch.float16) and cache not in (torch.float32, dtype):
             return False
     if function.compute == "float32":  # q.float(), k.float(): float64 would be rounded first
-        if any(t.dtype != xs[0].dtype for t in xs) or torch.float64 in (xs[0].dtype, cache):
+        if any(dtype != dtypes[0] for dtype in dtypes) or torch.float64 in (dtypes[0], cache):
             return False
-    elif function.compute == "torch" and any(t.dtype != cache for t in xs):
-        if any(torch.promote_types(t.dtype, cache) != t.dtype for t in xs):
+    elif function.compute == "torch" and any(dtype != cache for dtype in dtypes):
+        if any(torch.promote_types(dtype, cache) != dtype for dtype in dtypes):
             return False  # torch would return the cache's wider dtype
     return True
+
+
+def _compiled_call(torch, function, xs, cos, sin, unsqueeze_dim):
+    """The common call of `function` on CPU tensors, checked and rotated in C: the results, or None."""
+    if torch is None or torch.compiler.is_compiling():  # no C call in a graph: _compiled_rotation
+        return None
+    rotation = compiled(torch, function)
+    return None if rotation is None else rotation(xs, cos, sin, unsqueeze_dim)
+
+
+_COMPILED = {}  # id(RotaryFunction) -> (it, its TensorRotation or None)
+
+
+def compiled(torch, function):
+    """`function`'s `_core.TensorRotation` (None for a deinterleaving one): the common call, checked
+    in C, on the dtypes `_dtypes_fit` admits (the rule stated once, read into its table here)."""
+    entry = _COMPILED.get(id(function))
+    if entry is not None and entry[0] is function:
+        return entry[1]
+    rotation = None
+    if not function.deinterleaves:
+        if not _REGISTERED:
+            _register(torch)
+        dtypes = kernels.torch_kernel_dtypes()
+        fits = bytes(_dtypes_fit(torch, function, (q,) if function.one_tensor else (q, k), cache)
+                     and (k is q or not function.one_tensor)
+                     for q in dtypes for k in dtypes for cache in dtypes)
+        rotation = kernels.TensorRotation(function.layout, function.cache, function.partial,
+                                          function.trailing, function.inverse, fits)
+    _COMPILED[id(function)] = (function, rotation)
+    return rotation
 
 
 def _fits(function, shapes, width) -> bool:

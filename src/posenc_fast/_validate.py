@@ -272,6 +272,19 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
     return np.may_share_memory(a, b) and np.shares_memory(a, b)
 
 
+def elements_apart(x: np.ndarray) -> bool:
+    """True when no two elements of `x` can share memory: along its axes sorted by stride, each
+    stride spans the axes before it (an expanded, stride-0 view fails; so may a rare
+    interleaved layout that does not overlap)."""
+    extent = x.itemsize
+    axes = sorted(((abs(s), n) for n, s in zip(x.shape, x.strides) if n > 1))
+    for stride, size in axes:
+        if stride < extent:
+            return False
+        extent = stride * (size - 1) + extent
+    return True
+
+
 def output(out, name: str, shape: tuple, dtype: np.dtype, *, may_be=(), must_not_overlap=()):
     """Check a user's `out`; return it (or None), and whether it is one of `may_be`.
 

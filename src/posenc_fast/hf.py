@@ -272,8 +272,13 @@ def _restore(modules) -> None:
 def _replacement(original, function):
     """`original` computed by posenc_fast when it can be exactly, else `original` itself."""
     names, one = _parameters(function), function.one_tensor
+    torch, axis = sys.modules["torch"], 1 if function.unsqueeze is None else function.unsqueeze
 
     def apply_rotary_pos_emb(*args, **kwargs):
+        if len(args) == len(names) and not kwargs:  # the usual call, first in C
+            rotated = _drop_in._compiled_call(torch, function, args[:-2], args[-2], args[-1], axis)
+            if rotated is not None:
+                return rotated[0] if one else rotated
         # Every transformers caller passes (q, k, cos, sin) or (x, cos, sin), by position or
         # keyword, and perhaps unsqueeze_dim= (where the function has it).
         call = _arguments(args, kwargs, names, function.unsqueeze)

@@ -146,6 +146,8 @@ def _query_key_cache(positions: np.ndarray, query, key, head_size: int, cache, o
 
 
 _OPTIONAL = ("key", "q_weight", "k_weight")
+_INTEGERS = ("positions", "slot_mapping")  # tensors of any dtype (checked as integers later)
+_MASKS: dict = {}  # names -> the bits of _OPTIONAL and _INTEGERS (kernels.tensor_arrays)
 
 
 def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
@@ -157,6 +159,13 @@ def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
     """
     torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
     if torch is not None and isinstance(args[1], torch.Tensor):
+        masks = _MASKS.get(names)
+        if masks is None:
+            masks = _MASKS[names] = (sum(1 << i for i, name in enumerate(names) if name in _OPTIONAL),
+                                     sum(1 << i for i, name in enumerate(names) if name in _INTEGERS))
+        arrays = kernels.tensor_arrays(args, *masks)  # every plain CPU tensor, viewed in C
+        if arrays is not None:
+            return arrays
         return tuple(None if t is None and name in _OPTIONAL else _tensor_view(torch, t, name)
                      for name, t in zip(names, args))
     if torch is not None and any(isinstance(t, torch.Tensor) for t in args):
@@ -189,7 +198,7 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
     if not t.is_cpu or t.layout != torch.strided:
         raise ValueError(f"{name} must be a strided CPU tensor, got device {t.device}, "
                          f"layout {t.layout}")
-    if (name not in ("positions", "slot_mapping")
+    if (name not in _INTEGERS
             and t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16)):
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
     if t.requires_grad and torch.is_grad_enabled():
@@ -208,6 +217,15 @@ def _heads_view(x: np.ndarray, name: str, lead: tuple, head_size: int) -> np.nda
     x = _token_heads(x, name, lead, head_size)
     if not x.flags.writeable:
         raise ValueError(f"{name} must be writeable")
+    return _apart(x, name)
+
+
+def _apart(x: np.ndarray, name: str) -> np.ndarray:
+    """`x`, rotated in place, checked to hold each element once."""
+    if x.size and not v.elements_apart(x):
+        raise ValueError(f"{name} of strides {x.strides} has elements that share memory (an "
+                         f"expanded view?): rotated in place it would be rotated twice; pass "
+                         f"a tensor of its own")
     return x
 
 
@@ -296,7 +314,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     positions = _token_positions(positions)
     if isinstance(query, np.ndarray) and not query.dtype.isnative:  # a converted copy is lost
         raise ValueError("query must be in native byte order to be rotated in place")
-    query = _token_heads(query, "query", positions.shape, head_size)
+    query = _apart(_token_heads(query, "query", positions.shape, head_size), "query")
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
     cos, sin = _cos_sin(cache, query.dtype, head_size, float32_for_half=False)

@@ -1,0 +1,207 @@
+# CPU torch tensors read in C: the per-call glue of posenc_fast.vllm, torch_ops and hf.
+#
+# A decode step hands an op a few small tensors; viewing them through
+# Tensor.numpy() and checking them in Python cost several times the kernel.
+# Here a plain, strided CPU tensor of a known dtype becomes an ndarray over
+# its memory (the tensor its base) from its data pointer, sizes and strides.
+# Anything else (a subclass such as a compiler's fake tensor, another device
+# or layout, a negated view, data needing a gradient in grad mode, an error
+# reading it) gives None: the Python layer then checks fully and raises the
+# documented errors.  torch is never imported here: the Python layer
+# registers it once it has seen a tensor (`register_torch`).
+
+import numpy as np
+from cpython.ref cimport Py_INCREF
+
+cdef extern from "numpy/arrayobject.h":
+    # Takes a reference to `descr`; `data` not NULL: the array's memory.
+    object PyArray_NewFromDescr(void* subtype, void* descr, int nd, cnp.npy_intp* dims,
+                                cnp.npy_intp* strides, void* data, int flags, void* obj)
+
+cdef object _Tensor = None        # torch.Tensor
+cdef object _strided = None       # torch.strided
+cdef object _grad_enabled = None  # torch.is_grad_enabled
+cdef object _from_numpy = None    # torch.from_numpy
+cdef object _bfloat16 = None      # torch.bfloat16
+cdef object _int16 = None         # NumPy's int16 dtype (bfloat16 tensors are made through it)
+cdef dict _descrs = {}            # torch dtype -> NumPy dtype of the same bits
+
+
+def register_torch(torch, dict descrs):
+    """Let the compiled paths read and make torch tensors; `descrs`: torch dtype -> NumPy dtype."""
+    global _Tensor, _strided, _grad_enabled, _from_numpy, _bfloat16, _int16, _descrs
+    _strided, _grad_enabled, _from_numpy = torch.strided, torch.is_grad_enabled, torch.from_numpy
+    _bfloat16, _int16, _descrs = torch.bfloat16, np.dtype(np.int16), dict(descrs)
+    _Tensor = torch.Tensor
+
+
+def torch_kernel_dtypes():
+    """The registered torch dtypes of the kernels, by kernel dtype index (TensorRotation's)."""
+    found = {posenc_dtype_index((<cnp.dtype>d).type_num): t for t, d in _descrs.items()}
+    return tuple(found[i] for i in range(POSENC_NUM_DTYPES))
+
+
+cdef object _tensor_array(object t, bint grad, bint floats_only):
+    # The ndarray over `t`'s memory, or None (see above).
+    cdef cnp.dtype descr
+    cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
+    cdef cnp.npy_intp steps[cnp.NPY_MAXDIMS]
+    cdef Py_ssize_t nd, k, address
+    cdef cnp.ndarray a
+    if type(t) is not _Tensor:
+        return None
+    try:
+        if not t.is_cpu or t.layout is not _strided or (grad and t.requires_grad) or t.is_neg():
+            return None
+        found = _descrs.get(t.dtype)
+        if found is None:
+            return None
+        descr = <cnp.dtype>found
+        if floats_only and posenc_dtype_index(descr.type_num) < 0:
+            return None
+        shape, strides, address = t.shape, t.stride(), t.data_ptr()
+    except Exception:  # e.g. a functorch wrapper without storage
+        return None
+    nd = len(shape)
+    if address == 0 or nd > cnp.NPY_MAXDIMS or len(strides) != nd:
+        return None
+    for k in range(nd):
+        dims[k] = shape[k]
+        steps[k] = strides[k] * descr.itemsize
+    Py_INCREF(descr)  # PyArray_NewFromDescr takes a reference to it
+    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, <int>nd, dims, steps,
+                             <void*>address, cnp.NPY_ARRAY_WRITEABLE, NULL)
+    cnp.set_array_base(a, t)
+    return a
+
+
+def tensor_arrays(tuple args, unsigned int optional, unsigned int integers):
+    """NumPy views of `args`, all plain CPU tensors, made in C, or None (see _core_torch.pxi).
+
+    Bit i of `optional`: args[i] may be None (kept); of `integers`: args[i]
+    may have any dtype NumPy has (else a kernel's float dtype).
+    """
+    cdef Py_ssize_t i
+    cdef list arrays = []
+    cdef bint grad
+    if _Tensor is None or len(args) > 32:
+        return None
+    grad = _grad_enabled() is True
+    for i in range(len(args)):
+        t = args[i]
+        if t is None and optional >> i & 1:
+            a = None
+        else:
+            a = _tensor_array(t, grad, not (integers >> i & 1))
+            if a is None:
+                return None
+        arrays.append(a)
+    return tuple(arrays)
+
+
+cdef object _as_tensor(cnp.ndarray a):
+    # A tensor over a new ndarray's memory (bfloat16 through int16: torch knows no
+    # NumPy bfloat16).
+    if posenc_dtype_index(cnp.PyArray_TYPE(a)) == POSENC_BF16:
+        return _from_numpy(a.view(_int16)).view(_bfloat16)
+    return _from_numpy(a)
+
+
+cdef enum:
+    CACHE_HALVES, CACHE_PAIRS, CACHE_HALF_WIDTH
+
+
+cdef class TensorRotation:
+    """A transformers rotation function on CPU torch tensors, every check in C.
+
+    Built by posenc_fast.hf from a `RotaryFunction` (its layout, cache form,
+    partial/trailing features, direction) and `dtypes`, 64 bytes: entry
+    ``(q * 4 + k) * 4 + cache`` (kernel dtype indices; a one-tensor function's
+    ``k`` is ``q``) is nonzero where the function's result is the kernel's.
+    Called with ``(xs, cos, sin, unsqueeze_dim)`` it returns the rotated
+    tensors, new ones with xs's dtypes, or None, having written nothing, for
+    a call it does not take: the Python layer then decides (and raises).
+    """
+    cdef bytes dtypes
+    cdef int cache
+    cdef bint half, partial, trailing, inverse
+
+    def __init__(self, str layout, str cache, bint partial, bint trailing, bint inverse,
+                 bytes dtypes):
+        if len(dtypes) != POSENC_NUM_DTYPES ** 3:
+            raise ValueError(f"dtypes must hold {POSENC_NUM_DTYPES ** 3} bytes, got {len(dtypes)}")
+        self.cache = {"halves": CACHE_HALVES, "pairs": CACHE_PAIRS, "half_width": CACHE_HALF_WIDTH}[cache]
+        self.half, self.partial, self.trailing, self.inverse = layout == "half", partial, trailing, inverse
+        self.dtypes = dtypes
+
+    def __call__(self, tuple xs, cos, sin, unsqueeze_dim):
+        cdef Py_ssize_t n = len(xs), j, cnd, axis, k, width, dim, rotated
+        cdef list arrays = []
+        cdef cnp.ndarray c, s, x
+        cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
+        cdef cnp.npy_intp cos_steps[cnp.NPY_MAXDIMS]
+        cdef cnp.npy_intp sin_steps[cnp.NPY_MAXDIMS]
+        cdef int d0, d1, table
+        cdef bint grad
+        if (_Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int
+                or self.cache == CACHE_PAIRS):  # a strided [..., 0::2] cache: the general path
+            return None
+        grad = _grad_enabled() is True
+        for j in range(n):
+            a = _tensor_array(xs[j], grad, True)
+            if a is None or cnp.PyArray_NDIM(<cnp.ndarray>a) < 1:
+                return None
+            arrays.append(a)
+        found_c, found_s = _tensor_array(cos, grad, True), _tensor_array(sin, grad, True)
+        if found_c is None or found_s is None:
+            return None
+        c, s = found_c, found_s
+        table = posenc_dtype_index(cnp.PyArray_TYPE(c))
+        d0 = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>arrays[0]))
+        d1 = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>arrays[n - 1]))
+        if (cnp.PyArray_TYPE(s) != cnp.PyArray_TYPE(c) or not cnp.PyArray_SAMESHAPE(c, s)
+                or not self.dtypes[(d0 * POSENC_NUM_DTYPES + d1) * POSENC_NUM_DTYPES + table]):
+            return None
+        # cos and sin unsqueezed at unsqueeze_dim, one entry per pair: views made here
+        cnd = cnp.PyArray_NDIM(c)
+        if cnd < 1 or cnd + 1 > cnp.NPY_MAXDIMS or not -cnd - 1 <= unsqueeze_dim <= cnd:
+            return None
+        axis = unsqueeze_dim + cnd + 1 if unsqueeze_dim < 0 else unsqueeze_dim
+        if axis == cnd:  # the heads axis last: cos's last axis is then no longer its pairs
+            return None
+        width = cnp.PyArray_DIMS(c)[cnd - 1]
+        x = arrays[0]
+        dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
+        rotated = 2 * width if self.cache == CACHE_HALF_WIDTH else width
+        if (dim < 2 or dim % 2 or rotated % 2 or (n == 2 and cnp.PyArray_DIMS(
+                <cnp.ndarray>arrays[1])[cnp.PyArray_NDIM(<cnp.ndarray>arrays[1]) - 1] != dim)
+                or not (rotated == dim or self.partial and 2 <= rotated <= dim)):
+            return None
+        if self.cache == CACHE_HALVES and self.half and (
+                _entries_repeat(c, False) != 1 or _entries_repeat(s, False) != 1):
+            return None  # halves that differ (the formula then rotates no pairs) or unread here
+        for k in range(cnd + 1):
+            j = k if k < axis else k - 1
+            dims[k] = 1 if k == axis else cnp.PyArray_DIMS(c)[j]
+            cos_steps[k] = 0 if k == axis else cnp.PyArray_STRIDE(c, j)
+            sin_steps[k] = 0 if k == axis else cnp.PyArray_STRIDE(s, j)
+        if self.cache == CACHE_HALVES:
+            dims[cnd] = width // 2
+        cos_view = _view(c, cnd + 1, dims, cos_steps)
+        sin_view = _view(s, cnd + 1, dims, sin_steps)
+        results = _rotate_cos_sin(tuple(arrays), cos_view, sin_view, self.half, self.inverse,
+                                  (None,) * n, dim - 2 * dims[cnd] if self.trailing else 0)
+        if results is None:
+            return None
+        return tuple([_as_tensor(<cnp.ndarray>r) for r in results])
+
+
+cdef cnp.ndarray _view(cnp.ndarray a, int nd, cnp.npy_intp* dims, cnp.npy_intp* steps):
+    # A view of `a`'s memory with these sizes and strides (within what `a` covers).
+    cdef object descr = <object>cnp.PyArray_DESCR(a)
+    cdef cnp.ndarray v
+    Py_INCREF(descr)
+    v = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, nd, dims, steps, cnp.PyArray_DATA(a),
+                             cnp.NPY_ARRAY_WRITEABLE & cnp.PyArray_FLAGS(a), NULL)
+    cnp.set_array_base(v, a)
+    return v
