@@ -104,6 +104,35 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, token_rows: np.ndarr
     return rows.result()
 
 
+def apply(rope, arrays: list, names: tuple, positions, offset, inverse, outs) -> tuple:
+    """`RotaryEmbedding`'s rotation of x (or q and k) by explicit positions of several streams.
+
+    One cos/sin table of the call's distinct positions (``rope._table``), gathered
+    per (token, pair) by the compiled kernel; `arrays` are checked already.
+    """
+    out_names = ("out",) if len(arrays) == 1 else ("out_q", "out_k")
+    offset = v.real(offset, "offset")
+    inverse = v.flag(inverse, "inverse")
+    values, token_shape = stream_positions(positions, offset, rope.n_streams, arrays[0].shape[:-1], names[0])
+    for x, name in zip(arrays[1:], names[1:]):
+        v.broadcast_target(token_shape, x.shape[:-1], "positions[i]", f"{name}.shape[:-1]")
+    checked: list = []
+    for i, (x, out, name) in enumerate(zip(arrays, outs, out_names)):
+        others = arrays[:i] + arrays[i + 1:] + [given for given, _ in checked]
+        checked.append(v.output(out, name, x.shape, x.dtype, may_be=(x,), must_not_overlap=tuple(others)))
+    distinct, token_rows = distinct_rows(values)
+    tables: dict = {}
+    results = []
+    for x, (out, in_place) in zip(arrays, checked):
+        table = v.compute_dtype(x.dtype)
+        if table not in tables:
+            tables[table] = rope._table(distinct, table, inverse)
+        cos, sin = tables[table]
+        results.append(rotate(x, cos, sin, token_rows, token_shape, rope.pair_streams, rope.layout == "half",
+                              inverse, out, in_place, rope.rotary_start))
+    return tuple(results)
+
+
 def gather(table: np.ndarray, token_rows: np.ndarray, pair_streams: np.ndarray) -> np.ndarray:
     """(tokens, npairs): entry (t, j) = table[token_rows[t, pair_streams[j]], j]."""
     return table[token_rows[:, pair_streams], np.arange(pair_streams.size)]

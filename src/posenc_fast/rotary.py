@@ -420,33 +420,10 @@ class RotaryEmbedding(kernels.RotaryBase):
                                  qk_norm, eps, weight_offset)
 
     def _apply_streams(self, xs, positions, offset, inverse, outs):
-        # Explicit positions of several streams: one cos/sin table of the call's
-        # distinct positions, gathered per (token, pair) by the compiled kernel.
-        names, out_names = (("x",), ("out",)) if len(xs) == 1 else (("q", "k"), ("out_q", "out_k"))
+        # Explicit positions of several streams (the compiled base class's route for them)
+        names = ("x",) if len(xs) == 1 else ("q", "k")
         arrays = [_data(x, name, self._dim) for x, name in zip(xs, names)]
-        offset = v.real(offset, "offset")
-        inverse = v.flag(inverse, "inverse")
-        values, token_shape = _streams.stream_positions(positions, offset, self.n_streams,
-                                                        arrays[0].shape[:-1], names[0])
-        for x, name in zip(arrays[1:], names[1:]):
-            v.broadcast_target(token_shape, x.shape[:-1], "positions[i]", f"{name}.shape[:-1]")
-        checked: list = []
-        for i, (x, out, name) in enumerate(zip(arrays, outs, out_names)):
-            others = arrays[:i] + arrays[i + 1:] + [given for given, _ in checked]
-            checked.append(v.output(out, name, x.shape, x.dtype, may_be=(x,),
-                                    must_not_overlap=tuple(others)))
-        distinct, token_rows = _streams.distinct_rows(values)
-        tables: dict = {}
-        results = []
-        for x, (out, in_place) in zip(arrays, checked):
-            table = v.compute_dtype(x.dtype)
-            if table not in tables:
-                tables[table] = self._table(distinct, table, inverse)
-            cos, sin = tables[table]
-            results.append(_streams.rotate(x, cos, sin, token_rows, token_shape,
-                                           self._pair_streams, self._layout == "half", inverse,
-                                           out, in_place, self._start))
-        return tuple(results)
+        return _streams.apply(self, arrays, names, positions, offset, inverse, outs)
 
     def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
         x = _data(x, "x", self._dim)
