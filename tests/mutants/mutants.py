@@ -106,6 +106,13 @@ MUTANTS = [
     Mutant("mRoPE sections assigned in reverse", "model rules, scalings", PKG + "_streams.py",
            "    return np.repeat(np.arange(len(section)), section)",
            "    return np.repeat(np.arange(len(section))[::-1], section[::-1])", ("tests/test_streams.py",)),
+    Mutant("axial split frequencies not dealt to the blocks in turn", "model rules, scalings",
+           PKG + "_streams.py",
+           '        index = k if self.frequencies == "shared" else self.n_axes * k + block',
+           '        index = k if self.frequencies == "shared" else self.n_axes * k', ("tests/test_axial.py",)),
+    Mutant("axial axis_order ignored", "model rules, scalings", PKG + "_streams.py",
+           "        streams = np.asarray(self.order, dtype=np.intp)[self._blocks(npairs)[0]]",
+           "        streams = self._blocks(npairs)[0].astype(np.intp)", ("tests/test_axial.py",)),
     # model rules
     Mutant("DeepSeek-V4 rotates its leading features", "model rules, scalings", PKG + "_hf_models.py",
            'whole_head=False, trailing=True,', 'whole_head=False, trailing=False,',
