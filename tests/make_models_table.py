@@ -91,7 +91,7 @@ def table() -> str:
         "each checked by `tests/test_hf_install.py`, and whether a tiny model's",
         "logits agree with and without it (`tests/test_hf_install_models.py`).  A rule marked",
         "\"(probed)\" has no row in `_hf_models.MODEL_RULES`: `_hf_probe.py` read it from the modeling code.",
-        "Vision towers' 2-D RoPE (`_hf_models.AXIAL_TOWERS`) is checked by `tests/test_hf_towers.py`.",
+        "Vision towers' 2-D RoPE (`_hf_towers.TOWER_RULES`) is checked by `tests/test_hf_towers.py`.",
         "",
         f"## Supported ({len(supported)})",
         "",

@@ -1,14 +1,21 @@
 """from_hf_config of a vision tower's config: its 2-D (axial) RoPE, checked against the tower's own code.
 
 Every configuration class of the installed transformers whose default RoPE
-is ``"axial"``: a tower in ``_hf_models.AXIAL_TOWERS`` gives
-``RotaryEmbedding.axial``, whose cos/sin equal the tower's rotary module's
-(to float32 rounding) and whose rotation of random q/k equals the tower's
-``apply_rotary_pos_emb_vision``; any other is refused, and must still differ
-(so the list cannot go stale).
+is ``"axial"``: a tower in ``_hf_towers.TOWER_RULES`` gives
+``RotaryEmbedding.axial`` with its rule's options, whose cos/sin equal the
+tower's rotary module's (to float32 rounding; both features of each pair)
+and whose rotation of random q/k equals the rotation the tower's attention
+calls, positions (h, w) (t, h, w) mapped to the module's own
+``position_ids`` columns.  A tower in ``REFUSED_TOWERS`` is refused with its
+reason (every tower found is in one of the two tables; one they lack is
+refused with the message that it has no rule), and no refused tower may agree
+with any reading ``RotaryEmbedding.axial`` offers (so the tables cannot go
+stale).
 """
 
 import inspect
+import itertools
+import re
 import warnings
 
 import numpy as np
@@ -20,8 +27,8 @@ pytest.importorskip("transformers")
 from transformers.models.auto import configuration_auto  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
-from posenc_fast import _hf_models  # noqa: E402
 from posenc_fast._hf_probe import modeling_module  # noqa: E402
+from posenc_fast._hf_towers import AXIAL_TOWERS, REFUSED_TOWERS, TOWER_RULES  # noqa: E402
 
 
 def _axial_types():
@@ -39,73 +46,164 @@ def _axial_types():
 
 
 AXIAL_TYPES = _axial_types()
+SAM = ("sam3_vit_model", "sam2_video", "sam3_tracker_video", "edgetam_video")
+# the module's position_ids column c holds our axis COLUMNS[c] (SAM's: w, h; see test_sam_position_columns)
+COLUMNS = {model_type: (1, 0) for model_type in SAM}
+BATCHED = {"gemma4_vision"}  # its rotary module takes (batch, patches, 2) positions
+
+
+def _heads_first(name, **extra):
+    def rotation(module, q, k, cos, sin, _positions):
+        q_rot, k_rot = getattr(module, name)(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin, **extra)
+        return q_rot[0].transpose(0, 1), k_rot[0].transpose(0, 1)
+    return rotation
+
+
+def _gemma4(module, q, k, cos, sin, positions):
+    return tuple(module.apply_multidimensional_rope(x[None], cos, sin, positions)[0] for x in (q, k))
+
+
+# the rotation each tower's attention calls, on q and k of shape (patches, heads, head_dim); the others call
+# apply_rotary_pos_emb_vision(q, k, cos, sin) on that shape
+ROTATIONS = {
+    "pixtral": _heads_first("apply_rotary_pos_emb", unsqueeze_dim=0),
+    "sam3_vit_model": _heads_first("apply_rotary_pos_emb_2d"),
+    "sam2_video": _heads_first("apply_rotary_pos_emb_2d"),
+    "sam3_tracker_video": _heads_first("apply_rotary_pos_emb_2d"),
+    "edgetam_video": _heads_first("apply_rotary_pos_emb_2d_self_attn"),
+    "gemma4_vision": _gemma4,
+}
+
+# the class whose precompute_positions makes a SAM tower's position_ids, and its arguments after the config
+SAM_POSITIONS = {"sam3_vit_model": ("Sam3ViTLayer", (0,)), "sam2_video": ("Sam2VideoMemoryAttention", ()),
+                 "sam3_tracker_video": ("Sam3TrackerVideoMemoryAttention", ()),
+                 "edgetam_video": ("EdgeTamVideoMemoryAttention", ())}
+
+
+def _config(model_type):
+    return configuration_auto.CONFIG_MAPPING[model_type]()
 
 
 def _tower(model_type):
     """The tower's rotary module (built from its default config) and its module, or None."""
-    config = configuration_auto.CONFIG_MAPPING[model_type]()
     module = modeling_module(model_type)
     classes = [] if module is None else [
         c for name, c in vars(module).items() if inspect.isclass(c) and c.__module__ == module.__name__
         and name.endswith("RotaryEmbedding") and "compute_axial_rope_parameters" in vars(c)]
-    return (classes[0](config), module) if len(classes) == 1 else (None, module)
+    return (classes[0](_config(model_type)), module) if len(classes) == 1 else (None, module)
 
 
-def _agrees(model_type):
-    """The tower's cos equals RotaryEmbedding.axial's (from its config) in halves; and its rotation."""
+def _positions(model_type, n_axes, rng):
+    """Our positions of 9 patches, (n_axes, 9): random (h, w) below 40; SAM 3's ViT's own (scaled) ones."""
+    if model_type == "sam3_vit_model":
+        name, extra = SAM_POSITIONS[model_type]
+        own = getattr(modeling_module(model_type), name).precompute_positions(_config(model_type), *extra)
+        rows = own.double().numpy()[rng.choice(own.shape[0], 9, replace=False)]
+        return rows[:, [1, 0]].T  # its columns are (w, h)
+    return rng.integers(0, 40, (n_axes, 9)).astype(np.float64)
+
+
+def _pair_features(rope):
+    half = rope.rotary_dim // 2
+    if rope.layout == "half":
+        return [(j, j + half) for j in range(half)]
+    return [(2 * j, 2 * j + 1) for j in range(half)]
+
+
+def _agrees(model_type, rope):
+    """The tower's cos/sin (both features of each pair) and its rotation equal `rope`'s."""
     rotary, module = _tower(model_type)
     if rotary is None:
         return False
-    rope = pf.RotaryEmbedding.from_hf_config(configuration_auto.CONFIG_MAPPING[model_type]().to_dict())
     rng = np.random.default_rng(0)
-    hw = np.stack([rng.integers(0, 40, 9), rng.integers(0, 40, 9)])  # (h, w) of 9 patches
+    ours = _positions(model_type, rope.n_streams, rng)
+    theirs = torch.from_numpy(ours[list(COLUMNS.get(model_type, range(len(ours))))].T.copy())
+    if model_type in BATCHED:
+        theirs = theirs[None]
     try:
         with torch.no_grad():
-            out = rotary(torch.zeros(1), torch.from_numpy(hw.T.copy()))
+            out = rotary(torch.zeros(1), theirs)
     except Exception:
         return False
-    cos, sin = (t.double().numpy() for t in out)
-    half = rope.dim // 2
+    cos, sin = (t.double().numpy().reshape(-1, t.shape[-1]) for t in out)
     # transformers forms inv_freq (a few float32 ulps off when head_dim / 2 is no power of two, see
     # test_frequencies.py) and the angles (up to 40 rad) in float32
     atol = 40 * 16 * 2.0**-24 + 2.0**-19
-    want_cos, want_sin = rope.cos_sin(hw)
-    if cos.shape != (9, rope.dim) or not (np.array_equal(cos[:, :half], cos[:, half:])
-                                          and np.allclose(cos[:, :half], want_cos, rtol=0, atol=atol)
-                                          and np.allclose(sin[:, :half], want_sin, rtol=0, atol=atol)):
+    want_cos, want_sin = rope.cos_sin(ours, dtype=np.float64)
+    if cos.shape != (9, rope.rotary_dim):
         return False
-    function = getattr(module, "apply_rotary_pos_emb_vision", None)
-    if function is None:
-        return False
+    for j, (a, b) in enumerate(_pair_features(rope)):
+        for theirs_table, want in ((cos, want_cos), (sin, want_sin)):
+            if not (np.allclose(theirs_table[:, a], want[:, j], rtol=0, atol=atol)
+                    and np.allclose(theirs_table[:, b], want[:, j], rtol=0, atol=atol)):
+                return False
     q, k = (rng.standard_normal((9, 3, rope.dim)).astype(np.float32) for _ in range(2))
+    rotation = ROTATIONS.get(model_type, lambda module, q, k, cos, sin, _: module.apply_rotary_pos_emb_vision(
+        q, k, cos, sin))
     with torch.no_grad():
-        q_hf, k_hf = function(torch.from_numpy(q), torch.from_numpy(k), *out)
-    q_ours, k_ours = rope.apply_qk(q, k, hw[:, :, None])
+        q_hf, k_hf = rotation(module, torch.from_numpy(q), torch.from_numpy(k), *out, theirs)
+    q_ours, k_ours = rope.apply_qk(q, k, ours[:, :, None])
     scale = 2 * atol * max(np.abs(q).max(), np.abs(k).max()) + 1e-6
     return (np.allclose(q_ours, q_hf.numpy(), rtol=0, atol=scale)
             and np.allclose(k_ours, k_hf.numpy(), rtol=0, atol=scale))
 
 
+def _readings(config):
+    """Every RotaryEmbedding.axial reading of a tower's whole head by 2 axes: none may agree with a refused one."""
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for layout, order, pairs, frequencies in itertools.product(
+            ("half", "interleaved"), ((0, 1), (1, 0)), ("blocks", "alternating"), ("shared", "split")):
+        yield pf.RotaryEmbedding.axial(dim, base=config.rope_parameters["rope_theta"], layout=layout,
+                                       axis_order=order, pairs=pairs, frequencies=frequencies)
+
+
 def test_the_walk_found_the_towers():
     assert len(AXIAL_TYPES) >= 30 and {"qwen2_vl_vision", "qwen2_5_vl_vision", "glm4v_vision"} <= set(AXIAL_TYPES)
-    assert _hf_models.AXIAL_TOWERS <= set(AXIAL_TYPES)
+    assert AXIAL_TOWERS <= set(TOWER_RULES) and not set(TOWER_RULES) & set(REFUSED_TOWERS)
+    # every tower has a rule or a reason: a new one is neither read by a guess nor refused without saying why
+    assert set(TOWER_RULES) | set(REFUSED_TOWERS) == set(AXIAL_TYPES)
 
 
 @pytest.mark.parametrize("model_type", AXIAL_TYPES)
 def test_a_towers_axial_rope(model_type):
-    config = configuration_auto.CONFIG_MAPPING[model_type]().to_dict()
-    if model_type in _hf_models.AXIAL_TOWERS:
-        rope = pf.RotaryEmbedding.from_hf_config(config)
-        assert rope.n_streams == 2 and rope.layout == "half"
-        assert _agrees(model_type)
+    config = _config(model_type)
+    if model_type in TOWER_RULES:
+        rope = pf.RotaryEmbedding.from_hf_config(config.to_dict())
+        rule = TOWER_RULES[model_type]
+        assert rope.n_streams == rule.n_axes and rope.layout == rule.layout
+        assert _agrees(model_type, rope)
         return
-    with pytest.raises(ValueError, match="has not checked against its rotary module"):
-        pf.RotaryEmbedding.from_hf_config(config)
-    with pytest.MonkeyPatch.context() as patch:  # listed, it would be wrong: it must stay refused
-        patch.setattr(_hf_models, "AXIAL_TOWERS", _hf_models.AXIAL_TOWERS | {model_type})
-        patch.setattr("posenc_fast._hf_config.AXIAL_TOWERS", _hf_models.AXIAL_TOWERS | {model_type})
-        try:
-            agrees = _agrees(model_type)
-        except ValueError:  # its config lacks what the axial reading needs
-            agrees = False
-    assert not agrees, f"{model_type} agrees with Qwen2-VL's axial RoPE: add it to AXIAL_TOWERS"
+    reason = REFUSED_TOWERS.get(model_type, "has not read from its rotary module")
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    agreeing = [repr(rope) for rope in _readings(config) if _agrees(model_type, rope)]
+    assert not agreeing, f"{model_type} agrees with {agreeing}: give it that rule in _hf_towers.TOWER_RULES"
+
+
+def test_gemma4_vision_is_the_two_one_dimensional_ropes_its_refusal_names():
+    config = _config("gemma4_vision")
+    dim, base = config.head_dim, config.rope_parameters["rope_theta"]
+    rotary, module = _tower("gemma4_vision")
+    hw = np.random.default_rng(1).integers(0, 40, (2, 9))
+    q = np.random.default_rng(2).standard_normal((9, 3, dim)).astype(np.float32)
+    positions = torch.from_numpy(hw.T.copy())[None]
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1), positions)
+        want = module.apply_multidimensional_rope(torch.from_numpy(q)[None], cos, sin, positions)[0].numpy()
+    by_h = pf.RotaryEmbedding(dim, rotary_dim=dim // 2, layout="half", base=base)
+    by_w = pf.RotaryEmbedding(dim, rotary_dim=dim // 2, rotary_start=dim // 2, layout="half", base=base)
+    got = by_w.apply(by_h.apply(q, hw[0][:, None]), hw[1][:, None])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(q).max())
+
+
+@pytest.mark.parametrize("model_type", SAM)
+def test_sam_position_columns(model_type):
+    # the model's own position_ids: column 0 is w (fastest in raster order), column 1 h, hence axis_order (1, 0)
+    name, extra = SAM_POSITIONS[model_type]
+    positions = getattr(modeling_module(model_type), name).precompute_positions(_config(model_type), *extra)
+    positions = positions.double().numpy()
+    step = positions[1, 0]
+    w, h = np.unique(positions[:, 0]).size, np.unique(positions[:, 1]).size
+    assert w > 1 and h > 1 and TOWER_RULES[model_type].axis_order == (1, 0)
+    np.testing.assert_allclose(positions[:, 0], np.tile(np.arange(w), h) * step, rtol=1e-6)
+    np.testing.assert_allclose(positions[:, 1], np.repeat(np.arange(h), w) * step, rtol=1e-6)

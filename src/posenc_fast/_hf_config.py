@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
 from ._hf_layers import canonical_config, layer_config
-from ._hf_models import AXIAL_TOWERS, MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
+from ._hf_models import MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
 from ._hf_probe import probed_rule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
@@ -357,8 +357,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         Inkling2), the model type has no rule and no ``layout`` was given,
         ``attention="indexer"`` names an indexer the model lacks,
         the model rotates in a way ``RotaryEmbedding`` does not (an unread
-        assignment of pairs to position streams), or the config holds
-        differing RoPEs per layer type and no ``layer_type`` was given.
+        assignment of pairs to position streams; Gemma 4's vision tower), a
+        vision tower has no rule, or the config holds differing RoPEs per
+        layer type and no ``layer_type`` was given.
 
     Notes
     -----
@@ -384,10 +385,13 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       ``layer_type`` takes either name or a layer type.  Its attention
       output is rotated back by the same RoPE: ``apply(..., inverse=True)``.
     - A vision tower's config (``rope_type`` ``"axial"``, e.g. Qwen2-VL's
-      ``vision_config``) gives ``dim``, ``base`` and ``n_axes=2``: the
-      arguments of ``RotaryEmbedding.axial``, whose positions are each
-      patch's (h, w) (from the image grid, not the config); towers whose
-      2-D RoPE is not Qwen2-VL's are refused.
+      ``vision_config``) gives ``dim``, ``base``, ``n_axes`` and the other
+      arguments of ``RotaryEmbedding.axial`` (``_hf_towers.TOWER_RULES``:
+      Pixtral's split frequencies, Kimi-K2.5's alternating pairs, SAM's
+      and Inkling2's interleaved pairs, w before h, MiniMax-M3-VL's three
+      axes), whose positions are each patch's (h, w) (t, h, w), from the
+      image grid, not the config (SAM 3's ViT scales them).  Gemma 4's
+      tower (a half layout per axis) and towers without a rule are refused.
     - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
       attention layers have their own ``head_dim``) is read for
       `layer_type`; ``layer_type`` is then required where layer types differ.
@@ -414,20 +418,10 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     where = f"{where} (model_type {model_type!r})"
     params = cfg.get("rope_parameters")
     if isinstance(params, Mapping) and params.get("rope_type") == "axial":
-        return _tower_kwargs(cfg, model_type, params, where)
+        from ._hf_towers import tower_kwargs  # (it reads the config with this module's helpers)
+
+        return tower_kwargs(cfg, model_type, params, where)
     return kwargs_by_rule(cfg, where, _rule(model_type, layout, where), layer_type, attention)
-
-
-def _tower_kwargs(cfg: dict, model_type, params: Mapping, where: str) -> dict:
-    """A vision tower's 2-D RoPE: ``RotaryEmbedding.axial`` arguments (``n_axes``), where it is Qwen2-VL's."""
-    if model_type not in AXIAL_TOWERS:
-        raise ValueError(f"{where}: a vision tower's 2-D (axial) RoPE whose frequencies and pairs posenc_fast has "
-                         f"not checked against its rotary module (Qwen2-VL's, h pairs then w pairs, holds for "
-                         f"{len(AXIAL_TOWERS)} towers: _hf_models.AXIAL_TOWERS)")
-    heads = cfg.get("num_attention_heads") or _int(cfg, "num_heads", where)
-    # compute_axial_rope_parameters: head_dim, else embed_dim (Qwen2-VL) or hidden_size over the heads
-    dim = cfg.get("head_dim") or _int(cfg, "embed_dim" if "embed_dim" in cfg else "hidden_size", where) // heads
-    return dict(dim=dim, base=_real(params.get("rope_theta", _DEFAULT_THETA), "rope_theta", where), n_axes=2)
 
 
 def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention: str) -> dict:

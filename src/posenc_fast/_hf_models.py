@@ -576,14 +576,3 @@ NOT_PATCHED: dict[str, str] = {
     "pe_audio_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
     "pe_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
 }
-
-# Vision towers whose 2-D RoPE is Qwen2-VL's (rope_type "axial"): base ** (-2i / (head_dim / 2)) for the h pairs,
-# then the same for the w pairs, in halves (cat(freq_hw, freq_hw)) -- RotaryEmbedding.axial(head_dim, base).
-# Checked against each tower's own rotary module by tests/test_hf_towers.py; other axial towers are refused.
-AXIAL_TOWERS = frozenset((
-    "cohere_compass_vision", "dots3_note_vision_encoder", "ernie4_5_vl_moe_vision", "exaone4_5_vision",
-    "glm4v_moe_vision", "glm4v_vision", "glm5_next_vision", "glm_ocr_vision", "lfm3_vl_vision", "mlcd",
-    "mlcd_vision_model", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision",
-    "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision", "qwen3_5_moe_vision", "qwen3_5_vision",
-    "qwen3_omni_moe_vision_encoder", "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision",
-    "video_llama_3_vision"))

@@ -2,10 +2,13 @@
 
 Pair ``j`` of a token rotates by the position of stream ``pair_streams[j]``
 (Qwen2-VL's t/h/w, a vision tower's h/w).  This module turns the common forms
-into that per-pair array, validates a call's positions (leading axis: one
-row per stream) and runs the compiled ``rotate_stream_rows`` on the
-canonical cos/sin table of the call's distinct positions.
+into that per-pair array (an axial RoPE's also into each pair's frequency,
+`Axial`), validates a call's positions (leading axis: one row per stream) and
+runs the compiled ``rotate_stream_rows`` on the canonical cos/sin table of
+the call's distinct positions.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,9 +53,85 @@ def interleaved_streams(section, npairs: int) -> np.ndarray:
     return streams
 
 
-def axial_streams(n_axes: int, npairs: int) -> np.ndarray:
-    """Axial RoPE: npairs / n_axes consecutive pairs per axis (h, then w, ...)."""
-    return np.repeat(np.arange(n_axes), npairs // n_axes)
+AXIAL_PAIRS = ("blocks", "alternating")
+AXIAL_FREQUENCIES = ("shared", "split")
+
+
+class Axial(NamedTuple):
+    """How an axial RoPE (``RotaryEmbedding.axial``) gives its pairs to axes and frequencies.
+
+    Pair ``j`` of ``npairs`` lies in block ``b`` at index ``k`` (``"blocks"``:
+    ``b, k = divmod(j, npairs // n_axes)``; ``"alternating"``: ``k, b =
+    divmod(j, n_axes)``), rotates by axis ``order[b]``'s position, with
+    frequency ``k`` of a ``rotary_dim / n_axes`` RoPE (``"shared"``) or
+    ``n_axes * k + b`` of the ``rotary_dim`` RoPE (``"split"``).
+    """
+
+    n_axes: int
+    order: tuple[int, ...]
+    pairs: str
+    frequencies: str
+
+    def _blocks(self, npairs: int) -> tuple[np.ndarray, np.ndarray]:
+        j = np.arange(npairs)
+        if self.pairs == "blocks":
+            return j // (npairs // self.n_axes), j % (npairs // self.n_axes)
+        return j % self.n_axes, j // self.n_axes
+
+    def streams(self, npairs: int) -> np.ndarray:
+        """The position stream (axis) of each pair, read-only."""
+        streams = np.asarray(self.order, dtype=np.intp)[self._blocks(npairs)[0]]
+        streams.flags.writeable = False
+        return streams
+
+    def width(self, rotary_dim: int) -> int:
+        """The rotary_dim whose default frequencies the pairs take theirs from."""
+        return rotary_dim // self.n_axes if self.frequencies == "shared" else rotary_dim
+
+    def pair_frequencies(self, freqs: np.ndarray, npairs: int) -> np.ndarray:
+        """Each pair's frequency, from the `width` RoPE's `freqs` (read-only)."""
+        block, k = self._blocks(npairs)
+        index = k if self.frequencies == "shared" else self.n_axes * k + block
+        result = freqs[index]
+        result.flags.writeable = False
+        return result
+
+    def call_text(self, dim: int, base: float, rotary_dim: int, layout: str) -> str:
+        """The ``RotaryEmbedding.axial(...)`` call that builds it (its repr)."""
+        extra = [f"rotary_dim={rotary_dim}"] if rotary_dim != dim else []
+        extra += [f"layout={layout!r}"] if layout != "half" else []
+        extra += [f"axis_order={self.order}"] if self.order != tuple(range(self.n_axes)) else []
+        extra += [f"pairs={self.pairs!r}"] if self.pairs != "blocks" else []
+        extra += [f"frequencies={self.frequencies!r}"] if self.frequencies != "shared" else []
+        arguments = [str(dim), f"base={base!r}", f"n_axes={self.n_axes}", *extra]
+        return f"RotaryEmbedding.axial({', '.join(arguments)})"
+
+
+def axial(dim, n_axes, rotary_dim, axis_order, pairs, frequencies) -> tuple[int, Axial]:
+    """Check ``RotaryEmbedding.axial``'s arguments: (rotary_dim, its `Axial`)."""
+    dim = v.integer(dim, "dim", minimum=1)
+    n_axes = v.integer(n_axes, "n_axes", minimum=2)
+    name = "dim" if rotary_dim is None else "rotary_dim"
+    rotary_dim = dim if rotary_dim is None else v.integer(rotary_dim, "rotary_dim", minimum=1)
+    if rotary_dim % (2 * n_axes):
+        raise ValueError(f"{name} must be a multiple of 2 * n_axes = {2 * n_axes}, "
+                         f"got {rotary_dim}")
+    if rotary_dim > dim:
+        raise ValueError(f"rotary_dim must be <= dim = {dim}, got {rotary_dim}")
+    if axis_order is None:
+        order = tuple(range(n_axes))
+    else:
+        if isinstance(axis_order, (str, bytes)) or not hasattr(axis_order, "__iter__"):
+            raise TypeError(f"axis_order must be a sequence of ints, "
+                            f"got {type(axis_order).__name__}")
+        order = tuple(v.integer(a, f"axis_order[{i}]") for i, a in enumerate(axis_order))
+        if sorted(order) != list(range(n_axes)):
+            raise ValueError(f"axis_order must be a permutation of range(n_axes) = "
+                             f"{list(range(n_axes))} (each axis one block of pairs), "
+                             f"got {list(order)}")
+    pairs = v.choice(pairs, "pairs", AXIAL_PAIRS)
+    frequencies = v.choice(frequencies, "frequencies", AXIAL_FREQUENCIES)
+    return rotary_dim, Axial(n_axes, order, pairs, frequencies)
 
 
 def pair_streams_array(pair_streams, npairs: int) -> np.ndarray:
@@ -102,6 +181,37 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, token_rows: np.ndarr
     kernels.rotate_stream_rows(rows.x_rows, rows.rows, cos, sin, row_token, token_rows,
                                pair_streams, half, inverse, threads_for(x.size), start)
     return rows.result()
+
+
+def apply(rope, arrays: list, names: tuple, positions, offset, inverse, outs) -> tuple:
+    """`RotaryEmbedding`'s rotation of x (or q and k) by explicit positions of several streams.
+
+    One cos/sin table of the call's distinct positions (``rope._table``), gathered
+    per (token, pair) by the compiled kernel; `arrays` are checked already.
+    """
+    out_names = ("out",) if len(arrays) == 1 else ("out_q", "out_k")
+    offset = v.real(offset, "offset")
+    inverse = v.flag(inverse, "inverse")
+    values, token_shape = stream_positions(positions, offset, rope.n_streams, arrays[0].shape[:-1],
+                                           names[0])
+    for x, name in zip(arrays[1:], names[1:]):
+        v.broadcast_target(token_shape, x.shape[:-1], "positions[i]", f"{name}.shape[:-1]")
+    checked: list = []
+    for i, (x, out, name) in enumerate(zip(arrays, outs, out_names)):
+        others = arrays[:i] + arrays[i + 1:] + [given for given, _ in checked]
+        checked.append(v.output(out, name, x.shape, x.dtype, may_be=(x,),
+                                must_not_overlap=tuple(others)))
+    distinct, token_rows = distinct_rows(values)
+    tables: dict = {}
+    results = []
+    for x, (out, in_place) in zip(arrays, checked):
+        table = v.compute_dtype(x.dtype)
+        if table not in tables:
+            tables[table] = rope._table(distinct, table, inverse)
+        cos, sin = tables[table]
+        results.append(rotate(x, cos, sin, token_rows, token_shape, rope.pair_streams,
+                              rope.layout == "half", inverse, out, in_place, rope.rotary_start))
+    return tuple(results)
 
 
 def gather(table: np.ndarray, token_rows: np.ndarray, pair_streams: np.ndarray) -> np.ndarray:

@@ -97,6 +97,29 @@ def rope_inv_freq(rotary_dim, base=10000.0):
     return [base ** (-2 * i / rotary_dim) for i in range(rotary_dim // 2)]
 
 
+def axial_pairs(rotary_dim, n_axes, base=10000.0, axis_order=None, pairs="blocks",
+                frequencies="shared"):
+    """Each pair's frequency and axis of an axial RoPE (``RotaryEmbedding.axial``): two lists.
+
+    Every axis takes rotary_dim / (2 n_axes) pairs, a block; block b (of axis
+    axis_order[b]) takes the frequencies of a rotary_dim / n_axes RoPE
+    ("shared") or every n_axes-th of the rotary_dim RoPE's from the b-th
+    ("split"); the blocks follow one another ("blocks") or take turns pair
+    by pair ("alternating").
+    """
+    order = list(range(n_axes)) if axis_order is None else list(axis_order)
+    if frequencies == "shared":
+        block_freqs = [rope_inv_freq(rotary_dim // n_axes, base) for _ in range(n_axes)]
+    else:
+        block_freqs = [rope_inv_freq(rotary_dim, base)[b::n_axes] for b in range(n_axes)]
+    blocks = [[(freq, order[b]) for freq in block_freqs[b]] for b in range(n_axes)]
+    if pairs == "blocks":
+        chosen = [pair for block in blocks for pair in block]
+    else:
+        chosen = [pair for turn in zip(*blocks) for pair in turn]
+    return [freq for freq, _ in chosen], [axis for _, axis in chosen]
+
+
 def rope_pair_indices(i, rotary_dim, layout, rotary_start=0):
     """The two features that form pair i (of the rotary_dim features from rotary_start)."""
     if layout == "interleaved":

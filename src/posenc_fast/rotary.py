@@ -137,10 +137,10 @@ class RotaryEmbedding(kernels.RotaryBase):
                  mrope_section: Any = None, mrope_interleaved: bool = False,
                  reverse: bool = False) -> None:
         self._setup(dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
-                    mrope_interleaved, axes=1, reverse=reverse, start=rotary_start)
+                    mrope_interleaved, axial=None, reverse=reverse, start=rotary_start)
 
     def _setup(self, dim, base, rotary_dim, layout, scaling, pair_streams, mrope_section,
-               mrope_interleaved, axes, reverse=False, start=0):
+               mrope_interleaved, axial, reverse=False, start=0):
         dim = v.integer(dim, "dim", minimum=1)
         if dim > sys.maxsize:  # no array has such an axis (and the fast path keeps a C size)
             raise ValueError(f"dim must be <= {sys.maxsize} (2**63 - 1), got {dim}")
@@ -161,47 +161,67 @@ class RotaryEmbedding(kernels.RotaryBase):
         self._base = base
         self._layout = layout
         self._pair_streams = self._streams_of(rotary_dim // 2, pair_streams, mrope_section,
-                                              mrope_interleaved, axes)
-        # axial: each axis has its own rotary_dim // axes features' frequencies
-        self._axes = axes
-        self._frequencies = resolve_rope_scaling(None if scaling is None else dict(scaling),
-                                                 rotary_dim=rotary_dim // axes, base=base)
+                                              mrope_interleaved, axial)
+        # axial (an _streams.Axial): its width's frequencies, each pair's by _pair_frequencies
+        self._axial = axial
+        self._frequencies = resolve_rope_scaling(
+            None if scaling is None else dict(scaling),
+            rotary_dim=rotary_dim if axial is None else axial.width(rotary_dim), base=base)
         self._init_rotary(dim, rotary_dim, self._start, layout == "half", self.inv_freq,
                           float(self._frequencies.attention_factor),
                           _length_with_base_frequencies(self._frequencies),
                           self._pair_streams is not None)
 
     @staticmethod
-    def _streams_of(npairs, pair_streams, mrope_section, mrope_interleaved, axes):
+    def _streams_of(npairs, pair_streams, mrope_section, mrope_interleaved, axial):
         mrope_interleaved = v.flag(mrope_interleaved, "mrope_interleaved")
         if pair_streams is not None and mrope_section is not None:
             raise ValueError("pass pair_streams or mrope_section, not both")
         if mrope_interleaved and mrope_section is None:
             raise ValueError("mrope_interleaved=True needs mrope_section")
-        if axes > 1:
-            return _streams.axial_streams(axes, npairs)
+        if axial is not None:
+            return axial.streams(npairs)
         if mrope_section is not None:
             pair_streams = (_streams.interleaved_streams if mrope_interleaved
                             else _streams.chunked_streams)(mrope_section, npairs)
         return None if pair_streams is None else _streams.pair_streams_array(pair_streams, npairs)
 
     @classmethod
-    def axial(cls, dim: int, *, base: float = 10000.0, n_axes: int = 2) -> "RotaryEmbedding":
-        """Axial RoPE of a vision tower: the head split into one block of pairs per axis.
+    def axial(cls, dim: int, *, base: float = 10000.0, n_axes: int = 2,
+              rotary_dim: int | None = None, layout: Literal["interleaved", "half"] = "half",
+              axis_order: Any = None, pairs: Literal["blocks", "alternating"] = "blocks",
+              frequencies: Literal["shared", "split"] = "shared") -> "RotaryEmbedding":
+        """Axial RoPE of a vision tower: the head's pairs shared out among the axes of a patch.
 
-        Pairs ``a*q .. (a+1)*q - 1`` (``q = dim // (2*n_axes)``) rotate by the
-        position along axis ``a`` with frequencies ``base ** (-2i /
-        (dim/n_axes))``, half layout: Qwen2-VL's and Qwen2.5-VL's vision
-        rotary (h then w, ``head_dim // 4`` frequencies per axis).  Positions
-        have a leading axis of size `n_axes` (e.g. ``(2, patches)``: h, w).
+        Each axis takes ``q = rotary_dim // (2*n_axes)`` pairs, a block: pairs
+        ``b*q .. (b+1)*q - 1`` form block ``b`` (`pairs` ``"blocks"``), or pair
+        ``j`` is in block ``j % n_axes`` (``"alternating"``).  Block ``b``'s
+        ``k``-th pair rotates by the position along axis ``axis_order[b]``,
+        frequency ``base ** (-2k / (rotary_dim/n_axes))`` (`frequencies`
+        ``"shared"``: each axis a ``rotary_dim/n_axes`` RoPE's) or ``base **
+        (-2(n_axes*k + b) / rotary_dim)`` (``"split"``: the ``rotary_dim``
+        RoPE's, dealt to the blocks in turn; Pixtral).  The defaults are
+        Qwen2-VL's and Qwen2.5-VL's vision rotary (h pairs then w pairs, half
+        layout).  Positions have a leading axis of size `n_axes` (e.g. ``(2,
+        patches)``: h, w; t, h, w for 3), whatever `axis_order`.
 
         Parameters
         ----------
         dim : int
-            Head dimension, a multiple of ``2 * n_axes``.
+            Head dimension.
         base : float, optional
         n_axes : int, optional
             2 for images.
+        rotary_dim : int, optional
+            Features that rotate, the leading ones (the rest pass through): a
+            multiple of ``2 * n_axes``, default `dim`.
+        layout : {"half", "interleaved"}, optional
+            Pair layout, as in `RotaryEmbedding`.
+        axis_order : sequence of int, optional
+            The axis of each block, a permutation of ``range(n_axes)``;
+            default ``0, 1, ...``; ``(1, 0)``: the w pairs first.
+        pairs : {"blocks", "alternating"}, optional
+        frequencies : {"shared", "split"}, optional
 
         Returns
         -------
@@ -215,12 +235,9 @@ class RotaryEmbedding(kernels.RotaryBase):
         >>> rope.apply(np.ones((16, 2, 80), np.float32), hw[:, :, None]).shape
         (16, 2, 80)
         """
-        dim = v.integer(dim, "dim", minimum=1)
-        n_axes = v.integer(n_axes, "n_axes", minimum=2)
-        if dim % (2 * n_axes):
-            raise ValueError(f"dim must be a multiple of 2 * n_axes = {2 * n_axes}, got {dim}")
+        rotary_dim, spec = _streams.axial(dim, n_axes, rotary_dim, axis_order, pairs, frequencies)
         rope = cls.__new__(cls)
-        rope._setup(dim, base, None, "half", None, None, None, False, axes=n_axes)
+        rope._setup(dim, base, rotary_dim, layout, None, None, None, False, axial=spec)
         return rope
 
     @classmethod
@@ -271,7 +288,7 @@ class RotaryEmbedding(kernels.RotaryBase):
 
         kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention)
         if "n_axes" in kwargs:  # a vision tower's 2-D RoPE
-            return cls.axial(kwargs["dim"], base=kwargs["base"], n_axes=kwargs["n_axes"])
+            return cls.axial(kwargs.pop("dim"), **kwargs)
         return cls(kwargs.pop("dim"), **kwargs)
 
     dim = property(lambda self: self._dim, doc="Head dimension (last axis of x).")
@@ -294,11 +311,9 @@ class RotaryEmbedding(kernels.RotaryBase):
         if self._reverse:
             freqs = -freqs
             freqs.flags.writeable = False
-        if self._axes == 1:
+        if self._axial is None:
             return freqs
-        tiled = np.tile(freqs, self._axes)
-        tiled.flags.writeable = False
-        return tiled
+        return self._axial.pair_frequencies(freqs, self._rotary_dim // 2)
     attention_factor = property(lambda self: float(self._frequencies.attention_factor),
                                 doc="Factor multiplying the rotated features (1.0 unless scaled).")
 
@@ -311,11 +326,12 @@ class RotaryEmbedding(kernels.RotaryBase):
     def __reduce__(self) -> tuple[Any, ...]:
         streams = None if self._pair_streams is None else self._pair_streams.tolist()
         return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling,
-                           streams, self._axes, self._reverse, self._start))
+                           streams, 1 if self._axial is None else self._axial.n_axes, self._reverse,
+                           self._start, None if self._axial is None else self._axial[1:]))
 
     def __repr__(self) -> str:
-        if self._axes > 1:
-            return f"RotaryEmbedding.axial({self._dim}, base={self._base!r}, n_axes={self._axes})"
+        if self._axial is not None:
+            return self._axial.call_text(self._dim, self._base, self._rotary_dim, self._layout)
         streams = ("" if self._pair_streams is None
                    else f", pair_streams={self._pair_streams.tolist()}")
         return (f"RotaryEmbedding({self._dim}, base={self._base!r}, rotary_dim={self._rotary_dim}, "
@@ -420,33 +436,10 @@ class RotaryEmbedding(kernels.RotaryBase):
                                  qk_norm, eps, weight_offset)
 
     def _apply_streams(self, xs, positions, offset, inverse, outs):
-        # Explicit positions of several streams: one cos/sin table of the call's
-        # distinct positions, gathered per (token, pair) by the compiled kernel.
-        names, out_names = (("x",), ("out",)) if len(xs) == 1 else (("q", "k"), ("out_q", "out_k"))
+        # Explicit positions of several streams (the compiled base class's route for them)
+        names = ("x",) if len(xs) == 1 else ("q", "k")
         arrays = [_data(x, name, self._dim) for x, name in zip(xs, names)]
-        offset = v.real(offset, "offset")
-        inverse = v.flag(inverse, "inverse")
-        values, token_shape = _streams.stream_positions(positions, offset, self.n_streams,
-                                                        arrays[0].shape[:-1], names[0])
-        for x, name in zip(arrays[1:], names[1:]):
-            v.broadcast_target(token_shape, x.shape[:-1], "positions[i]", f"{name}.shape[:-1]")
-        checked: list = []
-        for i, (x, out, name) in enumerate(zip(arrays, outs, out_names)):
-            others = arrays[:i] + arrays[i + 1:] + [given for given, _ in checked]
-            checked.append(v.output(out, name, x.shape, x.dtype, may_be=(x,),
-                                    must_not_overlap=tuple(others)))
-        distinct, token_rows = _streams.distinct_rows(values)
-        tables: dict = {}
-        results = []
-        for x, (out, in_place) in zip(arrays, checked):
-            table = v.compute_dtype(x.dtype)
-            if table not in tables:
-                tables[table] = self._table(distinct, table, inverse)
-            cos, sin = tables[table]
-            results.append(_streams.rotate(x, cos, sin, token_rows, token_shape,
-                                           self._pair_streams, self._layout == "half", inverse,
-                                           out, in_place, self._start))
-        return tuple(results)
+        return _streams.apply(self, arrays, names, positions, offset, inverse, outs)
 
     def _apply_general(self, x, positions, offset, seq_axis, inverse, out):
         x = _data(x, "x", self._dim)
@@ -553,10 +546,14 @@ class RotaryEmbedding(kernels.RotaryBase):
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
              scaling: dict[str, Any] | None, pair_streams: list[int] | None = None,
-             axes: int = 1, reverse: bool = False, start: int = 0) -> RotaryEmbedding:
-    # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use).
+             axes: int = 1, reverse: bool = False, start: int = 0,
+             axial: tuple | None = None) -> RotaryEmbedding:
+    # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use); `axial` is
+    # (axis_order, pairs, frequencies), None in pickles made before them
     if axes > 1:
-        return RotaryEmbedding.axial(dim, base=base, n_axes=axes)
+        extra = dict(zip(("axis_order", "pairs", "frequencies"), axial or ()))
+        return RotaryEmbedding.axial(dim, base=base, n_axes=axes, rotary_dim=rotary_dim,
+                                     layout=layout, **extra)
     return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, rotary_start=start,
                            layout=layout, scaling=scaling, pair_streams=pair_streams,
                            reverse=reverse)

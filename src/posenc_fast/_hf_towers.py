@@ -1,0 +1,116 @@
+"""Vision towers' 2-D (axial) RoPE: one rule per ``model_type`` whose config's ``rope_type`` is ``"axial"``.
+
+A tower's rotary module (``compute_axial_rope_parameters`` and
+``recomposition_frequencies``) and the rotation its attention calls say which
+features pair, which axis each pair turns by, with which frequency; each rule
+states that as ``RotaryEmbedding.axial``'s options, with positions always
+``(h, w)`` (``(t, h, w)`` for three axes), whatever order the tower's own
+``position_ids`` columns take.  ``tests/test_hf_towers.py`` runs each tower's
+rotary module and rotation against ``from_hf_config(config)``; a tower with
+a rule in neither table is refused, one in `REFUSED_TOWERS` with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ._hf_config import _DEFAULT_THETA, _int, _real
+
+__all__ = ["TowerRule", "TOWER_RULES", "REFUSED_TOWERS", "tower_kwargs"]
+
+
+class TowerRule(NamedTuple):
+    """How one tower's rotary module shares the head's pairs out among the axes (``RotaryEmbedding.axial``)."""
+
+    source: str
+    """Its rotary module and the rotation its attention calls (under ``transformers/models/``)."""
+    layout: str = "half"
+    """``"half"`` (``rotate_half`` on ``cat(freqs, freqs)``) or ``"interleaved"`` (``rotate_pairwise`` on
+    ``repeat_interleave(freqs, 2)``)."""
+    axis_order: tuple[int, ...] = (0, 1)
+    """The axis of each block of pairs, of positions (h, w): ``(1, 0)`` where the w pairs come first."""
+    pairs: str = "blocks"
+    """``"blocks"``: one axis's pairs after the other's; ``"alternating"``: pair by pair."""
+    frequencies: str = "shared"
+    """``"shared"``: each axis the frequencies of a ``head_dim / n_axes`` RoPE; ``"split"``: the head's own,
+    dealt to the axes in turn."""
+    n_axes: int = 2
+    partial: bool = False
+    """Each axis rotates ``2 * ((head_dim // n_axes) // 2)`` features, the rest pass through (MiniMax-M3-VL)."""
+    head_dim: str = "heads"
+    """``"heads"``: ``head_dim``, else ``embed_dim`` or ``hidden_size`` over the heads; ``"memory"``: SAM 2
+    video's memory attention, ``memory_attention_hidden_size // (memory_attention_downsample_rate *
+    memory_attention_num_attention_heads)``."""
+
+
+# Qwen2-VL's (the defaults): base ** (-2i / (head_dim / 2)) for the h pairs, then the same for the w pairs, in
+# halves (cat(freq_hw, freq_hw)), rotated by apply_rotary_pos_emb_vision's rotate_half.
+AXIAL_TOWERS = frozenset((
+    "cohere_compass_vision", "dots3_note_vision_encoder", "ernie4_5_vl_moe_vision", "exaone4_5_vision",
+    "glm4v_moe_vision", "glm4v_vision", "glm5_next_vision", "glm_ocr_vision", "lfm3_vl_vision", "mlcd",
+    "mlcd_vision_model", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision",
+    "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision", "qwen3_5_moe_vision", "qwen3_5_vision",
+    "qwen3_omni_moe_vision_encoder", "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision",
+    "video_llama_3_vision"))
+
+# SAM 2's memory attention and SAM 3's ViT: cat(freq[:, 0], freq[:, 1]).repeat_interleave(2), rotate_pairwise;
+# their position_ids put w in column 0 (precompute_positions: stack([wpos_ids, hpos_ids])), so the w pairs lead.
+# Which keys rotate (SAM 2's object pointers pass, its memory frames repeat the positions) is the caller's choice
+# of rows and positions, as SAM 3's ViT's scaled positions (window_size / grid) are.
+_SAM_MEMORY = dict(layout="interleaved", axis_order=(1, 0), head_dim="memory")
+
+TOWER_RULES: dict[str, TowerRule] = {
+    **{model_type: TowerRule("Qwen2-VL's (qwen2_vl/modeling_qwen2_vl.py), in its own module") for model_type in
+       AXIAL_TOWERS},
+    # inv_freq of the whole head, cat(inv_freq[0::2], inv_freq[1::2]): h takes the even, w the odd frequencies
+    "pixtral": TowerRule("pixtral/modeling_pixtral.py", frequencies="split"),
+    # freq.transpose(1, 2).flip(-1).flatten(1): w, h, w, h, ... pair by pair, one frequency per (w, h) turn
+    "kimi_k25_vision": TowerRule("kimi_k25/modeling_kimi_k25.py", axis_order=(1, 0), pairs="alternating"),
+    # cat([freq_w, freq_h]).repeat_interleave(2), rotate_pairwise
+    "inkling2_vision": TowerRule("inkling2/modeling_inkling2.py", layout="interleaved", axis_order=(1, 0)),
+    # freq.flip(1).flatten(1): the w pairs, then the h pairs, in halves
+    "step3p5_vision": TowerRule("step3p7/modeling_step3p7.py", axis_order=(1, 0)),
+    # t, h, w blocks of 2 * ((head_dim // 3) // 2) features each, in halves of their 3 blocks; the rest passes
+    "minimax_m3_vl_vision": TowerRule("minimax_m3_vl/modeling_minimax_m3_vl.py", axis_order=(0, 1, 2), n_axes=3,
+                                      partial=True),
+    "sam3_vit_model": TowerRule("sam3/modeling_sam3.py", layout="interleaved", axis_order=(1, 0)),
+    "sam2_video": TowerRule("sam2_video/modeling_sam2_video.py", **_SAM_MEMORY),
+    "sam3_tracker_video": TowerRule("sam3_tracker_video/modeling_sam3_tracker_video.py", **_SAM_MEMORY),
+    "edgetam_video": TowerRule("edgetam_video/modeling_edgetam_video.py", **_SAM_MEMORY),
+}
+
+REFUSED_TOWERS: dict[str, str] = {
+    "gemma4_vision": (
+        "Gemma 4's vision attention (apply_multidimensional_rope, gemma4/modeling_gemma4.py) splits the head into "
+        "one block of head_dim // 2 features per axis and rotates each block in its own half layout (h pairs "
+        "(i, i + head_dim // 4), w pairs (head_dim // 2 + i, 3 * head_dim // 4 + i)): one RotaryEmbedding pairs "
+        "its rotated features in one layout across them all (half: i with i + rotary_dim // 2), so it cannot "
+        "express this. It is two 1-D RoPEs: RotaryEmbedding(head_dim, rotary_dim=head_dim // 2, layout='half', "
+        "base=rope_theta) by the h positions, then the same with rotary_start=head_dim // 2 by the w positions"),
+}
+
+
+def tower_kwargs(cfg: dict, model_type, params, where: str) -> dict:
+    """``RotaryEmbedding.axial`` keyword arguments (``dim``, ``n_axes``, ...) of a tower's config, by its rule."""
+    if model_type in REFUSED_TOWERS:
+        raise ValueError(f"{where}: {REFUSED_TOWERS[model_type]}")
+    rule = TOWER_RULES.get(model_type)
+    if rule is None:
+        raise ValueError(f"{where}: a vision tower's 2-D (axial) RoPE whose pairs and frequencies posenc_fast has "
+                         f"not read from its rotary module (the {len(TOWER_RULES)} towers of "
+                         f"_hf_towers.TOWER_RULES are checked against theirs); build it with RotaryEmbedding.axial's "
+                         f"options (axis_order, pairs, frequencies, layout) as its rotary module shares the pairs out")
+    if rule.head_dim == "memory":
+        dim = _int(cfg, "memory_attention_hidden_size", where) // (
+            _int(cfg, "memory_attention_downsample_rate", where)
+            * _int(cfg, "memory_attention_num_attention_heads", where))
+    else:
+        heads = cfg.get("num_attention_heads") or _int(cfg, "num_heads", where)
+        # compute_axial_rope_parameters: head_dim, else embed_dim (Qwen2-VL) or hidden_size over the heads
+        dim = cfg.get("head_dim") or _int(cfg, "embed_dim" if "embed_dim" in cfg else "hidden_size", where) // heads
+    kwargs = dict(dim=dim, base=_real(params.get("rope_theta", _DEFAULT_THETA), "rope_theta", where),
+                  n_axes=rule.n_axes, layout=rule.layout, axis_order=rule.axis_order, pairs=rule.pairs,
+                  frequencies=rule.frequencies)
+    if rule.partial:
+        kwargs["rotary_dim"] = rule.n_axes * 2 * ((dim // rule.n_axes) // 2)
+    return kwargs
