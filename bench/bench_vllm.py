@@ -1,14 +1,18 @@
 """posenc_fast.vllm.rotary_embedding against a copy and vLLM's native formula, one thread.
 
-    PYTHONPATH=src python bench/bench_vllm.py [--rounds N]
+    PYTHONPATH=src python bench/bench_vllm.py [--rounds N] [--dtype float32 bfloat16]
 
 Two calls of a Llama-like layer (32 query heads, 8 kv heads, head_size 128,
-float32, neox pairs, a (8192, 128) cos/sin cache): a prefill of 4096 tokens at
-positions 0..4095, and a decode step of 16 sequences, one token each.  Rows:
+neox pairs, a (8192, 128) cos/sin cache), in float32 and in bfloat16 (its
+cache float32): a prefill of 4096 tokens at positions 0..4095, and a decode
+step of 16 sequences, one token each.  Rows:
 
 * ``posenc_fast numpy`` / ``posenc_fast torch``: the in-place call on NumPy
   arrays / on CPU tensors (viewed, not copied); ``torch.ops`` through the
   custom op of `posenc_fast.torch_ops` (dispatcher overhead included);
+* ``apply_qk``: `RotaryEmbedding.apply_qk` rotating the same NumPy arrays in
+  place, as (tokens, heads, head_size) with a position per token: the kernel
+  behind the op without the op's glue;
 * ``copy``: ``np.copyto`` of q and k into other arrays, the same bytes read
   and written: the floor for a pass over q and k;
 * ``vLLM native``: vLLM's ``forward_native`` formula in torch eager
@@ -19,9 +23,11 @@ The torch rows appear only when torch imports.
 """
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 try:
@@ -34,6 +40,7 @@ from posenc_fast._bench.timing import measure, paired_ratio, set_threads
 from posenc_fast._bench.torch_rows import Unavailable, torch_or_unavailable
 
 HEADS, KV_HEADS, HEAD_SIZE, MAX_POSITION = 32, 8, 128, 8192
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
 def cos_sin_cache() -> np.ndarray:
@@ -54,16 +61,20 @@ def native_formula(torch, positions, query, key, cache):
     return rotate(query), rotate(key)
 
 
-def contenders(positions: np.ndarray) -> dict:
+def contenders(positions: np.ndarray, dtype: str) -> dict:
     rng = np.random.default_rng(0)
     tokens = positions.size
-    query = rng.standard_normal((tokens, HEADS * HEAD_SIZE), dtype=np.float32)
-    key = rng.standard_normal((tokens, KV_HEADS * HEAD_SIZE), dtype=np.float32)
+    query = rng.standard_normal((tokens, HEADS * HEAD_SIZE), dtype=np.float32).astype(DTYPES[dtype])
+    key = rng.standard_normal((tokens, KV_HEADS * HEAD_SIZE), dtype=np.float32).astype(query.dtype)
     cache = cos_sin_cache()
     q_copy, k_copy = np.empty_like(query), np.empty_like(key)
+    rope = pf.RotaryEmbedding(HEAD_SIZE, layout="half")
+    q_heads, k_heads = query.reshape(tokens, HEADS, HEAD_SIZE), key.reshape(tokens, KV_HEADS, HEAD_SIZE)
+    token_positions = positions.reshape(tokens, 1)
     calls = {
         "posenc_fast numpy": lambda: vllm.rotary_embedding(positions, query, key, HEAD_SIZE,
                                                            cache, True),
+        "apply_qk": lambda: rope.apply_qk(q_heads, k_heads, token_positions, out_q=q_heads, out_k=k_heads),
         "copy": lambda: (np.copyto(q_copy, query), np.copyto(k_copy, key)),
     }
     try:
@@ -73,14 +84,16 @@ def contenders(positions: np.ndarray) -> dict:
         return calls
     import posenc_fast.torch_ops  # noqa: F401  (registers torch.ops.posenc_fast)
 
+    t_dtype = getattr(torch, dtype)
     t_positions, t_cache = torch.from_numpy(positions), torch.from_numpy(cache)
-    t_query = torch.from_numpy(rng.standard_normal(query.shape, dtype=np.float32))
-    t_key = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32))
-    check_q, check_k = t_query.clone(), t_key.clone()
-    expected = native_formula(torch, t_positions, check_q, check_k, t_cache)
-    vllm.rotary_embedding(t_positions, check_q, check_k, HEAD_SIZE, t_cache, True)
-    same = torch.equal(check_q, expected[0]) and torch.equal(check_k, expected[1])
-    print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
+    t_query = torch.from_numpy(rng.standard_normal(query.shape, dtype=np.float32)).to(t_dtype)
+    t_key = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32)).to(t_dtype)
+    if dtype == "float32":  # the native formula rounds bfloat16 three times
+        check_q, check_k = t_query.clone(), t_key.clone()
+        expected = native_formula(torch, t_positions, check_q, check_k, t_cache)
+        vllm.rotary_embedding(t_positions, check_q, check_k, HEAD_SIZE, t_cache, True)
+        same = torch.equal(check_q, expected[0]) and torch.equal(check_k, expected[1])
+        print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
     op = torch.ops.posenc_fast.rotary_embedding
     calls.update({
         "posenc_fast torch": lambda: vllm.rotary_embedding(t_positions, t_query, t_key,
@@ -94,14 +107,16 @@ def contenders(positions: np.ndarray) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"),
+                        default=["float32", "bfloat16"])
     args = parser.parse_args()
     print(f"posenc_fast {pf.__version__}, one thread, q ({HEADS} x {HEAD_SIZE}), "
-          f"k ({KV_HEADS} x {HEAD_SIZE}) per token, float32")
+          f"k ({KV_HEADS} x {HEAD_SIZE}) per token, cpu {pf.build_info()['cpu']}")
     workloads = {"prefill, 4096 tokens": np.arange(4096),
                  "decode, 16 sequences": np.random.default_rng(1).integers(0, 4096, 16)}
-    for title, positions in workloads.items():
-        print(title)
-        calls = contenders(positions)
+    for (title, positions), dtype in itertools.product(workloads.items(), args.dtype):
+        print(f"{title}, {dtype}")
+        calls = contenders(positions, dtype)
         set_threads(1)  # posenc_fast's and torch's (imported by now)
         timings = measure(calls, rounds=args.rounds, target_ns=20_000_000)
         for name, timing in timings.items():

@@ -24,13 +24,19 @@ cdef object _grad_enabled = None  # torch.is_grad_enabled
 cdef object _from_numpy = None    # torch.from_numpy
 cdef object _bfloat16 = None      # torch.bfloat16
 cdef object _int16 = None         # NumPy's int16 dtype (bfloat16 tensors are made through it)
+cdef object _stride = None        # TensorBase's own methods, unbound: no bound method a call
+cdef object _data_ptr = None
+cdef object _is_neg = None
 cdef dict _descrs = {}            # torch dtype -> NumPy dtype of the same bits
 
 
 def register_torch(torch, dict descrs):
     """Let the compiled paths read and make torch tensors; `descrs`: torch dtype -> NumPy dtype."""
     global _Tensor, _strided, _grad_enabled, _from_numpy, _bfloat16, _int16, _descrs
+    global _stride, _data_ptr, _is_neg
     _strided, _grad_enabled, _from_numpy = torch.strided, torch.is_grad_enabled, torch.from_numpy
+    base = torch._C.TensorBase
+    _stride, _data_ptr, _is_neg = base.stride, base.data_ptr, base.is_neg
     _bfloat16, _int16, _descrs = torch.bfloat16, np.dtype(np.int16), dict(descrs)
     _Tensor = torch.Tensor
 
@@ -51,7 +57,7 @@ cdef object _tensor_array(object t, bint grad, bint floats_only):
     if type(t) is not _Tensor:
         return None
     try:
-        if not t.is_cpu or t.layout is not _strided or (grad and t.requires_grad) or t.is_neg():
+        if not t.is_cpu or t.layout is not _strided or (grad and t.requires_grad) or _is_neg(t):
             return None
         found = _descrs.get(t.dtype)
         if found is None:
@@ -59,7 +65,7 @@ cdef object _tensor_array(object t, bint grad, bint floats_only):
         descr = <cnp.dtype>found
         if floats_only and posenc_dtype_index(descr.type_num) < 0:
             return None
-        shape, strides, address = t.shape, t.stride(), t.data_ptr()
+        shape, strides, address = t.shape, _stride(t), _data_ptr(t)
     except Exception:  # e.g. a functorch wrapper without storage
         return None
     nd = len(shape)
@@ -111,6 +117,7 @@ cdef enum:
     CACHE_HALVES, CACHE_PAIRS, CACHE_HALF_WIDTH
 
 
+@cython.auto_pickle(False)
 cdef class TensorRotation:
     """A transformers rotation function on CPU torch tensors, every check in C.
 

@@ -187,7 +187,7 @@ MUTANTS = [
            PKG + "_core_torch.pxi", "dim - 2 * dims[cnd] if self.trailing else 0", "0",
            ("tests/test_tensor_route.py", "-k", "answers")),
     Mutant("a negated tensor viewed as its memory", "integrations", PKG + "_core_torch.pxi",
-           " or (grad and t.requires_grad) or t.is_neg():", " or (grad and t.requires_grad):",
+           " or (grad and t.requires_grad) or _is_neg(t):", " or (grad and t.requires_grad):",
            ("tests/test_tensor_route.py", "-k", "declined")),
     Mutant("an expanded query rotated in place", "integrations", PKG + "_core_tokens.pxi",
            "    return tokens < 2 or rows.token_stride >= rows.extent", "    return True",
