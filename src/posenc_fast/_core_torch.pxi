@@ -22,8 +22,8 @@ cdef object _Tensor = None        # torch.Tensor
 cdef object _strided = None       # torch.strided
 cdef object _grad_enabled = None  # torch.is_grad_enabled
 cdef object _from_numpy = None    # torch.from_numpy
+cdef object _empty = None         # torch.empty
 cdef object _bfloat16 = None      # torch.bfloat16
-cdef object _int16 = None         # NumPy's int16 dtype (bfloat16 tensors are made through it)
 cdef object _stride = None        # TensorBase's own methods, unbound: no bound method a call
 cdef object _data_ptr = None
 cdef object _is_neg = None
@@ -32,12 +32,13 @@ cdef dict _descrs = {}            # torch dtype -> NumPy dtype of the same bits
 
 def register_torch(torch, dict descrs):
     """Let the compiled paths read and make torch tensors; `descrs`: torch dtype -> NumPy dtype."""
-    global _Tensor, _strided, _grad_enabled, _from_numpy, _bfloat16, _int16, _descrs
-    global _stride, _data_ptr, _is_neg
+    global _Tensor, _strided, _grad_enabled, _from_numpy, _bfloat16, _descrs
+    global _stride, _data_ptr, _is_neg, _empty
+    _empty = torch.empty
     _strided, _grad_enabled, _from_numpy = torch.strided, torch.is_grad_enabled, torch.from_numpy
     base = torch._C.TensorBase
     _stride, _data_ptr, _is_neg = base.stride, base.data_ptr, base.is_neg
-    _bfloat16, _int16, _descrs = torch.bfloat16, np.dtype(np.int16), dict(descrs)
+    _bfloat16, _descrs = torch.bfloat16, dict(descrs)
     _Tensor = torch.Tensor
 
 
@@ -105,12 +106,23 @@ def tensor_arrays(tuple args, unsigned int optional, unsigned int integers):
     return tuple(arrays)
 
 
-cdef object _as_tensor(cnp.ndarray a):
-    # A tensor over a new ndarray's memory (bfloat16 through int16: torch knows no
-    # NumPy bfloat16).
-    if posenc_dtype_index(cnp.PyArray_TYPE(a)) == POSENC_BF16:
-        return _from_numpy(a.view(_int16)).view(_bfloat16)
-    return _from_numpy(a)
+cdef tuple _new_output(cnp.ndarray x):
+    # (a new C-contiguous tensor of x's shape and dtype, the ndarray over its memory).
+    # torch.from_numpy of a new array, but for bfloat16 (NumPy has none for torch to
+    # map; .view(torch.bfloat16) of an int16 tensor costs more than the allocation).
+    cdef int nd = cnp.PyArray_NDIM(x), k
+    cdef cnp.ndarray a
+    if posenc_dtype_index(cnp.PyArray_TYPE(x)) != POSENC_BF16:
+        a = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+        return _from_numpy(a), a
+    shape = tuple([cnp.PyArray_DIMS(x)[k] for k in range(nd)])
+    t = _empty(shape, dtype=_bfloat16)
+    descr = <object>cnp.PyArray_DESCR(x)
+    Py_INCREF(descr)
+    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, nd, cnp.PyArray_DIMS(x), NULL,
+                             <void*><Py_ssize_t>_data_ptr(t), cnp.NPY_ARRAY_WRITEABLE, NULL)
+    cnp.set_array_base(a, t)
+    return t, a
 
 
 cdef enum:
@@ -196,11 +208,13 @@ cdef class TensorRotation:
             dims[cnd] = width // 2
         cos_view = _view(c, cnd + 1, dims, cos_steps)
         sin_view = _view(s, cnd + 1, dims, sin_steps)
+        outputs = [_new_output(<cnp.ndarray>a) for a in arrays]
         results = _rotate_cos_sin(tuple(arrays), cos_view, sin_view, self.half, self.inverse,
-                                  (None,) * n, dim - 2 * dims[cnd] if self.trailing else 0)
+                                  tuple([o[1] for o in outputs]),
+                                  dim - 2 * dims[cnd] if self.trailing else 0)
         if results is None:
             return None
-        return tuple([_as_tensor(<cnp.ndarray>r) for r in results])
+        return tuple([o[0] for o in outputs])
 
 
 cdef cnp.ndarray _view(cnp.ndarray a, int nd, cnp.npy_intp* dims, cnp.npy_intp* steps):

@@ -237,6 +237,11 @@ def _compiled_call(torch, function, xs, cos, sin, unsqueeze_dim):
 
 
 _COMPILED = {}  # id(RotaryFunction) -> (it, its TensorRotation or None)
+# The RotaryFunction fields TensorRotation reads; a function with any other field not at its default
+# (e.g. deinterleaves) takes the Python route whole.
+_COMPILED_FIELDS = ("source", "layout", "cache", "partial", "compute", "inverse", "one_tensor", "trailing",
+                    "unsqueeze")
+_PLAIN = type(_LLAMA)(source="")  # every field at its default
 
 
 def compiled(torch, function):
@@ -246,7 +251,7 @@ def compiled(torch, function):
     if entry is not None and entry[0] is function:
         return entry[1]
     rotation = None
-    if not function.deinterleaves:
+    if function._replace(**{field: getattr(_PLAIN, field) for field in _COMPILED_FIELDS}) == _PLAIN:
         if not _REGISTERED:
             _register(torch)
         dtypes = kernels.torch_kernel_dtypes()
