@@ -65,6 +65,20 @@ static inline Py_ssize_t posenc_peel(const void* out, Py_ssize_t size, Py_ssize_
     return head < n ? head : n;
 }
 
+/* Fetch the cache lines of `nbytes` from `out` for writing.  Out of place, vector stores
+   that split cache lines the result does not hold yet stall: W1 half layout in cache,
+   out 16 bytes past a line, ran 2.4x a copy on an Intel Xeon (model 0xcf; AVX2 2.8x);
+   with the row's lines fetched first 1.1x, as an aligned out (AMD not measured). */
+static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    for (Py_ssize_t k = 0; k <= nbytes; k += 64)
+        __builtin_prefetch((const char*)out + k, 1);
+#else
+    (void)out;
+    (void)nbytes;
+#endif
+}
+
 /* The tuning constants.  Each is defined under #ifndef, so that
    bench/sweep.py can build the package with -DNAME=VALUE; each carries the
    sweep that chose it: on the 2-core AMD EPYC of bench/README.md shared with
