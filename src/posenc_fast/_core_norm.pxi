@@ -29,6 +29,12 @@ cdef struct NormJob:
     const RowCall* call      # the compute dtype's rotation of one row
 
 
+cdef inline Py_ssize_t _scratch_row_bytes(Py_ssize_t dim, Py_ssize_t size) noexcept nogil:
+    # A scratch row's bytes, whole vectors (64 bytes): each row starts on a vector
+    # boundary (stores splitting cache lines cost: posenc_prefetch_for_write).
+    return (dim * size + 63) // 64 * 64
+
+
 cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     # Each row: widened (a half type) into a scratch row, normalized there
     # (K.norm_scale: the variant's vectors), rotated into its output row, or
@@ -37,8 +43,9 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
     cdef Py_ssize_t r, t, dim = job.dim
     cdef int compute = POSENC_F64 if job.data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t size = 8 if compute == POSENC_F64 else 4
-    cdef char* normed = job.scratch + slot * 2 * dim * size
-    cdef char* rotated = normed + dim * size
+    cdef Py_ssize_t row_bytes = _scratch_row_bytes(dim, size)
+    cdef char* normed = job.scratch + slot * 2 * row_bytes
+    cdef char* rotated = normed + row_bytes
     cdef const void* weight = (<const void*>job.weight if compute == POSENC_F64
                                else <const void*>job.weight32)
     cdef const char* row
@@ -101,7 +108,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
         return
     import numpy
     weight32 = weight.astype(numpy.float32)
-    scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * 2 * dim * compute_size],
+    scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * 2 * _scratch_row_bytes(dim, compute_size) + 64],
                                 cnp.NPY_UINT8, 0)
     cdef NormJob job = NormJob(<const Py_ssize_t*>_data(row_table), _data(x), _data(out),
                                _data(cos_table), _data(sin_table),
@@ -109,6 +116,6 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                                nrows, dim, cnp.PyArray_ITEMSIZE(x),
                                at, store,
                                <const double*>_data(weight), <const float*>_data(weight32), eps,
-                               data, _data(scratch), &call)
+                               data, _data(scratch) + ((64 - (<size_t>_data(scratch) & 63)) & 63), &call)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
