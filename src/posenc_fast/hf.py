@@ -72,9 +72,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Returns
     -------
     q_embed, k_embed
-        Of the same kind as `q` (torch tensors made with
-        ``torch.from_numpy``, sharing memory with the kernel's output) and
-        with q's and k's shapes and dtypes.
+        Of the same kind as `q` (new torch tensors, the kernel's output
+        written into their memory) and with q's and k's shapes and dtypes.
 
     Raises
     ------
