@@ -18,7 +18,7 @@ import importlib
 import pytest
 
 from posenc_fast import _hf_drop_in as _drop_in, hf
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from posenc_fast import hf
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, NOT_PATCHED, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

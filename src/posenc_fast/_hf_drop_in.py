@@ -1,6 +1,6 @@
 """The shared path of posenc_fast.hf's drop-ins: transformers' rotation functions by the kernel.
 
-`RotaryFunction` (``_hf_models``) says what a module's function computes; `_rotate_tensors` gives that
+`RotaryFunction` (``_hf_functions``) says what a module's function computes; `_rotate_tensors` gives that
 result for CPU torch tensors through NumPy views (None where it would not be exact), with the autograd
 `Rotation` when the data needs a gradient, and `_apply_numpy` for NumPy arrays.  hf.py's public functions
 and what `install` puts in transformers' modules all call these.  Under ``torch.compile`` `_rotate_tensors`
@@ -16,7 +16,7 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin
-from ._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+from ._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
 

@@ -6,10 +6,10 @@ NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
 ``apply_rotary_pos_emb`` of every modeling module whose function it computes
 exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, and
-the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_models.ROTARY_FUNCTIONS``),
-MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_models.INTERLEAVE_FUNCTIONS``)
+the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_functions.ROTARY_FUNCTIONS``),
+MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
 and the vision towers' ``apply_rotary_pos_emb_vision``
-(``_hf_models.VISION_FUNCTIONS``).  The kernel path they share is
+(``_hf_functions.VISION_FUNCTIONS``).  The kernel path they share is
 ``_hf_drop_in``.  torch and transformers stay optional: this module imports
 neither until a call needs it.
 """
@@ -20,7 +20,7 @@ import sys
 
 from . import _hf_drop_in as _drop_in
 from ._hf_drop_in import _PATCHED, FALLBACKS, _apply, _fell_back, _fits, numpy_view
-from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
+from ._hf_functions import NOT_PATCHED, ROTARY_FUNCTIONS
 
 __all__ = ["FALLBACKS", "Installation", "SUPPORTED_FAMILIES", "apply_rotary_pos_emb", "apply_rotary_pos_emb_single",
            "install", "numpy_view", "uninstall"]

@@ -159,7 +159,7 @@ MUTANTS = [
            PKG + "_hf_drop_in.py",
            "    start = xs[0].shape[-1] - 2 * cos.shape[-1] if function.trailing else 0",
            "    start = 0", ("tests/test_hf_deepseek_v4.py",)),
-    Mutant("the vision towers' rotation by -theta", "model rules, scalings", PKG + "_hf_models.py",
+    Mutant("the vision towers' rotation by -theta", "model rules, scalings", PKG + "_hf_functions.py",
            '    return RotaryFunction(f"{module}/modeling_{module}.py", *args, unsqueeze=-2, **kwargs)',
            '    return RotaryFunction(f"{module}/modeling_{module}.py", *args, unsqueeze=-2, inverse=True, **kwargs)',
            ("tests/test_hf_vision.py",)),
