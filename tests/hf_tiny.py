@@ -82,6 +82,8 @@ MODEL_CHANGES = {
     "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
     # the audio padding id is the embedding's last row: text vocabulary + codebooks x codebook vocabulary
     "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
+    # GPT-2's config keys (attribute_map'd, so to_dict keeps them); rotary_dim 16 of the 32-wide head
+    **dict.fromkeys(("codegen", "gptj"), {"n_embd": 4 * HEAD_DIM, "n_layer": 2, "n_head": 4, "rotary_dim": 16}),
     # the image-token ids these VLMs look up in their vocabulary map
     "chameleon": {"vocabulary_map": {"<image>": 127}},
     "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},

@@ -92,13 +92,13 @@ def _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim):
 
 
 def _patched_as(function):
-    """(module, function name): where `function` is in `_PATCHED` (read off its flags, which a
-    ``torch.compile`` trace reads as constants)."""
+    """(module, function name): where `function` is in `_PATCHED` (its module read off its source, the
+    name off its flags and its module's vision row, which a ``torch.compile`` trace reads as constants)."""
+    family = function.source.split("/")[0]
     if function.deinterleaves:
-        name = "apply_rotary_pos_emb_interleave"
-    else:
-        name = "apply_rotary_pos_emb" if function.unsqueeze is None else "apply_rotary_pos_emb_vision"
-    return function.source.split("/")[0], name
+        return family, "apply_rotary_pos_emb_interleave"
+    vision = function.unsqueeze is not None and function == VISION_FUNCTIONS.get(family)
+    return family, "apply_rotary_pos_emb_vision" if vision else "apply_rotary_pos_emb"
 
 
 def _rotated(torch, function, arrays, dtypes, unsqueeze_dim):

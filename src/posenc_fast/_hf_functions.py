@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 __all__ = ["RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS", "VISION_FUNCTIONS", "NOT_PATCHED"]
 
+
 class RotaryFunction(NamedTuple):
     """What one modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (or, with
     `one_tensor`, ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``) computes."""
@@ -54,13 +55,26 @@ class RotaryFunction(NamedTuple):
     (DeepSeek-V4's ``x[..., -rope_dim:]``; ``rotary_start = dim - rotated``)."""
     unsqueeze: int | None = None
     """None: its signature ends in ``unsqueeze_dim=1``; an axis: it has no ``unsqueeze_dim`` and
-    unsqueezes cos/sin there itself (the vision towers' ``cos.unsqueeze(-2)``)."""
+    unsqueezes cos/sin there itself (the vision towers' ``cos.unsqueeze(-2)``, GPT-J's ``sin[:, :, None,
+    :]``)."""
+    parameters: tuple[str, ...] | None = None
+    """Its leading parameters where they are not ``(q, k, cos, sin)`` (with `one_tensor`, ``(x, cos,
+    sin)``): the data's names, and ``cos`` and ``sin`` where it takes them (GPT-J's ``(tensor, sin,
+    cos)``)."""
+    dims: int | None = None
+    """Its formula indexes axes by number (GPT-J's ``x[:, :, :, ::2]`` and ``sin[:, :, None, :]`` repeated
+    along axis 3): it computes the rotation for data of `dims` dimensions and cos/sin of ``dims - 1``,
+    unsqueezed at an axis in ``[0, dims - 1)``, only; None: any."""
 
     @property
     def kernel_layout(self) -> str:
         """The pair layout posenc_fast rotates in (a deinterleaving function rotates what it laid out in halves)."""
         return "half" if self.deinterleaves else self.layout
 
+
+# GPT-J's apply_rotary_pos_emb(tensor, sin, cos) (and CodeGen's): one (batch, seq, heads, rotary_dim) tensor,
+# the (batch, seq, rotary_dim / 2) sin and cos repeat_interleave'd at [:, :, None, :], rotate_every_two's pairs
+_GPTJ = dict(one_tensor=True, unsqueeze=2, parameters=("tensor", "sin", "cos"), dims=4)
 
 # Module (the folder under transformers/models/) -> its apply_rotary_pos_emb, read from transformers 5.24.
 # mRoPE modules are here too: their rotary module recomposes cos/sin before the call.
@@ -80,6 +94,7 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "cohere": RotaryFunction("cohere/modeling_cohere.py", "interleaved", "pairs", compute="float32"),
     "cohere2": RotaryFunction("cohere2/modeling_cohere2.py", "interleaved", "pairs", compute="float32"),
     "cohere2_moe": RotaryFunction("cohere2_moe/modeling_cohere2_moe.py", "interleaved", "pairs", compute="float32"),
+    "codegen": RotaryFunction("codegen/modeling_codegen.py", "interleaved", "half_width", **_GPTJ),
     "cohere_compass": RotaryFunction("cohere_compass/modeling_cohere_compass.py"),
     "cosmos3_edge": RotaryFunction("cosmos3_edge/modeling_cosmos3_edge.py"),
     "csm": RotaryFunction("csm/modeling_csm.py"),
@@ -133,6 +148,7 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "gpt_neox": RotaryFunction("gpt_neox/modeling_gpt_neox.py", partial=True),
     "gpt_neox_japanese": RotaryFunction("gpt_neox_japanese/modeling_gpt_neox_japanese.py"),
     "gpt_oss": RotaryFunction("gpt_oss/modeling_gpt_oss.py", cache="half_width"),
+    "gptj": RotaryFunction("gptj/modeling_gptj.py", "interleaved", "half_width", **_GPTJ),
     "gradium_phonon_tts": RotaryFunction("gradium_phonon_tts/modeling_gradium_phonon_tts.py"),
     "granite": RotaryFunction("granite/modeling_granite.py"),
     "granite4_vision": RotaryFunction("granite4_vision/modeling_granite4_vision.py"),
@@ -281,11 +297,9 @@ VISION_FUNCTIONS: dict[str, RotaryFunction] = {
 # Modules with a function of the name of one of the tables above that is not in it, and why.
 NOT_PATCHED: dict[str, str] = {
     "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
-    "codegen": "its apply_rotary_pos_emb rotates one tensor with (sin, cos) caches of half width",
     "dinov3_vit": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "eomt_dinov3": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "sapiens2": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
-    "gptj": "its apply_rotary_pos_emb rotates one tensor with (sin, cos) caches of half width",
     "muse_glimmer_assistant": "its apply_rotary_pos_emb rotates q by the last q_len rows of k's cache",
     "pe_audio": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
     "pe_audio_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",

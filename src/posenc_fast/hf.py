@@ -5,8 +5,8 @@ function and takes CPU torch tensors (viewed through NumPy, no copies) or
 NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
 ``apply_rotary_pos_emb`` of every modeling module whose function it computes
-exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, and
-the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_functions.ROTARY_FUNCTIONS``),
+exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, GPT-J's,
+and the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_functions.ROTARY_FUNCTIONS``),
 MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
 and the vision towers' ``apply_rotary_pos_emb_vision``
 (``_hf_functions.VISION_FUNCTIONS``).  The kernel path they share is
@@ -193,7 +193,9 @@ def install(model=None) -> Installation:
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants, and the one-tensor
+    its partial, interleaved, float32 and mRoPE variants, GPT-J's and
+    CodeGen's ``(tensor, sin, cos)``, one tensor with caches of one entry per
+    pair, the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
     rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
     trailing features of a head, and its attention output back with
@@ -210,7 +212,8 @@ def install(model=None) -> Installation:
     entries do not repeat as the function expects fall back to the module's
     own function, and so do float64 data or caches for the functions that
     compute in float32 (their ``.float()`` rounds them first: DeepSeek-V4,
-    the vision towers, Cohere).  Under ``torch.compile`` the functions call
+    the vision towers, Cohere), and half-precision data that a wider cache
+    promotes (CodeGen's float32 cache).  Under ``torch.compile`` the functions call
     posenc_fast's op ``hf_rotate``, which the graph keeps and which runs the
     same kernel.  With parameters that need a gradient (training, or a
     forward outside ``torch.no_grad()``) the kernel runs too, with its exact
@@ -278,7 +281,7 @@ def _replacement(original, function):
         # keyword, and perhaps unsqueeze_dim= (where the function has it).
         call = _arguments(args, kwargs, names, function.unsqueeze)
         if call is not None:
-            rotated = _rotate_if_fits(function, *call)
+            rotated = _rotate_if_fits(function, names, *call)
             if rotated is not None:
                 return rotated[0] if one else rotated
         else:
@@ -292,6 +295,8 @@ def _replacement(original, function):
 
 def _parameters(function) -> tuple:
     # The leading parameters of the function `function` describes.
+    if function.parameters is not None:
+        return function.parameters
     return ("x", "cos", "sin") if function.one_tensor else ("q", "k", "cos", "sin")
 
 
@@ -309,15 +314,29 @@ def _arguments(args, kwargs, names, fixed=None):
     return None
 
 
-def _rotate_if_fits(function, tensors, unsqueeze_dim):
+def _rotate_if_fits(function, names, tensors, unsqueeze_dim):
+    """What `function` returns for the arguments `tensors` (of the parameters `names`) by the kernel; None
+    where it takes the module's own function."""
     torch = sys.modules["torch"]
-    *xs, cos, sin = tensors
+    if function.parameters is None:
+        *xs, cos, sin = tensors
+    else:  # by name: GPT-J's (tensor, sin, cos)
+        named = dict(zip(names, tensors))
+        cos, sin = named.pop("cos"), named.pop("sin")
+        xs = list(named.values())
     if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
             and _fits(function, [x.shape for x in xs], cos.shape[-1])
-            and (function.unsqueeze is None or cos.ndim >= 2)):  # MiniMax-M3-VL's cos[:, None, :]
+            and (function.unsqueeze is None or cos.ndim >= 2)  # MiniMax-M3-VL's cos[:, None, :]
+            and (function.dims is None or _has_dims(function.dims, xs, cos, sin, unsqueeze_dim))):
         _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _drop_in._rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
+
+
+def _has_dims(dims, xs, cos, sin, unsqueeze_dim) -> bool:
+    # The shapes a function that indexes axes by number (`RotaryFunction.dims`) rotates.
+    return (all(x.ndim == dims for x in xs) and cos.ndim == getattr(sin, "ndim", None) == dims - 1
+            and type(unsqueeze_dim) is int and 0 <= unsqueeze_dim < dims - 1)
 
 
 def _module_name(family: str) -> str:

@@ -156,11 +156,18 @@ def _hf_formula(drop_in, function, family, name):
 
     module = importlib.import_module(hf._module_name(family))
     original = hf._originals.get((module.__name__, name), getattr(module, name))
-    if function.unsqueeze is not None:  # it unsqueezes at its own axis, the one `dim` is
-        return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin))
-    if function.one_tensor:
-        return lambda xs, cos, sin, dim: (original(*xs, cos, sin, unsqueeze_dim=dim),)
-    return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin, unsqueeze_dim=dim))
+    parameters = hf._parameters(function)
+
+    def formula(xs, cos, sin, dim):
+        data = iter(xs)  # its arguments in its order (GPT-J's (tensor, sin, cos))
+        args = [cos if p == "cos" else sin if p == "sin" else next(data) for p in parameters]
+        if function.unsqueeze is not None:  # it unsqueezes at its own axis, the one `dim` is
+            result = original(*args)
+        else:
+            result = original(*args, unsqueeze_dim=dim)
+        return (result,) if function.one_tensor else tuple(result)
+
+    return formula
 
 
 def _hf_layout(function, x, transpose):
