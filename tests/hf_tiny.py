@@ -84,6 +84,8 @@ MODEL_CHANGES = {
     "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
     # GPT-2's config keys (attribute_map'd, so to_dict keeps them); rotary_dim 16 of the 32-wide head
     **dict.fromkeys(("codegen", "gptj"), {"n_embd": 4 * HEAD_DIM, "n_layer": 2, "n_head": 4, "rotary_dim": 16}),
+    # its key heads per layer, kept from the default's first layers (16), would outnumber the tiny heads
+    "sapiens2": {"num_key_value_heads_per_layer": [4, 2]},
     # the image-token ids these VLMs look up in their vocabulary map
     "chameleon": {"vocabulary_map": {"<image>": 127}},
     "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},
@@ -199,7 +201,8 @@ def tiny_model(model_type, **extra):
         module = importlib.import_module(model_module(model_type))
         found = sorted((c for c in vars(module).values()
                         if inspect.isclass(c) and issubclass(c, transformers.PreTrainedModel)
-                        and c.__module__ == module.__name__ and c.config_class is type(config)),
+                        and c.__module__ == module.__name__ and c.config_class is type(config)
+                        and not c.__name__.endswith("PreTrainedModel")),  # no forward of its own
                        key=lambda c: (not c.__name__.endswith("ForCausalLM"),
                                       not c.__name__.endswith("Model"), c.__name__))
         if not found:
@@ -262,6 +265,8 @@ INPUTS = {
                     lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids}),
     **dict.fromkeys(("pixtral", "phi4_multimodal_vision", "step3p5_vision"),
                     lambda config, ids: {"pixel_values": _image(config)}),
+    # ViTs with cls and register tokens before the patches (the patches alone rotated)
+    **dict.fromkeys(("dinov3_vit", "eomt_dinov3", "sapiens2"), lambda config, ids: {"pixel_values": _image(config)}),
     **dict.fromkeys(("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision", "hy_v4_vl_vision",
                      "dots3_note_vision_encoder"), lambda config, ids: _patches(config)),
     # Dia: text ids in, a code per audio channel out

@@ -100,6 +100,17 @@ def test_data_of_another_rank_takes_gptjs_own_function(kernel_calls):
     assert kernel_calls == []
 
 
+def test_more_patches_than_tokens_takes_dinov3s_own_function(kernel_calls):
+    # DINOv3's split of q into (tokens - patches, patches) fails: so does the patched function
+    function = ROTARY_FUNCTIONS["dinov3_vit"]
+    patched = hf._replacement(importlib.import_module(hf._module_name("dinov3_vit")).apply_rotary_pos_emb, function)
+    cos, sin = hf_calls.cache(function, (7,), 16)
+    q, k = torch.randn(2, 3, 5, 16), torch.randn(2, 3, 5, 16)
+    with pytest.raises(RuntimeError, match="split_with_sizes"):
+        patched(q, k, cos.float(), sin.float())
+    assert kernel_calls == []
+
+
 # ---------------------------------------------------------------------------
 # inside tiny random models (every model type: test_hf_install_models.py)
 
@@ -116,10 +127,26 @@ def test_half_precision_model_unchanged(kernel_calls):
     assert torch.equal(got, expected)
 
 
-def test_install_refuses_a_model_it_cannot_take():
-    model = transformers.DINOv3ViTModel(transformers.DINOv3ViTConfig(
-        hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, image_size=32))
-    with pytest.raises(ValueError, match=r"DINOv3ViTModel has no part from a supported module \(dinov3_vit: "
-                                         r"its apply_rotary_pos_emb rotates only the patch tokens"):
-        hf.install(model)
+def _gptj_model():
+    return transformers.GPTJForCausalLM(transformers.GPTJConfig(
+        n_embd=64, n_layer=1, n_head=4, rotary_dim=8, vocab_size=128, bos_token_id=0, eos_token_id=0))
+
+
+def test_install_refuses_a_model_it_cannot_take(monkeypatch):
+    # a module in NOT_PATCHED (GPT-J's, were it not in the table), with the reason
+    monkeypatch.delitem(ROTARY_FUNCTIONS, "gptj")
+    monkeypatch.setitem(NOT_PATCHED, "gptj", "its apply_rotary_pos_emb does what no row says")
+    with pytest.raises(ValueError, match=r"GPTJForCausalLM has no part from a supported module \(gptj: "
+                                         r"its apply_rotary_pos_emb does what no row says\)"):
+        hf.install(_gptj_model())
+    assert hf._originals == {}
+
+
+def test_install_refuses_a_function_whose_signature_changed(monkeypatch):
+    # transformers changed the function after its row was read: install says so, and patches nothing
+    module = importlib.import_module(hf._module_name("gptj"))
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", lambda tensor, cos, sin: tensor)
+    with pytest.raises(ValueError, match=r"\(gptj: its apply_rotary_pos_emb\(tensor, cos, sin\) is not the "
+                                         r"\(tensor, sin, cos\) read from gptj/modeling_gptj.py\)"):
+        hf.install(_gptj_model())
     assert hf._originals == {}

@@ -63,6 +63,7 @@ NOT_RUN = {
     "dots3_note_audio_encoder": _INPUTS.format("input_features, chunk_sample_lengths"),
     "efficientloftr": _CONFIG.format("hidden_size should be equal to the last value in out_features. hidden_size = 128, out_features = 256"),
     "emu3_vqgan": _NO_FORWARD,
+    "eomt_dinov3": _FAILS.format("ImportError: EomtDinov3Loss requires the scipy library"),
     "esmfold2": _CONFIG.format("The atom_encoder.output_dim (128) is not single_inputs_size (451) - (2 * num_res_types + 1) = 384"),
     "glm5_next": _TEXT_NO_ROPE,
     "glm5_next_text": _TEXT_NO_ROPE,
@@ -114,6 +115,7 @@ NOT_RUN = {
     "qwen3_omni_moe_audio_encoder": _INPUTS.format("input_features, feature_lens"),
     "qwen3_omni_moe_talker_text": _INPUTS.format("inputs_embeds (not built: transformers leaves its MoE experts "
                                                   "uninitialized, torch.empty, so its output can be NaN)"),
+    "sapiens2_head": _FAILS.format("LookupError: no model class for sapiens2_head"),
     "t5_gemma_module": _FAILS.format("LookupError: no model class for t5_gemma_module"),
     "unlimited_ocr_sam_vision_model": _INPUTS.format("pixel_values"),
     "unlimited_ocr_vision": _INPUTS.format("pixel_values"),

@@ -256,6 +256,19 @@ def _apply_numpy(xs, cos, sin, unsqueeze_dim, function=_LLAMA):
         raise ValueError(f"{', '.join(names)} and the unsqueezed cos/sin must end in the same "
                          f"even head_dim, got {got}, cos {cos.shape} (a full-width "
                          f"transformers cache, halves repeated)")
+    if function.prefix_tokens:  # the rows of axis -2 before the cache's (cls and register tokens) pass
+        prefix = xs[0].shape[-2] - cos.shape[-2] if xs[0].ndim >= 2 else -1
+        if prefix < 0 or any(x.shape[-2:] != xs[0].shape[-2:] for x in xs):
+            raise ValueError(f"{', '.join(names)} must have the same tokens (axis -2), at least as many as "
+                             f"cos/sin's rows, got {', '.join(str(x.shape) for x in xs)}, cos {cos.shape}")
+        patches = _rotate_arrays([x[..., prefix:, :] for x in xs], cos, sin, unsqueeze_dim, function, names)
+        return tuple(np.concatenate((x[..., :prefix, :], r), axis=-2) for x, r in zip(xs, patches))
+    return _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names)
+
+
+def _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names):
+    # The kernel for the arrays `xs` and the unsqueezed cos and sin that fit them.
+    width = cos.shape[-1]
     if function.cache == "halves":
         cos, sin = cos[..., :width // 2], sin[..., :width // 2]
     elif function.cache == "pairs":

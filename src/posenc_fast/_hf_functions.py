@@ -56,7 +56,7 @@ class RotaryFunction(NamedTuple):
     unsqueeze: int | None = None
     """None: its signature ends in ``unsqueeze_dim=1``; an axis: it has no ``unsqueeze_dim`` and
     unsqueezes cos/sin there itself (the vision towers' ``cos.unsqueeze(-2)``, GPT-J's ``sin[:, :, None,
-    :]``)."""
+    :]``; 0 for a function that leaves them as they are, which broadcasting does too: DINOv3's)."""
     parameters: tuple[str, ...] | None = None
     """Its leading parameters where they are not ``(q, k, cos, sin)`` (with `one_tensor`, ``(x, cos,
     sin)``): the data's names, and ``cos`` and ``sin`` where it takes them (GPT-J's ``(tensor, sin,
@@ -65,6 +65,9 @@ class RotaryFunction(NamedTuple):
     """Its formula indexes axes by number (GPT-J's ``x[:, :, :, ::2]`` and ``sin[:, :, None, :]`` repeated
     along axis 3): it computes the rotation for data of `dims` dimensions and cos/sin of ``dims - 1``,
     unsqueezed at an axis in ``[0, dims - 1)``, only; None: any."""
+    prefix_tokens: bool = False
+    """Rotates only the last ``cos.shape[-2]`` tokens (rows of axis -2) of q and k, the patch tokens, and
+    passes the ones before them, the cls and register tokens, into its ``torch.cat`` (DINOv3's)."""
 
     @property
     def kernel_layout(self) -> str:
@@ -75,6 +78,10 @@ class RotaryFunction(NamedTuple):
 # GPT-J's apply_rotary_pos_emb(tensor, sin, cos) (and CodeGen's): one (batch, seq, heads, rotary_dim) tensor,
 # the (batch, seq, rotary_dim / 2) sin and cos repeat_interleave'd at [:, :, None, :], rotate_every_two's pairs
 _GPTJ = dict(one_tensor=True, unsqueeze=2, parameters=("tensor", "sin", "cos"), dims=4)
+
+# DINOv3's apply_rotary_pos_emb(q, k, cos, sin, **kwargs) (and its relatives'): the (patches, head_dim) cos/sin,
+# not unsqueezed, rotate the last patches tokens of q and k (batch, heads, tokens, head_dim)
+_PREFIX = dict(unsqueeze=0, prefix_tokens=True)
 
 # Module (the folder under transformers/models/) -> its apply_rotary_pos_emb, read from transformers 5.24.
 # mRoPE modules are here too: their rotary module recomposes cos/sin before the call.
@@ -108,6 +115,7 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "deepseek_v32": RotaryFunction("deepseek_v32/modeling_deepseek_v32.py"),
     "dia": RotaryFunction("dia/modeling_dia.py"),
     "diffllama": RotaryFunction("diffllama/modeling_diffllama.py"),
+    "dinov3_vit": RotaryFunction("dinov3_vit/modeling_dinov3_vit.py", **_PREFIX),
     "doge": RotaryFunction("doge/modeling_doge.py"),
     "dory": RotaryFunction("dory/modeling_dory.py"),
     "dots1": RotaryFunction("dots1/modeling_dots1.py"),
@@ -115,6 +123,7 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "efficientloftr": RotaryFunction("efficientloftr/modeling_efficientloftr.py", "interleaved", "pairs", compute="float32"),
     "embedding_gemma2": RotaryFunction("embedding_gemma2/modeling_embedding_gemma2.py"),
     "emu3": RotaryFunction("emu3/modeling_emu3.py"),
+    "eomt_dinov3": RotaryFunction("eomt_dinov3/modeling_eomt_dinov3.py", **_PREFIX),
     "ernie4_5": RotaryFunction("ernie4_5/modeling_ernie4_5.py", "interleaved", compute="float32"),
     "ernie4_5_moe": RotaryFunction("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved", compute="float32"),
     "ernie4_5_vl_moe": RotaryFunction("ernie4_5_vl_moe/modeling_ernie4_5_vl_moe.py", "interleaved", "pairs", compute="float32"),
@@ -245,6 +254,7 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "qwen3_vl_moe": RotaryFunction("qwen3_vl_moe/modeling_qwen3_vl_moe.py"),
     "qwen4_exp": RotaryFunction("qwen4_exp/modeling_qwen4_exp.py", partial=True),
     "recurrent_gemma": RotaryFunction("recurrent_gemma/modeling_recurrent_gemma.py", partial=True),
+    "sapiens2": RotaryFunction("sapiens2/modeling_sapiens2.py", **_PREFIX),
     "seed_oss": RotaryFunction("seed_oss/modeling_seed_oss.py"),
     "smollm3": RotaryFunction("smollm3/modeling_smollm3.py"),
     "solar_open": RotaryFunction("solar_open/modeling_solar_open.py"),
@@ -297,9 +307,6 @@ VISION_FUNCTIONS: dict[str, RotaryFunction] = {
 # Modules with a function of the name of one of the tables above that is not in it, and why.
 NOT_PATCHED: dict[str, str] = {
     "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
-    "dinov3_vit": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
-    "eomt_dinov3": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
-    "sapiens2": "its apply_rotary_pos_emb rotates only the patch tokens after the prefix tokens",
     "muse_glimmer_assistant": "its apply_rotary_pos_emb rotates q by the last q_len rows of k's cache",
     "pe_audio": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
     "pe_audio_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",

@@ -6,7 +6,7 @@ NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
 ``apply_rotary_pos_emb`` of every modeling module whose function it computes
 exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, GPT-J's,
-and the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_functions.ROTARY_FUNCTIONS``),
+DINOv3's of the patch tokens, and the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_functions.ROTARY_FUNCTIONS``),
 MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
 and the vision towers' ``apply_rotary_pos_emb_vision``
 (``_hf_functions.VISION_FUNCTIONS``).  The kernel path they share is
@@ -195,7 +195,8 @@ def install(model=None) -> Installation:
     posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
     its partial, interleaved, float32 and mRoPE variants, GPT-J's and
     CodeGen's ``(tensor, sin, cos)``, one tensor with caches of one entry per
-    pair, the one-tensor
+    pair, DINOv3's, EoMT-DINOv3's and Sapiens2's, which rotate the patch
+    tokens after the cls and register tokens, the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
     rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
     trailing features of a head, and its attention output back with
@@ -327,10 +328,18 @@ def _rotate_if_fits(function, names, tensors, unsqueeze_dim):
     if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
             and _fits(function, [x.shape for x in xs], cos.shape[-1])
             and (function.unsqueeze is None or cos.ndim >= 2)  # MiniMax-M3-VL's cos[:, None, :]
-            and (function.dims is None or _has_dims(function.dims, xs, cos, sin, unsqueeze_dim))):
+            and (function.dims is None or _has_dims(function.dims, xs, cos, sin, unsqueeze_dim))
+            and (not function.prefix_tokens or _has_the_patches(xs, cos, sin))):
         _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _drop_in._rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
+
+
+def _has_the_patches(xs, cos, sin) -> bool:
+    # q and k of the same tokens (q's split is k's), at least as many as sin's rows (its patches).
+    tokens = xs[0].shape[-2] if xs[0].ndim >= 2 else -1
+    return (getattr(sin, "shape", None) == cos.shape and tokens >= cos.shape[-2]
+            and all(x.shape[-2:] == xs[0].shape[-2:] for x in xs))
 
 
 def _has_dims(dims, xs, cos, sin, unsqueeze_dim) -> bool:
@@ -351,12 +360,13 @@ def _why_not_patched(module, name):
         return f"{family}: {NOT_PATCHED.get(family, f'its {name} is not classified')}"
     signature, function = inspect.signature(getattr(module, name)), table[family]
     params, expected = signature.parameters, _parameters(function)
+    names = tuple(p for p in params if params[p].kind != params[p].VAR_KEYWORD)  # DINOv3's **kwargs: ignored
     if function.unsqueeze is None:
         fits = ("unsqueeze_dim" in params and params["unsqueeze_dim"].default == 1
-                and tuple(params)[:len(expected)] == expected)
+                and names[:len(expected)] == expected)
         expected += ("unsqueeze_dim=1",)
     else:
-        fits = tuple(params) == expected
+        fits = names == expected
     if not fits:
         return f"{family}: its {name}{signature} is not the ({', '.join(expected)}) read from {function.source}"
     return None
