@@ -27,6 +27,8 @@ def cases(function, dim=16):
         return [Case(function.unsqueeze, [(2, 5, 3, dim), (2, 5, 1, dim)], (2, 5))]
     if function.prefix_tokens:  # (batch, heads, tokens, dim), cos/sin (patches, dim): 2 prefix tokens, or none
         return [Case(None, [(2, 3, 7, dim), (2, 1, 7, dim)], (5,)), Case(None, [(2, 3, 5, dim)] * 2, (5,))]
+    if function.query_rows:  # k with 2 tokens of context before q's 3
+        return [Case(1, [(2, 3, 3, dim), (2, 1, 5, dim)], (2, 5))]
     if function.unsqueeze is not None:  # a vision tower's (patches, heads, dim), cos/sin (patches, dim)
         return [Case(None, [(10, 3, dim), (10, 1, dim)], (10,))]
     # (batch, heads, seq, dim) or (batch, seq, heads, dim)

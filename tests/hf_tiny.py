@@ -265,6 +265,10 @@ INPUTS = {
                     lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids}),
     **dict.fromkeys(("pixtral", "phi4_multimodal_vision", "step3p5_vision"),
                     lambda config, ids: {"pixel_values": _image(config)}),
+    # a drafter: 8 noisy embeddings, its keys also the main model's context (its selected layers' hidden states)
+    "muse_glimmer_assistant": lambda config, ids: {
+        "noise_embeds": _noise(BATCH, 8, config.hidden_size),
+        "context_hidden_states": _noise(BATCH, SEQ, len(config.target_layer_ids) * config.hidden_size)},
     # ViTs with cls and register tokens before the patches (the patches alone rotated)
     **dict.fromkeys(("dinov3_vit", "eomt_dinov3", "sapiens2"), lambda config, ids: {"pixel_values": _image(config)}),
     **dict.fromkeys(("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision", "hy_v4_vl_vision",

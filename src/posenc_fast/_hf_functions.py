@@ -68,6 +68,9 @@ class RotaryFunction(NamedTuple):
     prefix_tokens: bool = False
     """Rotates only the last ``cos.shape[-2]`` tokens (rows of axis -2) of q and k, the patch tokens, and
     passes the ones before them, the cls and register tokens, into its ``torch.cat`` (DINOv3's)."""
+    query_rows: bool = False
+    """Rotates q by the last ``q.shape[-2]`` rows of the unsqueezed cache and k by all of it (Muse-Glimmer's
+    assistant, whose keys hold the main model's context before its own tokens)."""
 
     @property
     def kernel_layout(self) -> str:
@@ -213,6 +216,8 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "moonshine_streaming": RotaryFunction("moonshine_streaming/modeling_moonshine_streaming.py", "interleaved", partial=True),
     "moshi": RotaryFunction("moshi/modeling_moshi.py"),
     "muse_glimmer": RotaryFunction("muse_glimmer/modeling_muse_glimmer.py"),
+    "muse_glimmer_assistant": RotaryFunction("muse_glimmer_assistant/modeling_muse_glimmer_assistant.py",
+                                             query_rows=True),
     "muse_spark": RotaryFunction("muse_spark/modeling_muse_spark.py"),
     "nanochat": RotaryFunction("nanochat/modeling_nanochat.py", inverse=True),
     "nemotron": RotaryFunction("nemotron/modeling_nemotron.py", partial=True),
@@ -307,7 +312,6 @@ VISION_FUNCTIONS: dict[str, RotaryFunction] = {
 # Modules with a function of the name of one of the tables above that is not in it, and why.
 NOT_PATCHED: dict[str, str] = {
     "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
-    "muse_glimmer_assistant": "its apply_rotary_pos_emb rotates q by the last q_len rows of k's cache",
     "pe_audio": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
     "pe_audio_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
     "pe_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",

@@ -196,7 +196,8 @@ def install(model=None) -> Installation:
     its partial, interleaved, float32 and mRoPE variants, GPT-J's and
     CodeGen's ``(tensor, sin, cos)``, one tensor with caches of one entry per
     pair, DINOv3's, EoMT-DINOv3's and Sapiens2's, which rotate the patch
-    tokens after the cls and register tokens, the one-tensor
+    tokens after the cls and register tokens, Muse-Glimmer's assistant's,
+    which rotates q by the last rows of k's cache, the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
     rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
     trailing features of a head, and its attention output back with
@@ -329,7 +330,8 @@ def _rotate_if_fits(function, names, tensors, unsqueeze_dim):
             and _fits(function, [x.shape for x in xs], cos.shape[-1])
             and (function.unsqueeze is None or cos.ndim >= 2)  # MiniMax-M3-VL's cos[:, None, :]
             and (function.dims is None or _has_dims(function.dims, xs, cos, sin, unsqueeze_dim))
-            and (not function.prefix_tokens or _has_the_patches(xs, cos, sin))):
+            and (not function.prefix_tokens or _has_the_patches(xs, cos, sin))
+            and (not function.query_rows or xs[0].ndim >= 2)):  # q.size(-2)
         _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _drop_in._rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
