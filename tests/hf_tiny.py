@@ -269,6 +269,9 @@ INPUTS = {
     "muse_glimmer_assistant": lambda config, ids: {
         "noise_embeds": _noise(BATCH, 8, config.hidden_size),
         "context_hidden_states": _noise(BATCH, SEQ, len(config.target_layer_ids) * config.hidden_size)},
+    # PE's audio encoder (its DAC codec's frames), alone and beside the text encoder
+    "pe_audio_encoder": lambda config, ids: {"input_values": _audio(config)},
+    "pe_audio": lambda config, ids: {"input_ids": ids, "input_values": _audio(config.audio_config)},
     # ViTs with cls and register tokens before the patches (the patches alone rotated)
     **dict.fromkeys(("dinov3_vit", "eomt_dinov3", "sapiens2"), lambda config, ids: {"pixel_values": _image(config)}),
     **dict.fromkeys(("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision", "hy_v4_vl_vision",

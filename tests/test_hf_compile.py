@@ -225,12 +225,13 @@ def test_the_op_names_each_patched_function():
                                                  ("minimax_m3_vl", "apply_rotary_pos_emb_vision", 8),
                                                  ("gptj", "apply_rotary_pos_emb", 16),
                                                  ("dinov3_vit", "apply_rotary_pos_emb", 16),
-                                                 ("muse_glimmer_assistant", "apply_rotary_pos_emb", 16)])
+                                                 ("muse_glimmer_assistant", "apply_rotary_pos_emb", 16),
+                                                 ("pe_audio", "apply_rotary_pos_emb", 16)])
 def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     # DeepSeek-V4's one-tensor function of the trailing features (a half-width cache, in float32) and
     # the vision towers' (q, k, cos, sin) ones (float32, interleaved, partial with cos[:, None, :]), GPT-J's
     # (tensor, sin, cos) with its half-width cache, DINOv3's of the patch tokens after the prefix ones, and
-    # Muse-Glimmer's assistant's (q by the cache's last rows):
+    # Muse-Glimmer's assistant's (q by the cache's last rows), PE's (sums of rotation matrices):
     # under torch.compile (fullgraph) the op in the graph, the kernel and its backward running, the
     # results and gradients the eager drop-in's bit for bit, and the module's own function's
     import importlib

@@ -4,7 +4,7 @@ One module per distinct ``RotaryFunction`` (the table's rows less their
 source: half and interleaved layouts, partial, the cache forms, float32 and
 own-dtype arithmetic, inverse, MLA's deinterleaving one, the one-tensor ones,
 GPT-J's ``(tensor, sin, cos)``, DINOv3's of the patch tokens, Muse-Glimmer's
-assistant's (q by the cache's last rows), DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
+assistant's (q by the cache's last rows), PE's sums of rotation matrices, DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
 replacement called as transformers calls it; the public drop-ins; the op
 ``hf_rotate`` the drop-ins call under ``torch.compile``, eager and compiled,
 also with a cache whose entries do not repeat (the op's formula and its
@@ -58,6 +58,7 @@ def test_every_kind_is_checked():
     assert any(f.trailing for f in checked) and {f.unsqueeze for f in checked} >= {None, 1, 2, -2}
     assert any(f.parameters for f in checked) and any(f.dims for f in checked)
     assert any(f.prefix_tokens for f in checked) and any(f.query_rows for f in checked)
+    assert any(f.sums_pairs for f in checked)
     assert any(f.partial for f in checked) and any(f.layout == "interleaved" for f in checked)
     assert {f.cache for f in checked} == {"halves", "pairs", "half_width"}
 
@@ -116,7 +117,7 @@ def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
                                           ("deepseek_v3", "apply_rotary_pos_emb_interleave"),
                                           ("gemma4", "apply_rotary_pos_emb"), ("deepseek_v4", "apply_rotary_pos_emb"),
                                           ("gptj", "apply_rotary_pos_emb"), ("dinov3_vit", "apply_rotary_pos_emb"),
-                                          ("muse_glimmer_assistant", "apply_rotary_pos_emb"),
+                                          ("muse_glimmer_assistant", "apply_rotary_pos_emb"), ("pe_audio", "apply_rotary_pos_emb"),
                                           ("qwen2_vl", "apply_rotary_pos_emb_vision"),
                                           ("minimax_m3_vl", "apply_rotary_pos_emb_vision")])
 @pytest.mark.parametrize("repeat", [True, False], ids=["cache", "cache not repeating"])

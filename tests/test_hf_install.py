@@ -111,6 +111,28 @@ def test_more_patches_than_tokens_takes_dinov3s_own_function(kernel_calls):
     assert kernel_calls == []
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pe_sums_from_positive_zero_bit_for_bit(dtype, kernel_calls):
+    # PE's sum of x0 cos + x1 (-sin) starts from +0: where that is -0 (signed zeros in the data, sin 0 at
+    # position 0) its result is +0, and so the patched function's, every bit the same
+    function = ROTARY_FUNCTIONS["pe_audio"]
+    own = importlib.import_module(hf._module_name("pe_audio")).apply_rotary_pos_emb
+    patched = hf._replacement(own, function)
+    generator = torch.Generator().manual_seed(5)
+    signs = torch.randint(0, 2, (2, 3, 5, 16), generator=generator).to(dtype) * 2 - 1
+    q = signs * torch.randint(0, 2, (2, 3, 5, 16), generator=generator).to(dtype)  # ±0 and ±1
+    k = -q.transpose(1, 2).contiguous().transpose(1, 2)  # the other signs, (batch, seq, heads, dim) memory
+    angles = torch.arange(5, dtype=dtype)[None, :, None].expand(2, 5, 8) * 0.5  # position 0: sin 0
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    with torch.no_grad():
+        expected, got = own(q, k, cos, sin), patched(q, k, cos, sin)
+    assert kernel_calls == [True]
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    for g, e in zip(got, expected):
+        assert (e.view(bits) == torch.zeros((), dtype=dtype).view(bits)).any()  # +0 where the rotation is -0
+        assert torch.equal(g.view(bits), e.view(bits)) and g.stride() == e.stride()
+
+
 # ---------------------------------------------------------------------------
 # inside tiny random models (every model type: test_hf_install_models.py)
 

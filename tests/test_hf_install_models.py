@@ -104,6 +104,8 @@ NOT_RUN = {
     "parakeet_encoder": _NO_ROPE,
     "parakeet_rnnt": _INPUTS.format("input_features and decoder_input_ids (a transducer; its encoder applies no RoPE)"),
     "parakeet_tdt": _INPUTS.format("input_features and decoder_input_ids (a transducer; its encoder applies no RoPE)"),
+    **dict.fromkeys(("pe_audio_video", "pe_audio_video_encoder", "pe_video", "pe_video_encoder"), _FAILS.format(
+        "ImportError: TimmWrapperForImageClassification requires the PIL library (its video encoder)")),
     "phi4_multimodal_audio": _INPUTS.format("hidden_states, mask"),
     "phi4_multimodal_vision": _VISION,
     "qwen2_5_omni": _NO_FORWARD,

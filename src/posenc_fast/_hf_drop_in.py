@@ -263,11 +263,21 @@ def _apply_numpy(xs, cos, sin, unsqueeze_dim, function=_LLAMA):
                              f"cos/sin's rows, got {', '.join(str(x.shape) for x in xs)}, cos {cos.shape}")
         patches = _rotate_arrays([x[..., prefix:, :] for x in xs], cos, sin, unsqueeze_dim, function, names)
         return tuple(np.concatenate((x[..., :prefix, :], r), axis=-2) for x, r in zip(xs, patches))
+    if function.sums_pairs:  # torch's sum of each pair's two products starts from +0: no -0, contiguous
+        return tuple(_positive_zeros(np.ascontiguousarray(r))
+                     for r in _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names))
     if function.query_rows:  # q by the cache's last q.shape[-2] rows (as torch slices them), k by all of it
         rows = xs[0].shape[-2] if xs[0].ndim >= 2 else 0
         return (_rotate_arrays(xs[:1], cos[..., -rows:, :], sin[..., -rows:, :], unsqueeze_dim, function, names)
                 + _rotate_arrays(xs[1:], cos, sin, unsqueeze_dim, function, names[1:]))
     return _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names)
+
+
+def _positive_zeros(a):
+    # `a` with its -0 made +0 (what adding +0 does), in place: by the bits, for every dtype.
+    bits = a.view(np.dtype(f"i{a.itemsize}"))
+    bits[bits == np.iinfo(bits.dtype).min] = 0
+    return a
 
 
 def _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names):

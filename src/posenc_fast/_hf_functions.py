@@ -63,7 +63,8 @@ class RotaryFunction(NamedTuple):
     cos)``)."""
     dims: int | None = None
     """Its formula indexes axes by number (GPT-J's ``x[:, :, :, ::2]`` and ``sin[:, :, None, :]`` repeated
-    along axis 3): it computes the rotation for data of `dims` dimensions and cos/sin of ``dims - 1``,
+    along axis 3, PE's ``.sum(5).flatten(3)``): it computes the rotation for data of `dims` dimensions and
+    cos/sin of ``dims - 1``,
     unsqueezed at an axis in ``[0, dims - 1)``, only; None: any."""
     prefix_tokens: bool = False
     """Rotates only the last ``cos.shape[-2]`` tokens (rows of axis -2) of q and k, the patch tokens, and
@@ -71,6 +72,10 @@ class RotaryFunction(NamedTuple):
     query_rows: bool = False
     """Rotates q by the last ``q.shape[-2]`` rows of the unsqueezed cache and k by all of it (Muse-Glimmer's
     assistant, whose keys hold the main model's context before its own tokens)."""
+    sums_pairs: bool = False
+    """Adds each pair's two products with torch's ``sum`` over rotation matrices (PE's ``(x_ *
+    stack_freqs(cos, sin)).sum(5).flatten(3)`` of interleaved pairs, the cache's first half): a sum from
+    +0, so no result is -0 (the kernel's -0 are made +0), and contiguous, as the ``sum`` returns it."""
 
     @property
     def kernel_layout(self) -> str:
@@ -236,6 +241,8 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "openai_privacy_filter": RotaryFunction("openai_privacy_filter/modeling_openai_privacy_filter.py", "interleaved", "half_width"),
     "paddleocr_vl": RotaryFunction("paddleocr_vl/modeling_paddleocr_vl.py"),
     "parakeet": RotaryFunction("parakeet/modeling_parakeet.py"),
+    **{module: RotaryFunction(f"{module}/modeling_{module}.py", "interleaved", sums_pairs=True, dims=4)
+       for module in ("pe_audio", "pe_audio_video", "pe_video")},  # stack_freqs' matrices, then .flatten(3)
     "persimmon": RotaryFunction("persimmon/modeling_persimmon.py"),
     "phi": RotaryFunction("phi/modeling_phi.py"),
     "phi3": RotaryFunction("phi3/modeling_phi3.py", partial=True),
@@ -312,7 +319,4 @@ VISION_FUNCTIONS: dict[str, RotaryFunction] = {
 # Modules with a function of the name of one of the tables above that is not in it, and why.
 NOT_PATCHED: dict[str, str] = {
     "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
-    "pe_audio": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
-    "pe_audio_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
-    "pe_video": "its apply_rotary_pos_emb multiplies by a stacked freqs_cis (stack_freqs)",
 }

@@ -197,7 +197,8 @@ def install(model=None) -> Installation:
     CodeGen's ``(tensor, sin, cos)``, one tensor with caches of one entry per
     pair, DINOv3's, EoMT-DINOv3's and Sapiens2's, which rotate the patch
     tokens after the cls and register tokens, Muse-Glimmer's assistant's,
-    which rotates q by the last rows of k's cache, the one-tensor
+    which rotates q by the last rows of k's cache, PE's (audio, video), which
+    sums rotation matrices of interleaved pairs, the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
     rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
     trailing features of a head, and its attention output back with

@@ -173,9 +173,9 @@ def _hf_formula(drop_in, function, family, name):
 def _hf_layout(function, x, transpose):
     """An empty tensor laid out as posenc_fast.hf's result for `x`: in x's memory order where its
     leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous, and so a
-    gradient and a deinterleaving or prefix-token function's result."""
+    gradient and a deinterleaving, prefix-token or pair-summing function's result."""
     axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
-    if (transpose or function.deinterleaves or function.prefix_tokens or x.is_contiguous()
+    if (transpose or function.deinterleaves or function.prefix_tokens or function.sums_pairs or x.is_contiguous()
             or not x.permute(axes).is_contiguous()):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     inverse = sorted(range(x.dim()), key=axes.__getitem__)
