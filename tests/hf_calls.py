@@ -14,10 +14,10 @@ from posenc_fast import hf
 
 class Case:
     """One call's shapes: `unsqueeze_dim` (None where the function has none), the data's shapes, the
-    cos/sin cache's leading shape."""
+    cos/sin cache's leading shape, and the `positions` it indexes the cache by (CLVP's)."""
 
-    def __init__(self, unsqueeze_dim, shapes, lead):
-        self.unsqueeze_dim, self.shapes, self.lead = unsqueeze_dim, shapes, lead
+    def __init__(self, unsqueeze_dim, shapes, lead, positions=None):
+        self.unsqueeze_dim, self.shapes, self.lead, self.positions = unsqueeze_dim, shapes, lead, positions
 
 
 def cases(function, dim=16):
@@ -27,6 +27,9 @@ def cases(function, dim=16):
         return [Case(function.unsqueeze, [(2, 5, 3, dim), (2, 5, 1, dim)], (2, 5))]
     if function.prefix_tokens:  # (batch, heads, tokens, dim), cos/sin (patches, dim): 2 prefix tokens, or none
         return [Case(None, [(2, 3, 7, dim), (2, 1, 7, dim)], (5,)), Case(None, [(2, 3, 5, dim)] * 2, (5,))]
+    if "position_ids" in hf._parameters(function):  # CLVP's q, k and v, a (positions, dim) cache
+        return [Case(1, [(2, 3, 5, dim)] * 3, (7,), torch.tensor([[0, 1, 2, 3, 4]])),
+                Case(1, [(2, 3, 5, dim)] * 3, (7,), torch.tensor([[6, 2, 0, 5, 5], [1, 2, 3, 4, 5]]))]
     if function.query_rows:  # k with 2 tokens of context before q's 3
         return [Case(1, [(2, 3, 3, dim), (2, 1, 5, dim)], (2, 5))]
     if function.unsqueeze is not None:  # a vision tower's (patches, heads, dim), cos/sin (patches, dim)
@@ -57,16 +60,25 @@ def data(case, dtype=torch.float64, seed=7, requires_grad=False):
             for shape in case.shapes]
 
 
-def call(function, apply, xs, cos, sin, unsqueeze_dim):
+def call(function, apply, xs, cos, sin, case):
     """The results of `apply`, a function of the kind `function` says, for the data `xs`, as a tuple:
-    called as transformers calls it (one tensor a call, or all; its parameters in its order)."""
+    called as transformers calls it (one tensor a call, or all; its parameters in its order; the
+    `case`'s unsqueeze_dim where it has one and position_ids where it takes them)."""
     parameters = hf._parameters(function)
-    kwargs = {} if function.unsqueeze is not None else {"unsqueeze_dim": unsqueeze_dim}
+    kwargs = {} if function.unsqueeze is not None else {"unsqueeze_dim": case.unsqueeze_dim}
+    given = {"cos": cos, "sin": sin, "position_ids": case.positions}
 
     def one(data):
         data = iter(data)
-        return apply(*[cos if p == "cos" else sin if p == "sin" else next(data) for p in parameters], **kwargs)
+        return apply(*[given[p] if p in given else next(data) for p in parameters], **kwargs)
 
     if function.one_tensor:
         return tuple(one((x,)) for x in xs)
     return tuple(one(xs))
+
+
+def indexed(function, cos, sin, case):
+    """cos and sin as the function rotates by them: ``cos[position_ids]`` where it takes position_ids."""
+    if "position_ids" in hf._parameters(function):
+        return cos[case.positions], sin[case.positions]
+    return cos, sin

@@ -84,6 +84,9 @@ MODEL_CHANGES = {
     "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
     # GPT-2's config keys (attribute_map'd, so to_dict keeps them); rotary_dim 16 of the 32-wide head
     **dict.fromkeys(("codegen", "gptj"), {"n_embd": 4 * HEAD_DIM, "n_layer": 2, "n_head": 4, "rotary_dim": 16}),
+    # CLVP pads its text and speech tokens with bos/eos ids past the tiny vocabulary: its last ids
+    "clvp_encoder": {"bos_token_id": 127, "eos_token_id": 0},
+    "clvp_decoder": {"bos_token_id": 126, "eos_token_id": 127},
     # its key heads per layer, kept from the default's first layers (16), would outnumber the tiny heads
     "sapiens2": {"num_key_value_heads_per_layer": [4, 2]},
     # the image-token ids these VLMs look up in their vocabulary map
@@ -269,6 +272,9 @@ INPUTS = {
     "muse_glimmer_assistant": lambda config, ids: {
         "noise_embeds": _noise(BATCH, 8, config.hidden_size),
         "context_hidden_states": _noise(BATCH, SEQ, len(config.target_layer_ids) * config.hidden_size)},
+    # CLVP: text ids and a log-mel spectrogram, scored against each other by its text and speech encoders
+    "clvp": lambda config, ids: {"input_ids": ids,
+                                 "input_features": _noise(BATCH, config.decoder_config.feature_size, 64)},
     # PE's audio encoder (its DAC codec's frames), alone and beside the text encoder
     "pe_audio_encoder": lambda config, ids: {"input_values": _audio(config)},
     "pe_audio": lambda config, ids: {"input_ids": ids, "input_values": _audio(config.audio_config)},

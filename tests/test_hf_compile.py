@@ -226,12 +226,14 @@ def test_the_op_names_each_patched_function():
                                                  ("gptj", "apply_rotary_pos_emb", 16),
                                                  ("dinov3_vit", "apply_rotary_pos_emb", 16),
                                                  ("muse_glimmer_assistant", "apply_rotary_pos_emb", 16),
-                                                 ("pe_audio", "apply_rotary_pos_emb", 16)])
+                                                 ("pe_audio", "apply_rotary_pos_emb", 16),
+                                                 ("clvp", "apply_rotary_pos_emb", 16)])
 def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     # DeepSeek-V4's one-tensor function of the trailing features (a half-width cache, in float32) and
     # the vision towers' (q, k, cos, sin) ones (float32, interleaved, partial with cos[:, None, :]), GPT-J's
     # (tensor, sin, cos) with its half-width cache, DINOv3's of the patch tokens after the prefix ones, and
-    # Muse-Glimmer's assistant's (q by the cache's last rows), PE's (sums of rotation matrices):
+    # Muse-Glimmer's assistant's (q by the cache's last rows), PE's (sums of rotation matrices), CLVP's
+    # (q, k and v by cos[position_ids]):
     # under torch.compile (fullgraph) the op in the graph, the kernel and its backward running, the
     # results and gradients the eager drop-in's bit for bit, and the module's own function's
     import importlib
@@ -244,11 +246,11 @@ def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     cos, sin = hf_calls.cache(function, case.lead, width, torch.float32, seed=width)
 
     def call(*xs):
-        return hf_calls.call(function, patched, xs, cos, sin, case.unsqueeze_dim)
+        return hf_calls.call(function, patched, xs, cos, sin, case)
 
     want = call(*xs)
     want_grads = torch.autograd.grad(sum(w.square().sum() for w in want), xs)
-    own_result = hf_calls.call(function, own, xs, cos, sin, case.unsqueeze_dim)
+    own_result = hf_calls.call(function, own, xs, cos, sin, case)
     own_grads = torch.autograd.grad(sum(o.square().sum() for o in own_result), xs)
     for w, o in zip((*want, *want_grads), (*own_result, *own_grads)):
         assert torch.equal(w, o)

@@ -4,7 +4,8 @@ One module per distinct ``RotaryFunction`` (the table's rows less their
 source: half and interleaved layouts, partial, the cache forms, float32 and
 own-dtype arithmetic, inverse, MLA's deinterleaving one, the one-tensor ones,
 GPT-J's ``(tensor, sin, cos)``, DINOv3's of the patch tokens, Muse-Glimmer's
-assistant's (q by the cache's last rows), PE's sums of rotation matrices, DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
+assistant's (q by the cache's last rows), PE's sums of rotation matrices, CLVP's (q, k and v by
+``cos[position_ids]``), DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
 replacement called as transformers calls it; the public drop-ins; the op
 ``hf_rotate`` the drop-ins call under ``torch.compile``, eager and compiled,
 also with a cache whose entries do not repeat (the op's formula and its
@@ -64,16 +65,16 @@ def test_every_kind_is_checked():
 
 
 def _inputs(function, width, repeat=True):
-    """(unsqueeze_dim, float64 data needing a gradient, cos, sin `width` wide) of the first call of
+    """(the case, float64 data needing a gradient, cos, sin `width` wide) of the first call of
     `function` in ``hf_calls.cases`` (`repeat`=False: entries that do not repeat as it expects)."""
     case = hf_calls.cases(function)[0]
     cos, sin = hf_calls.cache(function, case.lead, width, seed=width, repeat=repeat)
-    return case.unsqueeze_dim, hf_calls.data(case, requires_grad=True), cos, sin
+    return case, hf_calls.data(case, requires_grad=True), cos, sin
 
 
-def _call(function, apply, cos, sin, unsqueeze_dim=1):
+def _call(function, apply, cos, sin, case):
     """`apply` of the data as transformers' attention calls it (``hf_calls.call``)."""
-    return lambda *xs: hf_calls.call(function, apply, xs, cos, sin, unsqueeze_dim)
+    return lambda *xs: hf_calls.call(function, apply, xs, cos, sin, case)
 
 
 def _gradcheck(fn, inputs, float32):
@@ -89,8 +90,8 @@ def test_the_drop_in_passes_gradcheck(module, name, kernel_calls):
     patched = hf._replacement(own, function)
     float32 = function.compute == "float32"
     for width in ((16, 8) if function.partial else (16,)):
-        unsqueeze_dim, xs, cos, sin = _inputs(function, width)
-        fn = _call(function, patched, cos, sin, unsqueeze_dim)
+        case, xs, cos, sin = _inputs(function, width)
+        fn = _call(function, patched, cos, sin, case)
         results = fn(*xs)
         calls = len(xs) if function.one_tensor else 1
         # the kernel with its backward, but for q.float(): then the formula (no gradient lost)
@@ -106,8 +107,8 @@ def test_the_drop_in_passes_gradcheck(module, name, kernel_calls):
 @pytest.mark.parametrize("public", ["apply_rotary_pos_emb", "apply_rotary_pos_emb_single"])
 def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
     function = hf._ONE_TENSOR if public.endswith("single") else hf._LLAMA
-    unsqueeze_dim, xs, cos, sin = _inputs(function, 16)
-    fn = _call(function, getattr(hf, public), cos, sin, unsqueeze_dim)
+    case, xs, cos, sin = _inputs(function, 16)
+    fn = _call(function, getattr(hf, public), cos, sin, case)
     _gradcheck(fn, xs, False)
     assert kernel_calls and all(kernel_calls)
 
@@ -118,6 +119,7 @@ def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
                                           ("gemma4", "apply_rotary_pos_emb"), ("deepseek_v4", "apply_rotary_pos_emb"),
                                           ("gptj", "apply_rotary_pos_emb"), ("dinov3_vit", "apply_rotary_pos_emb"),
                                           ("muse_glimmer_assistant", "apply_rotary_pos_emb"), ("pe_audio", "apply_rotary_pos_emb"),
+                                          ("clvp", "apply_rotary_pos_emb"),
                                           ("qwen2_vl", "apply_rotary_pos_emb_vision"),
                                           ("minimax_m3_vl", "apply_rotary_pos_emb_vision")])
 @pytest.mark.parametrize("repeat", [True, False], ids=["cache", "cache not repeating"])
@@ -127,16 +129,18 @@ def test_the_op_passes_gradcheck(module, name, repeat):
     import posenc_fast.torch_ops  # noqa: F401
 
     function = hf._PATCHED[name][module]
-    unsqueeze_dim, xs, cos, sin = _inputs(function, 8 if function.partial else 16, repeat)  # partial: 8 of 16
-    dim = function.unsqueeze if unsqueeze_dim is None else unsqueeze_dim  # what the drop-in passes the op
+    case, xs, cos, sin = _inputs(function, 8 if function.partial else 16, repeat)  # partial: 8 of 16
+    # what the drop-in passes the op: the axis, and cos/sin (CLVP's indexed by position_ids)
+    dim = function.unsqueeze if case.unsqueeze_dim is None else case.unsqueeze_dim
+    rows = hf_calls.indexed(function, cos, sin, case)
 
     def fn(*xs):
-        return tuple(torch.ops.posenc_fast.hf_rotate(list(xs[:1] if function.one_tensor else xs), cos, sin,
+        return tuple(torch.ops.posenc_fast.hf_rotate(list(xs[:1] if function.one_tensor else xs), *rows,
                                                      module, name, dim, False))
 
     own = getattr(importlib.import_module(hf._module_name(module)), name)
     with torch.no_grad():
-        want = _call(function, own, cos, sin, unsqueeze_dim)(*xs)
+        want = _call(function, own, cos, sin, case)(*xs)
         got = fn(*xs)
     for g, w in zip(got, want):
         assert torch.equal(g, w)

@@ -76,8 +76,8 @@ def test_function_equals_the_modules_own(name, function_name, kernel_calls):
                 xs = hf_calls.data(case, dtype, seed=width)
                 cos, sin = hf_calls.cache(function, case.lead, width, dtype, seed=number)
                 with torch.no_grad():
-                    expected = hf_calls.call(function, own, xs, cos, sin, case.unsqueeze_dim)
-                    got = hf_calls.call(function, patched, xs, cos, sin, case.unsqueeze_dim)
+                    expected = hf_calls.call(function, own, xs, cos, sin, case)
+                    got = hf_calls.call(function, patched, xs, cos, sin, case)
                 assert kernel_calls == [kernel] * (len(xs) if function.one_tensor else 1)
                 kernel_calls.clear()
                 for g, e in zip(got, expected, strict=True):

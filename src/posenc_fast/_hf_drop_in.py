@@ -52,8 +52,8 @@ def _apply(function, xs, cos, sin, unsqueeze_dim):
 
 
 def _names(xs) -> tuple:
-    # What the error messages call the data arrays: q and k, or a one-tensor function's x.
-    return ("q", "k") if len(xs) == 2 else ("x",)
+    # What the error messages call the data arrays: q and k (and CLVP's v), or a one-tensor function's x.
+    return ("x",) if len(xs) == 1 else ("q", "k", "v")[:len(xs)]
 
 
 def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):

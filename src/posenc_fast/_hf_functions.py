@@ -59,8 +59,9 @@ class RotaryFunction(NamedTuple):
     :]``; 0 for a function that leaves them as they are, which broadcasting does too: DINOv3's)."""
     parameters: tuple[str, ...] | None = None
     """Its leading parameters where they are not ``(q, k, cos, sin)`` (with `one_tensor`, ``(x, cos,
-    sin)``): the data's names, and ``cos`` and ``sin`` where it takes them (GPT-J's ``(tensor, sin,
-    cos)``)."""
+    sin)``): the data's names, ``cos`` and ``sin`` where it takes them (GPT-J's ``(tensor, sin,
+    cos)``), and ``position_ids`` where it indexes cos/sin by them first (CLVP's ``(q, k, v, cos, sin,
+    position_ids)``: ``cos[position_ids]``)."""
     dims: int | None = None
     """Its formula indexes axes by number (GPT-J's ``x[:, :, :, ::2]`` and ``sin[:, :, None, :]`` repeated
     along axis 3, PE's ``.sum(5).flatten(3)``): it computes the rotation for data of `dims` dimensions and
@@ -109,6 +110,8 @@ ROTARY_FUNCTIONS: dict[str, RotaryFunction] = {
     "cohere": RotaryFunction("cohere/modeling_cohere.py", "interleaved", "pairs", compute="float32"),
     "cohere2": RotaryFunction("cohere2/modeling_cohere2.py", "interleaved", "pairs", compute="float32"),
     "cohere2_moe": RotaryFunction("cohere2_moe/modeling_cohere2_moe.py", "interleaved", "pairs", compute="float32"),
+    # q, k and v by cos[position_ids], sin[position_ids] (a (seq, rotary_dim) cache)
+    "clvp": RotaryFunction("clvp/modeling_clvp.py", parameters=("q", "k", "v", "cos", "sin", "position_ids")),
     "codegen": RotaryFunction("codegen/modeling_codegen.py", "interleaved", "half_width", **_GPTJ),
     "cohere_compass": RotaryFunction("cohere_compass/modeling_cohere_compass.py"),
     "cosmos3_edge": RotaryFunction("cosmos3_edge/modeling_cosmos3_edge.py"),
@@ -317,6 +320,4 @@ VISION_FUNCTIONS: dict[str, RotaryFunction] = {
 }
 
 # Modules with a function of the name of one of the tables above that is not in it, and why.
-NOT_PATCHED: dict[str, str] = {
-    "clvp": "its apply_rotary_pos_emb rotates q, k and v and indexes the cache by position_ids",
-}
+NOT_PATCHED: dict[str, str] = {}  # (none in transformers 5.24)

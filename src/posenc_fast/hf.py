@@ -4,10 +4,10 @@
 function and takes CPU torch tensors (viewed through NumPy, no copies) or
 NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
-``apply_rotary_pos_emb`` of every modeling module whose function it computes
-exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, GPT-J's,
-DINOv3's of the patch tokens, and the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_functions.ROTARY_FUNCTIONS``),
-MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
+``apply_rotary_pos_emb`` of every modeling module of transformers 5.24 that has
+one (Llama's and its partial, interleaved, float32 and mRoPE variants, the
+one-tensor forms of Gemma 4 and DeepSeek-V4, GPT-J's, DINOv3's, PE's, CLVP's:
+``_hf_functions.ROTARY_FUNCTIONS``, each computed exactly), MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
 and the vision towers' ``apply_rotary_pos_emb_vision``
 (``_hf_functions.VISION_FUNCTIONS``).  The kernel path they share is
 ``_hf_drop_in``.  torch and transformers stay optional: this module imports
@@ -192,21 +192,23 @@ def install(model=None) -> Installation:
     """Make transformers models on the CPU rotate queries and keys with posenc_fast.
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
-    posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants, GPT-J's and
-    CodeGen's ``(tensor, sin, cos)``, one tensor with caches of one entry per
-    pair, DINOv3's, EoMT-DINOv3's and Sapiens2's, which rotate the patch
-    tokens after the cls and register tokens, Muse-Glimmer's assistant's,
-    which rotates q by the last rows of k's cache, PE's (audio, video), which
-    sums rotation matrices of interleaved pairs, the one-tensor
+    posenc_fast computes exactly (`SUPPORTED_FAMILIES`): Llama's half layout
+    and its partial, interleaved, float32 and mRoPE variants; the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
-    rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
+    rotate q and k in separate calls; DeepSeek-V4's, which rotates the
     trailing features of a head, and its attention output back with
-    ``-sin``), MLA's ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used
-    when the config sets ``rope_interleave``, and always by Bailing-hybrid,
-    GLM-MoE-DSA, LongCat-Flash and Mistral-Large-4), and the vision towers'
-    ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` (Qwen2-VL's and its
-    relatives', Inkling2's interleaved one and MiniMax-M3-VL's partial one).
+    ``-sin``; GPT-J's and CodeGen's ``(tensor, sin, cos)``, one tensor with
+    caches of one entry per pair; DINOv3's, EoMT-DINOv3's and Sapiens2's,
+    which rotate the patch tokens after the cls and register tokens;
+    Muse-Glimmer's assistant's, which rotates q by the last rows of k's
+    cache; PE's (audio, video), which sums rotation matrices of interleaved
+    pairs; and CLVP's, which rotates q, k and v by ``cos[position_ids]``.  It
+    replaces MLA's ``apply_rotary_pos_emb_interleave`` too (DeepSeek-V3's,
+    used when the config sets ``rope_interleave``, and always by
+    Bailing-hybrid, GLM-MoE-DSA, LongCat-Flash and Mistral-Large-4), and the
+    vision towers' ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` (Qwen2-VL's
+    and its relatives', Inkling2's interleaved one and MiniMax-M3-VL's
+    partial one).
     Their attention ``forward`` looks the function up as a module global on
     every call, so models already built are affected too.  Results are those
     of the module's own function (bit for bit in float32/float64 on the CPU,
@@ -323,9 +325,13 @@ def _rotate_if_fits(function, names, tensors, unsqueeze_dim):
     torch = sys.modules["torch"]
     if function.parameters is None:
         *xs, cos, sin = tensors
-    else:  # by name: GPT-J's (tensor, sin, cos)
+    else:  # by name: GPT-J's (tensor, sin, cos), CLVP's (q, k, v, cos, sin, position_ids)
         named = dict(zip(names, tensors))
         cos, sin = named.pop("cos"), named.pop("sin")
+        if "position_ids" in named:  # CLVP's cos[position_ids]: the same indexing, first
+            positions = named.pop("position_ids")
+            if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor):
+                cos, sin = cos[positions], sin[positions]
         xs = list(named.values())
     if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
             and _fits(function, [x.shape for x in xs], cos.shape[-1])

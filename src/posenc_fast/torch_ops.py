@@ -150,7 +150,8 @@ def _hf_formula(drop_in, function, family, name):
     tuple: ``unsqueeze_dim`` passed where it has one (not the vision towers')."""
     from . import hf
 
-    if function in (hf._LLAMA, hf._ONE_TENSOR):
+    if function in (hf._LLAMA, hf._ONE_TENSOR) or "position_ids" in hf._parameters(function):
+        # (CLVP's, of the cache the drop-in indexed by position_ids already: Llama's formula for q, k and v)
         return lambda xs, cos, sin, dim: drop_in._torch_formula(torch, xs, cos, sin, dim)
     import importlib
 
