@@ -118,8 +118,8 @@ def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
                                           ("deepseek_v3", "apply_rotary_pos_emb_interleave"),
                                           ("gemma4", "apply_rotary_pos_emb"), ("deepseek_v4", "apply_rotary_pos_emb"),
                                           ("gptj", "apply_rotary_pos_emb"), ("dinov3_vit", "apply_rotary_pos_emb"),
-                                          ("muse_glimmer_assistant", "apply_rotary_pos_emb"), ("pe_audio", "apply_rotary_pos_emb"),
-                                          ("clvp", "apply_rotary_pos_emb"),
+                                          ("muse_glimmer_assistant", "apply_rotary_pos_emb"),
+                                          ("pe_audio", "apply_rotary_pos_emb"), ("clvp", "apply_rotary_pos_emb"),
                                           ("qwen2_vl", "apply_rotary_pos_emb_vision"),
                                           ("minimax_m3_vl", "apply_rotary_pos_emb_vision")])
 @pytest.mark.parametrize("repeat", [True, False], ids=["cache", "cache not repeating"])

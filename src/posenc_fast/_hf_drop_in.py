@@ -31,9 +31,10 @@ compute exactly"`` (other devices, dtypes or tensor kinds, float64 data or cache
 computing in float32, q and k of two dtypes there, a result torch would promote to the cache's wider
 dtype, sin's dtype not cos's, a half cache not of the data's dtype); ``"cos/sin entries do not
 repeat"`` (no rotation of pairs; under ``torch.compile`` counted when the op's backward runs);
-``"arguments or shapes it does not take"`` (not (q, k, cos, sin) or (x, cos, sin) tensors,
+``"arguments or shapes it does not take"`` (not the tensors of the function's parameters,
 ``unsqueeze_dim`` aside where the function has it, shapes the function rotates no pairs of, a
-vision tower's cos of one dimension).  Every other call with the data needing a gradient runs the
+vision tower's cos of one dimension, data of another rank than GPT-J's or PE's formula indexes,
+more patch rows than tokens for DINOv3's).  Every other call with the data needing a gradient runs the
 kernel, with its backward (under ``torch.compile`` the op ``hf_rotate``)."""
 
 

@@ -22,7 +22,8 @@ __all__ = ["RotaryFunction", "ROTARY_FUNCTIONS", "INTERLEAVE_FUNCTIONS", "VISION
 
 class RotaryFunction(NamedTuple):
     """What one modeling module's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (or, with
-    `one_tensor`, ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``) computes."""
+    `one_tensor`, ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``; `parameters` and `unsqueeze` say
+    where its signature differs) computes."""
 
     source: str
     """The modeling file it was read from (under ``transformers/models/``)."""
@@ -65,8 +66,7 @@ class RotaryFunction(NamedTuple):
     dims: int | None = None
     """Its formula indexes axes by number (GPT-J's ``x[:, :, :, ::2]`` and ``sin[:, :, None, :]`` repeated
     along axis 3, PE's ``.sum(5).flatten(3)``): it computes the rotation for data of `dims` dimensions and
-    cos/sin of ``dims - 1``,
-    unsqueezed at an axis in ``[0, dims - 1)``, only; None: any."""
+    cos/sin of ``dims - 1``, unsqueezed at an axis in ``[0, dims - 1)``, only; None: any."""
     prefix_tokens: bool = False
     """Rotates only the last ``cos.shape[-2]`` tokens (rows of axis -2) of q and k, the patch tokens, and
     passes the ones before them, the cls and register tokens, into its ``torch.cat`` (DINOv3's)."""

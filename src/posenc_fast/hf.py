@@ -7,7 +7,8 @@ NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb`` of every modeling module of transformers 5.24 that has
 one (Llama's and its partial, interleaved, float32 and mRoPE variants, the
 one-tensor forms of Gemma 4 and DeepSeek-V4, GPT-J's, DINOv3's, PE's, CLVP's:
-``_hf_functions.ROTARY_FUNCTIONS``, each computed exactly), MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
+``_hf_functions.ROTARY_FUNCTIONS``, each computed exactly), MLA's
+``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
 and the vision towers' ``apply_rotary_pos_emb_vision``
 (``_hf_functions.VISION_FUNCTIONS``).  The kernel path they share is
 ``_hf_drop_in``.  torch and transformers stay optional: this module imports
