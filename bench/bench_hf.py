@@ -26,7 +26,7 @@ from transformers.models.llama import modeling_llama
 
 import posenc_fast as pf
 from posenc_fast import hf
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS
+from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS
 from posenc_fast._bench.timing import measure, paired_ratio
 
 

@@ -82,6 +82,13 @@ MODEL_CHANGES = {
     "molmo2_adapter": {"vision_feature_layer": [1, 0]},  # the vision layers it reads: the tiny tower has 2
     # the audio padding id is the embedding's last row: text vocabulary + codebooks x codebook vocabulary
     "kyutai_speech_to_text": {"audio_pad_token_id": SIZES["vocab_size"] + 32 * 2049},
+    # GPT-2's config keys (attribute_map'd, so to_dict keeps them); rotary_dim 16 of the 32-wide head
+    **dict.fromkeys(("codegen", "gptj"), {"n_embd": 4 * HEAD_DIM, "n_layer": 2, "n_head": 4, "rotary_dim": 16}),
+    # CLVP pads its text and speech tokens with bos/eos ids past the tiny vocabulary: its last ids
+    "clvp_encoder": {"bos_token_id": 127, "eos_token_id": 0},
+    "clvp_decoder": {"bos_token_id": 126, "eos_token_id": 127},
+    # its key heads per layer, kept from the default's first layers (16), would outnumber the tiny heads
+    "sapiens2": {"num_key_value_heads_per_layer": [4, 2]},
     # the image-token ids these VLMs look up in their vocabulary map
     "chameleon": {"vocabulary_map": {"<image>": 127}},
     "emu3": {"vocabulary_map": {"<image>": 127, "<|extra_200|>": 126}},
@@ -197,7 +204,8 @@ def tiny_model(model_type, **extra):
         module = importlib.import_module(model_module(model_type))
         found = sorted((c for c in vars(module).values()
                         if inspect.isclass(c) and issubclass(c, transformers.PreTrainedModel)
-                        and c.__module__ == module.__name__ and c.config_class is type(config)),
+                        and c.__module__ == module.__name__ and c.config_class is type(config)
+                        and not c.__name__.endswith("PreTrainedModel")),  # no forward of its own
                        key=lambda c: (not c.__name__.endswith("ForCausalLM"),
                                       not c.__name__.endswith("Model"), c.__name__))
         if not found:
@@ -260,6 +268,18 @@ INPUTS = {
                     lambda config, ids: {"input_ids": ids, "decoder_input_ids": ids}),
     **dict.fromkeys(("pixtral", "phi4_multimodal_vision", "step3p5_vision"),
                     lambda config, ids: {"pixel_values": _image(config)}),
+    # a drafter: 8 noisy embeddings, its keys also the main model's context (its selected layers' hidden states)
+    "muse_glimmer_assistant": lambda config, ids: {
+        "noise_embeds": _noise(BATCH, 8, config.hidden_size),
+        "context_hidden_states": _noise(BATCH, SEQ, len(config.target_layer_ids) * config.hidden_size)},
+    # CLVP: text ids and a log-mel spectrogram, scored against each other by its text and speech encoders
+    "clvp": lambda config, ids: {"input_ids": ids,
+                                 "input_features": _noise(BATCH, config.decoder_config.feature_size, 64)},
+    # PE's audio encoder (its DAC codec's frames), alone and beside the text encoder
+    "pe_audio_encoder": lambda config, ids: {"input_values": _audio(config)},
+    "pe_audio": lambda config, ids: {"input_ids": ids, "input_values": _audio(config.audio_config)},
+    # ViTs with cls and register tokens before the patches (the patches alone rotated)
+    **dict.fromkeys(("dinov3_vit", "eomt_dinov3", "sapiens2"), lambda config, ids: {"pixel_values": _image(config)}),
     **dict.fromkeys(("cosmos3_edge_vision", "glm_image_vision", "hunyuan_vl_vision", "hy_v4_vl_vision",
                      "dots3_note_vision_encoder"), lambda config, ids: _patches(config)),
     # Dia: text ids in, a code per audio channel out

@@ -18,8 +18,9 @@ import transformers  # noqa: E402
 from test_hf_install_models import MODEL_TYPES, NOT_RUN  # noqa: E402
 from test_hf_models import OUT_OF_SCOPE, _agrees  # noqa: E402
 
-from posenc_fast._hf_models import (  # noqa: E402
-    INTERLEAVE_FUNCTIONS, MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, VISION_FUNCTIONS)
+from posenc_fast._hf_functions import (  # noqa: E402
+    INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS)
+from posenc_fast._hf_models import MODEL_RULES, NO_ROPE  # noqa: E402
 from posenc_fast._hf_probe import probed_rule  # noqa: E402
 
 
@@ -86,7 +87,7 @@ def table() -> str:
         "call agree with `from_hf_config(config).apply_qk` through the attention scores q·k, for each",
         "layer type (its own head_dim and RoPE) and each attention kind (a DSA indexer).  The column",
         "hf.install says whether `posenc_fast.hf.install` replaces the `apply_rotary_pos_emb` of its",
-        "modeling module (`_hf_models.ROTARY_FUNCTIONS`), MLA's `apply_rotary_pos_emb_interleave`",
+        "modeling module (`_hf_functions.ROTARY_FUNCTIONS`), MLA's `apply_rotary_pos_emb_interleave`",
         "(`INTERLEAVE_FUNCTIONS`) and its vision tower's `apply_rotary_pos_emb_vision` (`VISION_FUNCTIONS`),",
         "each checked by `tests/test_hf_install.py`, and whether a tiny model's",
         "logits agree with and without it (`tests/test_hf_install_models.py`).  A rule marked",

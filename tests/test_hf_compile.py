@@ -26,6 +26,7 @@ from posenc_fast import _hf_drop_in as _drop_in, hf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import hf_calls  # noqa: E402  (needs torch)
 import hf_tiny  # noqa: E402  (needs torch)
 
 
@@ -218,28 +219,21 @@ def test_the_op_names_each_patched_function():
             assert _drop_in._patched_as(function) == (module, name)
 
 
-def _inputs(function, width):
-    """float32 q, k needing a gradient and a cos/sin `width` wide in the form `function` reads: a
-    vision tower's (tokens, heads, head_dim) with a (tokens, width) cache, else Llama's shapes."""
-    generator = torch.Generator().manual_seed(width)
-    vision = function.unsqueeze is not None
-    lead = (6,) if vision else (2, 5)  # cos/sin's leading shape
-    q, k = (torch.randn(*((6, heads) if vision else (2, heads, 5)), 16, generator=generator) for heads in (3, 1))
-    angles = torch.rand(*lead, width // 2, generator=generator, dtype=torch.float64) * 6
-    if function.cache == "pairs":
-        angles = angles.repeat_interleave(2, -1)
-    elif function.cache == "halves":
-        angles = torch.cat((angles, angles), -1)
-    return q.requires_grad_(), k.requires_grad_(), angles.cos().float(), angles.sin().float()
-
-
 @pytest.mark.parametrize("module, name, width", [("deepseek_v4", "apply_rotary_pos_emb", 8),
                                                  ("qwen2_vl", "apply_rotary_pos_emb_vision", 16),
                                                  ("inkling2", "apply_rotary_pos_emb_vision", 16),
-                                                 ("minimax_m3_vl", "apply_rotary_pos_emb_vision", 8)])
+                                                 ("minimax_m3_vl", "apply_rotary_pos_emb_vision", 8),
+                                                 ("gptj", "apply_rotary_pos_emb", 16),
+                                                 ("dinov3_vit", "apply_rotary_pos_emb", 16),
+                                                 ("muse_glimmer_assistant", "apply_rotary_pos_emb", 16),
+                                                 ("pe_audio", "apply_rotary_pos_emb", 16),
+                                                 ("clvp", "apply_rotary_pos_emb", 16)])
 def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     # DeepSeek-V4's one-tensor function of the trailing features (a half-width cache, in float32) and
-    # the vision towers' (q, k, cos, sin) ones (float32, interleaved, partial with cos[:, None, :]):
+    # the vision towers' (q, k, cos, sin) ones (float32, interleaved, partial with cos[:, None, :]), GPT-J's
+    # (tensor, sin, cos) with its half-width cache, DINOv3's of the patch tokens after the prefix ones, and
+    # Muse-Glimmer's assistant's (q by the cache's last rows), PE's (sums of rotation matrices), CLVP's
+    # (q, k and v by cos[position_ids]):
     # under torch.compile (fullgraph) the op in the graph, the kernel and its backward running, the
     # results and gradients the eager drop-in's bit for bit, and the module's own function's
     import importlib
@@ -247,26 +241,26 @@ def test_the_new_kinds_compile_to_the_op(module, name, width, kernel_runs):
     function = hf._PATCHED[name][module]
     own = getattr(importlib.import_module(hf._module_name(module)), name)
     patched = hf._replacement(own, function)
-    if function.one_tensor:
-        def call(q, k, cos, sin):
-            return patched(q, cos, sin, unsqueeze_dim=1), patched(k, cos, sin, unsqueeze_dim=1)
-    else:
-        def call(q, k, cos, sin):
-            return tuple(patched(q, k, cos, sin))
-    q, k, cos, sin = _inputs(function, width)
-    want = call(q, k, cos, sin)
-    want_grads = torch.autograd.grad(sum(w.square().sum() for w in want), (q, k))
-    own_result = (own(q, cos, sin), own(k, cos, sin)) if function.one_tensor else own(q, k, cos, sin)
-    own_grads = torch.autograd.grad(sum(o.square().sum() for o in own_result), (q, k))
+    case = hf_calls.cases(function)[0]  # float32 data needing a gradient, a cache `width` wide
+    xs = hf_calls.data(case, torch.float32, requires_grad=True)
+    cos, sin = hf_calls.cache(function, case.lead, width, torch.float32, seed=width)
+
+    def call(*xs):
+        return hf_calls.call(function, patched, xs, cos, sin, case)
+
+    want = call(*xs)
+    want_grads = torch.autograd.grad(sum(w.square().sum() for w in want), xs)
+    own_result = hf_calls.call(function, own, xs, cos, sin, case)
+    own_grads = torch.autograd.grad(sum(o.square().sum() for o in own_result), xs)
     for w, o in zip((*want, *want_grads), (*own_result, *own_grads)):
         assert torch.equal(w, o)
-    calls = 2 if function.one_tensor else 1
+    calls = len(xs) if function.one_tensor else 1
     assert sorted(kernel_runs) == ["backward"] * calls + ["forward"] * calls
     kernel_runs.clear()
     graphs = []
     compiled = torch.compile(call, fullgraph=True, backend=_recording("aot_eager", graphs))
-    got = compiled(q, k, cos, sin)
-    grads = torch.autograd.grad(sum(g.square().sum() for g in got), (q, k))
+    got = compiled(*xs)
+    grads = torch.autograd.grad(sum(g.square().sum() for g in got), xs)
     assert _op_calls(graphs) == calls
     assert sorted(kernel_runs) == ["backward"] * calls + ["forward"] * calls, kernel_runs
     for g, w in zip((*got, *grads), (*want, *want_grads)):

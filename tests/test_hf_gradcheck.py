@@ -3,7 +3,9 @@
 One module per distinct ``RotaryFunction`` (the table's rows less their
 source: half and interleaved layouts, partial, the cache forms, float32 and
 own-dtype arithmetic, inverse, MLA's deinterleaving one, the one-tensor ones,
-DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
+GPT-J's ``(tensor, sin, cos)``, DINOv3's of the patch tokens, Muse-Glimmer's
+assistant's (q by the cache's last rows), PE's sums of rotation matrices, CLVP's (q, k and v by
+``cos[position_ids]``), DeepSeek-V4's trailing one, the vision towers' ``(q, k, cos, sin)`` ones), its
 replacement called as transformers calls it; the public drop-ins; the op
 ``hf_rotate`` the drop-ins call under ``torch.compile``, eager and compiled,
 also with a cache whose entries do not repeat (the op's formula and its
@@ -18,11 +20,12 @@ import importlib
 import pytest
 
 from posenc_fast import _hf_drop_in as _drop_in, hf
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import hf_calls  # noqa: E402  (needs torch)
 from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
 
 
@@ -53,43 +56,25 @@ def test_every_kind_is_checked():
     assert len(KINDS) == len(kinds) >= 13
     checked = {hf._PATCHED[name][module] for module, name in KINDS}
     assert any(f.one_tensor for f in checked) and any(f.deinterleaves for f in checked)
-    assert any(f.trailing for f in checked) and {f.unsqueeze for f in checked} == {None, 1, -2}
+    assert any(f.trailing for f in checked) and {f.unsqueeze for f in checked} >= {None, 1, 2, -2}
+    assert any(f.parameters for f in checked) and any(f.dims for f in checked)
+    assert any(f.prefix_tokens for f in checked) and any(f.query_rows for f in checked)
+    assert any(f.sums_pairs for f in checked)
     assert any(f.partial for f in checked) and any(f.layout == "interleaved" for f in checked)
     assert {f.cache for f in checked} == {"halves", "pairs", "half_width"}
 
 
-def cache(function, batch, seq, rotated, repeat=True):
-    """A float64 cos/sin `rotated` features wide in the form `function` reads (`repeat`=False: entries
-    that do not repeat as it expects)."""
-    generator = torch.Generator().manual_seed(rotated)
-    lead = (batch, seq) if function.unsqueeze is None else (seq,)  # a vision tower's: (tokens, rotated)
-    positions = torch.randint(0, 4096, (*lead, 1), generator=generator).double()
-    angles = positions * 10000.0 ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
-    if function.cache == "pairs":
-        angles = angles.repeat_interleave(2, dim=-1)
-    elif function.cache == "halves":
-        angles = torch.cat((angles, angles), dim=-1)
-    if not repeat:
-        angles = angles + torch.rand(angles.shape, generator=generator, dtype=torch.float64)
-    return angles.cos(), angles.sin()
+def _inputs(function, width, repeat=True):
+    """(the case, float64 data needing a gradient, cos, sin `width` wide) of the first call of
+    `function` in ``hf_calls.cases`` (`repeat`=False: entries that do not repeat as it expects)."""
+    case = hf_calls.cases(function)[0]
+    cos, sin = hf_calls.cache(function, case.lead, width, seed=width, repeat=repeat)
+    return case, hf_calls.data(case, requires_grad=True), cos, sin
 
 
-def data(batch=2, seq=5, dim=16, function=hf._LLAMA):
-    generator = torch.Generator().manual_seed(7)
-    vision = function.unsqueeze is not None  # (tokens, heads, head_dim)
-    q = torch.randn(*((seq, 3) if vision else (batch, 3, seq)), dim, generator=generator, dtype=torch.float64)
-    k = torch.randn(*((seq, 1) if vision else (batch, 1, seq)), dim, generator=generator, dtype=torch.float64)
-    return q.requires_grad_(), k.requires_grad_()
-
-
-def _call(function, apply, cos, sin):
-    """`apply` of (q, k) as transformers' attention calls it: a function of (q, k), or of one tensor
-    (a vision tower's has no unsqueeze_dim)."""
-    if function.one_tensor:
-        return lambda q, k: (apply(q, cos, sin, unsqueeze_dim=1), apply(k, cos, sin, unsqueeze_dim=1))
-    if function.unsqueeze is not None:
-        return lambda q, k: apply(q, k, cos, sin)
-    return lambda q, k: apply(q, k, cos, sin, unsqueeze_dim=1)
+def _call(function, apply, cos, sin, case):
+    """`apply` of the data as transformers' attention calls it (``hf_calls.call``)."""
+    return lambda *xs: hf_calls.call(function, apply, xs, cos, sin, case)
 
 
 def _gradcheck(fn, inputs, float32):
@@ -105,17 +90,16 @@ def test_the_drop_in_passes_gradcheck(module, name, kernel_calls):
     patched = hf._replacement(own, function)
     float32 = function.compute == "float32"
     for width in ((16, 8) if function.partial else (16,)):
-        cos, sin = cache(function, 2, 5, width)
-        q, k = data(function=function)
-        fn = _call(function, patched, cos, sin)
-        q_embed, _ = fn(q, k)
+        case, xs, cos, sin = _inputs(function, width)
+        fn = _call(function, patched, cos, sin, case)
+        results = fn(*xs)
+        calls = len(xs) if function.one_tensor else 1
         # the kernel with its backward, but for q.float(): then the formula (no gradient lost)
-        assert kernel_calls == [not float32] * (1 + function.one_tensor)
-        assert (q_embed.grad_fn.name() == "RotationBackward") is not float32
+        assert kernel_calls == [not float32] * calls
+        assert (results[0].grad_fn.name() == "RotationBackward") is not float32
         # listed where it falls back
-        assert hf.FALLBACKS == ({"data the kernel does not compute exactly": 1 + function.one_tensor}
-                                if float32 else {})
-        _gradcheck(fn, (q, k), float32)
+        assert hf.FALLBACKS == ({"data the kernel does not compute exactly": calls} if float32 else {})
+        _gradcheck(fn, xs, float32)
         kernel_calls.clear()
         hf.FALLBACKS.clear()  # gradcheck's calls too
 
@@ -123,9 +107,9 @@ def test_the_drop_in_passes_gradcheck(module, name, kernel_calls):
 @pytest.mark.parametrize("public", ["apply_rotary_pos_emb", "apply_rotary_pos_emb_single"])
 def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
     function = hf._ONE_TENSOR if public.endswith("single") else hf._LLAMA
-    cos, sin = cache(function, 2, 5, 16)
-    fn = _call(function, getattr(hf, public), cos, sin)
-    _gradcheck(fn, data(), False)
+    case, xs, cos, sin = _inputs(function, 16)
+    fn = _call(function, getattr(hf, public), cos, sin, case)
+    _gradcheck(fn, xs, False)
     assert kernel_calls and all(kernel_calls)
 
 
@@ -133,6 +117,9 @@ def test_the_public_drop_ins_pass_gradcheck(public, kernel_calls):
                                           ("cohere", "apply_rotary_pos_emb"),
                                           ("deepseek_v3", "apply_rotary_pos_emb_interleave"),
                                           ("gemma4", "apply_rotary_pos_emb"), ("deepseek_v4", "apply_rotary_pos_emb"),
+                                          ("gptj", "apply_rotary_pos_emb"), ("dinov3_vit", "apply_rotary_pos_emb"),
+                                          ("muse_glimmer_assistant", "apply_rotary_pos_emb"),
+                                          ("pe_audio", "apply_rotary_pos_emb"), ("clvp", "apply_rotary_pos_emb"),
                                           ("qwen2_vl", "apply_rotary_pos_emb_vision"),
                                           ("minimax_m3_vl", "apply_rotary_pos_emb_vision")])
 @pytest.mark.parametrize("repeat", [True, False], ids=["cache", "cache not repeating"])
@@ -142,27 +129,28 @@ def test_the_op_passes_gradcheck(module, name, repeat):
     import posenc_fast.torch_ops  # noqa: F401
 
     function = hf._PATCHED[name][module]
-    cos, sin = cache(function, 2, 5, 8 if function.partial else 16, repeat)  # partial: 8 of 16 features
-    dim = 1 if function.unsqueeze is None else function.unsqueeze  # what the drop-in passes the op
+    case, xs, cos, sin = _inputs(function, 8 if function.partial else 16, repeat)  # partial: 8 of 16
+    # what the drop-in passes the op: the axis, and cos/sin (CLVP's indexed by position_ids)
+    dim = function.unsqueeze if case.unsqueeze_dim is None else case.unsqueeze_dim
+    rows = hf_calls.indexed(function, cos, sin, case)
 
-    def fn(q, k):
-        xs = [q] if function.one_tensor else [q, k]
-        return tuple(torch.ops.posenc_fast.hf_rotate(xs, cos, sin, module, name, dim, False))
+    def fn(*xs):
+        return tuple(torch.ops.posenc_fast.hf_rotate(list(xs[:1] if function.one_tensor else xs), *rows,
+                                                     module, name, dim, False))
 
-    q, k = data(function=function)
     own = getattr(importlib.import_module(hf._module_name(module)), name)
     with torch.no_grad():
-        want = _call(function, own, cos, sin)(q, k)
-        got = fn(q, k)
+        want = _call(function, own, cos, sin, case)(*xs)
+        got = fn(*xs)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
-    _gradcheck(fn, (q, k), function.compute == "float32")  # Cohere's: its formula (q.float())
+    _gradcheck(fn, xs, function.compute == "float32")  # Cohere's: its formula (q.float())
 
 
 def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
     # under torch.compile (fullgraph: the op in the graph), repeating entries or not
-    cos, sin = cache(hf._LLAMA, 2, 5, 16)
-    rand_cos, rand_sin = cache(hf._LLAMA, 2, 5, 16, repeat=False)
+    _, _, cos, sin = _inputs(hf._LLAMA, 16)
+    _, _, rand_cos, rand_sin = _inputs(hf._LLAMA, 16, repeat=False)
     runs = []  # the kernel's, when the compiled graph runs (a counter in the traced code would be a guard)
     monkeypatch.setattr(_drop_in, "_rotated", lambda *args, rotated=_drop_in._rotated: runs.append(1) or rotated(*args))
     torch._dynamo.reset()
@@ -170,8 +158,8 @@ def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
                              fullgraph=True, backend="aot_eager")
     for c, s, kernel in ((cos, sin, True), (rand_cos, rand_sin, False)):
         runs.clear()
-        _gradcheck(lambda q, k: compiled(q, k, c, s), data(), False)
-        q, k = data()
+        _gradcheck(lambda q, k: compiled(q, k, c, s), _inputs(hf._LLAMA, 16)[1], False)
+        q, k = _inputs(hf._LLAMA, 16)[1]
         want = _drop_in._torch_formula(torch, (q, k), c, s, 1)
         got = compiled(q, k, c, s)
         for g, w in zip(got, want):

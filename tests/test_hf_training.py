@@ -2,7 +2,7 @@
 
 A tiny random model of each kind of function `install` patches (Llama's half
 layout, an interleaved one, an mRoPE one, MLA's deinterleaving one, Gemma 4's
-one-tensor one), built
+one-tensor one, GPT-J's ``(tensor, sin, cos)``), built
 from its default config (``hf_tiny``), nothing downloaded.  With parameters
 needing gradients every call takes the kernel; a float32 loss's gradients
 equal the model's own for every parameter, bitwise (the backward does the
@@ -26,7 +26,8 @@ from hf_tiny import kernel_calls  # noqa: E402,F401  (a fixture)
 # model type -> what kind of function its attention calls
 KINDS = {"llama": "half layout", "cohere": "interleaved", "qwen2_vl": "mRoPE",
          "deepseek_v3": "MLA's apply_rotary_pos_emb_interleave",
-         "gemma4_text": "one-tensor apply_rotary_pos_emb(x, cos, sin), q and k in separate calls"}
+         "gemma4_text": "one-tensor apply_rotary_pos_emb(x, cos, sin), q and k in separate calls",
+         "gptj": "GPT-J's apply_rotary_pos_emb(tensor, sin, cos) of the leading rotary_dim features"}
 EXTRA = {"deepseek_v3": {"rope_interleave": True}}
 
 

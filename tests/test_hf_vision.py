@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 from posenc_fast import hf
-from posenc_fast._hf_models import VISION_FUNCTIONS
+from posenc_fast._hf_functions import VISION_FUNCTIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from posenc_fast import _hf_drop_in, hf, vllm  # noqa: E402
 from posenc_fast._dispatch import kernels  # noqa: E402
-from posenc_fast._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS  # noqa: E402
+from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS  # noqa: E402
 
 _hf_drop_in.numpy_view(torch, torch.zeros(1))  # registers torch with the compiled layer
 

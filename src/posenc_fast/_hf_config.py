@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
 from ._hf_layers import canonical_config, layer_config
-from ._hf_models import MODEL_RULES, NO_ROPE, ROTARY_FUNCTIONS, ModelRule
+from ._hf_functions import ROTARY_FUNCTIONS
+from ._hf_models import MODEL_RULES, NO_ROPE, ModelRule
 from ._hf_probe import probed_rule
 
 __all__ = ["rotary_kwargs_from_hf_config"]

@@ -1,6 +1,6 @@
 """The shared path of posenc_fast.hf's drop-ins: transformers' rotation functions by the kernel.
 
-`RotaryFunction` (``_hf_models``) says what a module's function computes; `_rotate_tensors` gives that
+`RotaryFunction` (``_hf_functions``) says what a module's function computes; `_rotate_tensors` gives that
 result for CPU torch tensors through NumPy views (None where it would not be exact), with the autograd
 `Rotation` when the data needs a gradient, and `_apply_numpy` for NumPy arrays.  hf.py's public functions
 and what `install` puts in transformers' modules all call these.  Under ``torch.compile`` `_rotate_tensors`
@@ -16,7 +16,7 @@ import numpy as np
 from . import _validate as v
 from ._dispatch import kernels
 from ._cos_sin_cache import apply_rotary_cos_sin
-from ._hf_models import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
+from ._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]
 
@@ -31,9 +31,10 @@ compute exactly"`` (other devices, dtypes or tensor kinds, float64 data or cache
 computing in float32, q and k of two dtypes there, a result torch would promote to the cache's wider
 dtype, sin's dtype not cos's, a half cache not of the data's dtype); ``"cos/sin entries do not
 repeat"`` (no rotation of pairs; under ``torch.compile`` counted when the op's backward runs);
-``"arguments or shapes it does not take"`` (not (q, k, cos, sin) or (x, cos, sin) tensors,
+``"arguments or shapes it does not take"`` (not the tensors of the function's parameters,
 ``unsqueeze_dim`` aside where the function has it, shapes the function rotates no pairs of, a
-vision tower's cos of one dimension).  Every other call with the data needing a gradient runs the
+vision tower's cos of one dimension, data of another rank than GPT-J's or PE's formula indexes,
+more patch rows than tokens for DINOv3's).  Every other call with the data needing a gradient runs the
 kernel, with its backward (under ``torch.compile`` the op ``hf_rotate``)."""
 
 
@@ -55,8 +56,8 @@ def _apply(function, xs, cos, sin, unsqueeze_dim):
 
 
 def _names(xs) -> tuple:
-    # What the error messages call the data arrays: q and k, or a one-tensor function's x.
-    return ("q", "k") if len(xs) == 2 else ("x",)
+    # What the error messages call the data arrays: q and k (and CLVP's v), or a one-tensor function's x.
+    return ("x",) if len(xs) == 1 else ("q", "k", "v")[:len(xs)]
 
 
 def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
@@ -95,13 +96,13 @@ def _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim):
 
 
 def _patched_as(function):
-    """(module, function name): where `function` is in `_PATCHED` (read off its flags, which a
-    ``torch.compile`` trace reads as constants)."""
+    """(module, function name): where `function` is in `_PATCHED` (its module read off its source, the
+    name off its flags and its module's vision row, which a ``torch.compile`` trace reads as constants)."""
+    family = function.source.split("/")[0]
     if function.deinterleaves:
-        name = "apply_rotary_pos_emb_interleave"
-    else:
-        name = "apply_rotary_pos_emb" if function.unsqueeze is None else "apply_rotary_pos_emb_vision"
-    return function.source.split("/")[0], name
+        return family, "apply_rotary_pos_emb_interleave"
+    vision = function.unsqueeze is not None and function == VISION_FUNCTIONS.get(family)
+    return family, "apply_rotary_pos_emb_vision" if vision else "apply_rotary_pos_emb"
 
 
 def _rotated(torch, function, arrays, dtypes, unsqueeze_dim):
@@ -314,6 +315,33 @@ def _apply_numpy(xs, cos, sin, unsqueeze_dim, function=_LLAMA):
         raise ValueError(f"{', '.join(names)} and the unsqueezed cos/sin must end in the same "
                          f"even head_dim, got {got}, cos {cos.shape} (a full-width "
                          f"transformers cache, halves repeated)")
+    if function.prefix_tokens:  # the rows of axis -2 before the cache's (cls and register tokens) pass
+        prefix = xs[0].shape[-2] - cos.shape[-2] if xs[0].ndim >= 2 else -1
+        if prefix < 0 or any(x.shape[-2:] != xs[0].shape[-2:] for x in xs):
+            raise ValueError(f"{', '.join(names)} must have the same tokens (axis -2), at least as many as "
+                             f"cos/sin's rows, got {', '.join(str(x.shape) for x in xs)}, cos {cos.shape}")
+        patches = _rotate_arrays([x[..., prefix:, :] for x in xs], cos, sin, unsqueeze_dim, function, names)
+        return tuple(np.concatenate((x[..., :prefix, :], r), axis=-2) for x, r in zip(xs, patches))
+    if function.sums_pairs:  # torch's sum of each pair's two products starts from +0: no -0, contiguous
+        return tuple(_positive_zeros(np.ascontiguousarray(r))
+                     for r in _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names))
+    if function.query_rows:  # q by the cache's last q.shape[-2] rows (as torch slices them), k by all of it
+        rows = xs[0].shape[-2] if xs[0].ndim >= 2 else 0
+        return (_rotate_arrays(xs[:1], cos[..., -rows:, :], sin[..., -rows:, :], unsqueeze_dim, function, names)
+                + _rotate_arrays(xs[1:], cos, sin, unsqueeze_dim, function, names[1:]))
+    return _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names)
+
+
+def _positive_zeros(a):
+    # `a` with its -0 made +0 (what adding +0 does), in place: by the bits, for every dtype.
+    bits = a.view(np.dtype(f"i{a.itemsize}"))
+    bits[bits == np.iinfo(bits.dtype).min] = 0
+    return a
+
+
+def _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names):
+    # The kernel for the arrays `xs` and the unsqueezed cos and sin that fit them.
+    width = cos.shape[-1]
     if function.cache == "halves":
         cos, sin = cos[..., :width // 2], sin[..., :width // 2]
     elif function.cache == "pairs":

@@ -4,12 +4,13 @@
 function and takes CPU torch tensors (viewed through NumPy, no copies) or
 NumPy arrays, and `apply_rotary_pos_emb_single` those of Gemma 4's one-tensor
 ``apply_rotary_pos_emb(x, cos, sin)``; `install` puts posenc_fast in place of the
-``apply_rotary_pos_emb`` of every modeling module whose function it computes
-exactly (Llama's and its partial, interleaved, float32 and mRoPE variants, and
-the one-tensor forms of Gemma 4 and DeepSeek-V4: ``_hf_models.ROTARY_FUNCTIONS``),
-MLA's ``apply_rotary_pos_emb_interleave`` (``_hf_models.INTERLEAVE_FUNCTIONS``)
+``apply_rotary_pos_emb`` of every modeling module of transformers 5.24 that has
+one (Llama's and its partial, interleaved, float32 and mRoPE variants, the
+one-tensor forms of Gemma 4 and DeepSeek-V4, GPT-J's, DINOv3's, PE's, CLVP's:
+``_hf_functions.ROTARY_FUNCTIONS``, each computed exactly), MLA's
+``apply_rotary_pos_emb_interleave`` (``_hf_functions.INTERLEAVE_FUNCTIONS``)
 and the vision towers' ``apply_rotary_pos_emb_vision``
-(``_hf_models.VISION_FUNCTIONS``).  The kernel path they share is
+(``_hf_functions.VISION_FUNCTIONS``).  The kernel path they share is
 ``_hf_drop_in``.  torch and transformers stay optional: this module imports
 neither until a call needs it.
 """
@@ -20,7 +21,7 @@ import sys
 
 from . import _hf_drop_in as _drop_in
 from ._hf_drop_in import _PATCHED, FALLBACKS, _apply, _fell_back, _fits, numpy_view
-from ._hf_models import NOT_PATCHED, ROTARY_FUNCTIONS
+from ._hf_functions import NOT_PATCHED, ROTARY_FUNCTIONS
 
 __all__ = ["FALLBACKS", "Installation", "SUPPORTED_FAMILIES", "apply_rotary_pos_emb", "apply_rotary_pos_emb_single",
            "install", "numpy_view", "uninstall"]
@@ -191,16 +192,23 @@ def install(model=None) -> Installation:
     """Make transformers models on the CPU rotate queries and keys with posenc_fast.
 
     Replaces ``apply_rotary_pos_emb`` in the modeling modules whose function
-    posenc_fast computes exactly (`SUPPORTED_FAMILIES`: Llama's half layout,
-    its partial, interleaved, float32 and mRoPE variants, and the one-tensor
+    posenc_fast computes exactly (`SUPPORTED_FAMILIES`): Llama's half layout
+    and its partial, interleaved, float32 and mRoPE variants; the one-tensor
     ``(x, cos, sin)`` form of Gemma 3n, Gemma 4 and DiffusionGemma, which
-    rotate q and k in separate calls, and DeepSeek-V4's, which rotates the
+    rotate q and k in separate calls; DeepSeek-V4's, which rotates the
     trailing features of a head, and its attention output back with
-    ``-sin``), MLA's ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3's, used
-    when the config sets ``rope_interleave``, and always by Bailing-hybrid,
-    GLM-MoE-DSA, LongCat-Flash and Mistral-Large-4), and the vision towers'
-    ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` (Qwen2-VL's and its
-    relatives', Inkling2's interleaved one and MiniMax-M3-VL's partial one).
+    ``-sin``; GPT-J's and CodeGen's ``(tensor, sin, cos)``, one tensor with
+    caches of one entry per pair; DINOv3's, EoMT-DINOv3's and Sapiens2's,
+    which rotate the patch tokens after the cls and register tokens;
+    Muse-Glimmer's assistant's, which rotates q by the last rows of k's
+    cache; PE's (audio, video), which sums rotation matrices of interleaved
+    pairs; and CLVP's, which rotates q, k and v by ``cos[position_ids]``.  It
+    replaces MLA's ``apply_rotary_pos_emb_interleave`` too (DeepSeek-V3's,
+    used when the config sets ``rope_interleave``, and always by
+    Bailing-hybrid, GLM-MoE-DSA, LongCat-Flash and Mistral-Large-4), and the
+    vision towers' ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` (Qwen2-VL's
+    and its relatives', Inkling2's interleaved one and MiniMax-M3-VL's
+    partial one).
     Their attention ``forward`` looks the function up as a module global on
     every call, so models already built are affected too.  Results are those
     of the module's own function (bit for bit in float32/float64 on the CPU,
@@ -209,7 +217,8 @@ def install(model=None) -> Installation:
     entries do not repeat as the function expects fall back to the module's
     own function, and so do float64 data or caches for the functions that
     compute in float32 (their ``.float()`` rounds them first: DeepSeek-V4,
-    the vision towers, Cohere).  Under ``torch.compile`` the functions call
+    the vision towers, Cohere), and half-precision data that a wider cache
+    promotes (CodeGen's float32 cache).  Under ``torch.compile`` the functions call
     posenc_fast's op ``hf_rotate``, which the graph keeps and which runs the
     same kernel.  With parameters that need a gradient (training, or a
     forward outside ``torch.no_grad()``) the kernel runs too, with its exact
@@ -282,7 +291,7 @@ def _replacement(original, function):
         # keyword, and perhaps unsqueeze_dim= (where the function has it).
         call = _arguments(args, kwargs, names, function.unsqueeze)
         if call is not None:
-            rotated = _rotate_if_fits(function, *call)
+            rotated = _rotate_if_fits(function, names, *call)
             if rotated is not None:
                 return rotated[0] if one else rotated
         else:
@@ -296,6 +305,8 @@ def _replacement(original, function):
 
 def _parameters(function) -> tuple:
     # The leading parameters of the function `function` describes.
+    if function.parameters is not None:
+        return function.parameters
     return ("x", "cos", "sin") if function.one_tensor else ("q", "k", "cos", "sin")
 
 
@@ -313,15 +324,42 @@ def _arguments(args, kwargs, names, fixed=None):
     return None
 
 
-def _rotate_if_fits(function, tensors, unsqueeze_dim):
+def _rotate_if_fits(function, names, tensors, unsqueeze_dim):
+    """What `function` returns for the arguments `tensors` (of the parameters `names`) by the kernel; None
+    where it takes the module's own function."""
     torch = sys.modules["torch"]
-    *xs, cos, sin = tensors
+    if function.parameters is None:
+        *xs, cos, sin = tensors
+    else:  # by name: GPT-J's (tensor, sin, cos), CLVP's (q, k, v, cos, sin, position_ids)
+        named = dict(zip(names, tensors))
+        cos, sin = named.pop("cos"), named.pop("sin")
+        if "position_ids" in named:  # CLVP's cos[position_ids]: the same indexing, first
+            positions = named.pop("position_ids")
+            if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor):
+                cos, sin = cos[positions], sin[positions]
+        xs = list(named.values())
     if not (all(isinstance(x, torch.Tensor) for x in xs) and isinstance(cos, torch.Tensor)
             and _fits(function, [x.shape for x in xs], cos.shape[-1])
-            and (function.unsqueeze is None or cos.ndim >= 2)):  # MiniMax-M3-VL's cos[:, None, :]
+            and (function.unsqueeze is None or cos.ndim >= 2)  # MiniMax-M3-VL's cos[:, None, :]
+            and (function.dims is None or _has_dims(function.dims, xs, cos, sin, unsqueeze_dim))
+            and (not function.prefix_tokens or _has_the_patches(xs, cos, sin))
+            and (not function.query_rows or xs[0].ndim >= 2)):  # q.size(-2)
         _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _drop_in._rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
+
+
+def _has_the_patches(xs, cos, sin) -> bool:
+    # q and k of the same tokens (q's split is k's), at least as many as sin's rows (its patches).
+    tokens = xs[0].shape[-2] if xs[0].ndim >= 2 else -1
+    return (getattr(sin, "shape", None) == cos.shape and tokens >= cos.shape[-2]
+            and all(x.shape[-2:] == xs[0].shape[-2:] for x in xs))
+
+
+def _has_dims(dims, xs, cos, sin, unsqueeze_dim) -> bool:
+    # The shapes a function that indexes axes by number (`RotaryFunction.dims`) rotates.
+    return (all(x.ndim == dims for x in xs) and cos.ndim == getattr(sin, "ndim", None) == dims - 1
+            and type(unsqueeze_dim) is int and 0 <= unsqueeze_dim < dims - 1)
 
 
 def _module_name(family: str) -> str:
@@ -336,12 +374,13 @@ def _why_not_patched(module, name):
         return f"{family}: {NOT_PATCHED.get(family, f'its {name} is not classified')}"
     signature, function = inspect.signature(getattr(module, name)), table[family]
     params, expected = signature.parameters, _parameters(function)
+    names = tuple(p for p in params if params[p].kind != params[p].VAR_KEYWORD)  # DINOv3's **kwargs: ignored
     if function.unsqueeze is None:
         fits = ("unsqueeze_dim" in params and params["unsqueeze_dim"].default == 1
-                and tuple(params)[:len(expected)] == expected)
+                and names[:len(expected)] == expected)
         expected += ("unsqueeze_dim=1",)
     else:
-        fits = tuple(params) == expected
+        fits = names == expected
     if not fits:
         return f"{family}: its {name}{signature} is not the ({', '.join(expected)}) read from {function.source}"
     return None

@@ -150,25 +150,34 @@ def _hf_formula(drop_in, function, family, name):
     tuple: ``unsqueeze_dim`` passed where it has one (not the vision towers')."""
     from . import hf
 
-    if function in (hf._LLAMA, hf._ONE_TENSOR):
+    if function in (hf._LLAMA, hf._ONE_TENSOR) or "position_ids" in hf._parameters(function):
+        # (CLVP's, of the cache the drop-in indexed by position_ids already: Llama's formula for q, k and v)
         return lambda xs, cos, sin, dim: drop_in._torch_formula(torch, xs, cos, sin, dim)
     import importlib
 
     module = importlib.import_module(hf._module_name(family))
     original = hf._originals.get((module.__name__, name), getattr(module, name))
-    if function.unsqueeze is not None:  # it unsqueezes at its own axis, the one `dim` is
-        return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin))
-    if function.one_tensor:
-        return lambda xs, cos, sin, dim: (original(*xs, cos, sin, unsqueeze_dim=dim),)
-    return lambda xs, cos, sin, dim: tuple(original(*xs, cos, sin, unsqueeze_dim=dim))
+    parameters = hf._parameters(function)
+
+    def formula(xs, cos, sin, dim):
+        data = iter(xs)  # its arguments in its order (GPT-J's (tensor, sin, cos))
+        args = [cos if p == "cos" else sin if p == "sin" else next(data) for p in parameters]
+        if function.unsqueeze is not None:  # it unsqueezes at its own axis, the one `dim` is
+            result = original(*args)
+        else:
+            result = original(*args, unsqueeze_dim=dim)
+        return (result,) if function.one_tensor else tuple(result)
+
+    return formula
 
 
 def _hf_layout(function, x, transpose):
     """An empty tensor laid out as posenc_fast.hf's result for `x`: in x's memory order where its
     leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous, and so a
-    gradient and a deinterleaving function's result."""
+    gradient and a deinterleaving, prefix-token or pair-summing function's result."""
     axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
-    if transpose or function.deinterleaves or x.is_contiguous() or not x.permute(axes).is_contiguous():
+    if (transpose or function.deinterleaves or function.prefix_tokens or function.sums_pairs or x.is_contiguous()
+            or not x.permute(axes).is_contiguous()):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     inverse = sorted(range(x.dim()), key=axes.__getitem__)
     return torch.empty_like(x.permute(axes), memory_format=torch.contiguous_format).permute(inverse)
