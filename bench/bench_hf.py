@@ -7,7 +7,9 @@ A plain script (needs torch and transformers):
 Part 1 times the rotation alone for q (1, 32, 4096, 128) and k (1, 8, 4096,
 128) float32, both as contiguous tensors and as Llama's (batch, heads, seq,
 dim) views of (batch, seq, heads, dim) projections, then for one decode step
-(seq 1), where the per-call overhead shows; then the functions `install`
+(seq 1), where the per-call overhead shows; the one-token call again in
+float32 and bfloat16 beside the compiled call alone on NumPy views made once
+(``kernel``: what the drop-in's glue adds to); then the functions `install`
 puts in three other modules (Cohere's interleaved pairs, Qwen2-VL's mRoPE,
 DeepSeek-V3's MLA ``apply_rotary_pos_emb_interleave``) against their
 originals, on the same q/k views.  Part 2 times the forward
@@ -25,7 +27,8 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 import posenc_fast as pf
-from posenc_fast import hf
+from posenc_fast import _hf_drop_in, hf
+from posenc_fast._dispatch import kernels
 from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS
 from posenc_fast._bench.timing import measure, paired_ratio
 
@@ -67,6 +70,32 @@ def rotation(repeats: int) -> None:
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         report(f"apply_rotary_pos_emb, q {tuple(q.shape)} k {tuple(k.shape)} float32, "
                f"{layout}", timings, nbytes)
+
+
+def decode_step(repeats: int) -> None:
+    """The one-token call (q (1,32,1,128) as Llama's transposed view), its glue against the kernel."""
+    heads, kv_heads, dim = 32, 8, 128
+    generator = torch.Generator().manual_seed(0)
+    angles = 4095 * 500000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    emb = torch.cat((angles, angles))[None, None]
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(1, 1, heads, dim, generator=generator).transpose(1, 2).to(dtype)
+        k = torch.randn(1, 1, kv_heads, dim, generator=generator).transpose(1, 2).to(dtype)
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        # The compiled call alone on NumPy views made once: no glue (what the drop-in adds to).
+        views = [_hf_drop_in.numpy_view(torch, t) for t in (q, k, cos, sin)]
+        halves = [t.reshape(1, 1, 1, dim)[..., :dim // 2] for t in views[2:]]
+        with torch.no_grad():
+            timings = measure({
+                "transformers": lambda: modeling_llama.apply_rotary_pos_emb(q, k, cos, sin),
+                "posenc_fast": lambda: hf.apply_rotary_pos_emb(q, k, cos, sin),
+                "kernel": lambda: kernels.rotate_cos_sin_fast(tuple(views[:2]), *halves, "half", False,
+                                                              (None, None)),
+            }, rounds=repeats)
+        print(f"apply_rotary_pos_emb, one token, q {tuple(q.shape)} k {tuple(k.shape)} {dtype}")
+        for name, timing in timings.items():
+            print(f"  {name:<14} {timing.median_ns / 1e3:8.2f} us  "
+                  f"{paired_ratio(timing, timings['kernel']):5.2f}x the kernel")
 
 
 # (module, function name, table): a replacement `install` puts in, timed against the module's own
@@ -135,6 +164,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"posenc_fast {pf.build_info()}")
     rotation(args.repeats)
+    decode_step(args.repeats)
     replacements(args.repeats)
     forward(args.repeats)
 
