@@ -84,7 +84,7 @@ def _cache_rows(npairs, itemsize):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rope_at_the_edge_of_the_cos_sin_cache(dtype):
+def test_rope_at_the_edge_of_the_cos_sin_table(dtype):
     # Positions just below the cache limit take the fast path; just above, the
     # general path.  Both give the same bits.
     rope = pf.RotaryEmbedding(2)

@@ -1,7 +1,7 @@
 """posenc_fast: fast, exact positional encodings for transformer models on the CPU."""
 
 from ._capi import _C_API, get_include, rotary_table_capsule  # noqa: F401
-from ._cos_sin_cache import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+from ._cos_sin import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
 from ._info import build_info
 from ._threads import get_num_threads, set_num_threads
 from ._version import __version__

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _validate as v
 from ._dispatch import kernels
-from ._cos_sin_cache import apply_rotary_cos_sin
+from ._cos_sin import apply_rotary_cos_sin
 from ._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS
 
 _LLAMA = ROTARY_FUNCTIONS["llama"]

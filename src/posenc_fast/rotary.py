@@ -7,7 +7,7 @@ row its position maps to.  ``RotaryEmbedding.apply``/``apply_qk`` are the
 methods of its compiled base class (``_core.RotaryBase``, with a per-instance
 table cache): its fast path, else the general versions below.  Scaling
 methods only change the frequencies and the factor (see ``_frequencies``),
-never the kernels.  (``apply_rotary_cos_sin`` is in ``_cos_sin_cache``.)
+never the kernels.  (``apply_rotary_cos_sin`` is in ``_cos_sin``.)
 """
 
 import functools

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _validate as v
 from ._dispatch import kernels
-from ._cos_sin_cache import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+from ._cos_sin import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
 from ._mla_cache import concat_and_cache_mla, concat_and_cache_mla_rope_fused
 from .hf import numpy_view
 

@@ -50,7 +50,7 @@ MUTANTS = [
            "    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first), o, r",
            "    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first - 1), o, r",
            ("tests/test_rotary.py", "tests/test_fast_path_rules.py")),
-    Mutant("KV cache value slot written from k", "compiled layer", PKG + "_core_cache.pxi",
+    Mutant("KV cache value slot written from k", "compiled layer", PKG + "_core_kv_cache.pxi",
            "            memcpy(v_slot, v_row, w.kv_heads * w.row_bytes)",
            "            memcpy(v_slot, k_row, w.kv_heads * w.row_bytes)",
            ("tests/test_kv_cache.py",)),
