@@ -210,6 +210,17 @@ def test_the_decode_step_takes_the_compiled_route(dtype):
             kernels.set_fast_paths(True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_results_are_cpu_tensors_whatever_the_default_device(dtype):
+    xs, cos, sin, axis = llama_decode(dtype)
+    rotation = _hf_drop_in.compiled(torch, ROTARY_FUNCTIONS["llama"])
+    with torch.no_grad():
+        want = rotation(xs, cos, sin, axis)
+        with torch.device("meta"):  # torch.empty's default device: never where the kernel writes
+            got = rotation(xs, cos, sin, axis)
+    assert all(g.device.type == "cpu" for g in got) and same_tensors(got, want)
+
+
 @pytest.mark.parametrize("case", ["float64 cache", "cache halves differ", "grad mode", "unsqueeze last",
                                   "deinterleaves", "float keyword"])
 def test_the_compiled_route_declines(case):

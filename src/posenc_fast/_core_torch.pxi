@@ -70,7 +70,7 @@ cdef object _tensor_array(object t, bint grad, bint floats_only):
     except Exception:  # e.g. a functorch wrapper without storage
         return None
     nd = len(shape)
-    if address == 0 or nd > cnp.NPY_MAXDIMS or len(strides) != nd:
+    if address == 0 or nd > 32 or len(strides) != nd:  # 32: NumPy 1's limit
         return None
     for k in range(nd):
         dims[k] = shape[k]
@@ -116,7 +116,7 @@ cdef tuple _new_output(cnp.ndarray x):
         a = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
         return _from_numpy(a), a
     shape = tuple([cnp.PyArray_DIMS(x)[k] for k in range(nd)])
-    t = _empty(shape, dtype=_bfloat16)
+    t = _empty(shape, dtype=_bfloat16, device="cpu")  # never the default device
     descr = <object>cnp.PyArray_DESCR(x)
     Py_INCREF(descr)
     a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, nd, cnp.PyArray_DIMS(x), NULL,
@@ -183,7 +183,7 @@ cdef class TensorRotation:
             return None
         # cos and sin unsqueezed at unsqueeze_dim, one entry per pair: views made here
         cnd = cnp.PyArray_NDIM(c)
-        if cnd < 1 or cnd + 1 > cnp.NPY_MAXDIMS or not -cnd - 1 <= unsqueeze_dim <= cnd:
+        if cnd < 1 or cnd + 1 > 32 or not -cnd - 1 <= unsqueeze_dim <= cnd:
             return None
         axis = unsqueeze_dim + cnd + 1 if unsqueeze_dim < 0 else unsqueeze_dim
         if axis == cnd:  # the heads axis last: cos's last axis is then no longer its pairs
