@@ -418,9 +418,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
     where = f"{where} (model_type {model_type!r})"
     params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping) and params.get("rope_type") == "axial":
-        from ._hf_towers import tower_kwargs  # (it reads the config with this module's helpers)
+    from ._hf_towers import NAMED_TOWERS, tower_kwargs  # (it reads the config with this module's helpers)
 
+    if isinstance(params, Mapping) and params.get("rope_type") == "axial" or model_type in NAMED_TOWERS:
         return tower_kwargs(cfg, model_type, params, where)
     return kwargs_by_rule(cfg, where, _rule(model_type, layout, where), layer_type, attention)
 
