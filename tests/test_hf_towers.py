@@ -328,3 +328,16 @@ def test_dinov3_refused_and_the_recipe_it_names(model_type):
         x_hf = x_hf[0].transpose(0, 1).numpy()
         np.testing.assert_array_equal(x_hf[:prefix], x[:prefix])
         np.testing.assert_allclose(rope.apply(x[prefix:], ours[:, :, None]), x_hf[prefix:], rtol=0, atol=scale)
+
+
+@pytest.mark.parametrize("model_type", ["llama4_vision_model", "efficientloftr"])
+def test_named_towers_read_the_transformers_4_form(model_type):
+    # a config.json of transformers 4: rope_theta (and partial_rotary_factor) at the top, no rope_parameters
+    config = _config(model_type).to_dict()
+    flat = {key: value for key, value in config.items() if key != "rope_parameters"}
+    flat.update({key: value for key, value in config["rope_parameters"].items() if key != "rope_type"})
+    flat["rope_theta"] = 500.0
+    want = pf.RotaryEmbedding.from_hf_config({**config, "rope_parameters": {**config["rope_parameters"],
+                                                                            "rope_theta": 500.0}})
+    got = pf.RotaryEmbedding.from_hf_config(flat)
+    assert repr(got) == repr(want) and got.base == 500.0
