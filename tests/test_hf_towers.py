@@ -10,7 +10,10 @@ calls, positions (h, w) (t, h, w) mapped to the module's own
 reason (every tower found is in one of the two tables; one they lack is
 refused with the message that it has no rule), and no refused tower may agree
 with any reading ``RotaryEmbedding.axial`` offers (so the tables cannot go
-stale).
+stale).  The towers of ``NAMED_TOWERS`` (configs saying ``"default"``, rotary
+modules of their own shapes) have a test each: Llama 4's and EfficientLoFTR's
+against their own cos/sin and rotation, DINOv3's refusal and the recipe it
+names.
 """
 
 import inspect
@@ -28,7 +31,7 @@ from transformers.models.auto import configuration_auto  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
 from posenc_fast._hf_probe import modeling_module  # noqa: E402
-from posenc_fast._hf_towers import AXIAL_TOWERS, REFUSED_TOWERS, TOWER_RULES  # noqa: E402
+from posenc_fast._hf_towers import AXIAL_TOWERS, NAMED_TOWERS, REFUSED_TOWERS, TOWER_RULES  # noqa: E402
 
 
 def _axial_types():
@@ -161,7 +164,8 @@ def test_the_walk_found_the_towers():
     assert len(AXIAL_TYPES) >= 30 and {"qwen2_vl_vision", "qwen2_5_vl_vision", "glm4v_vision"} <= set(AXIAL_TYPES)
     assert AXIAL_TOWERS <= set(TOWER_RULES) and not set(TOWER_RULES) & set(REFUSED_TOWERS)
     # every tower has a rule or a reason: a new one is neither read by a guess nor refused without saying why
-    assert set(TOWER_RULES) | set(REFUSED_TOWERS) == set(AXIAL_TYPES)
+    assert not NAMED_TOWERS & set(AXIAL_TYPES) and NAMED_TOWERS <= set(configuration_auto.CONFIG_MAPPING_NAMES)
+    assert set(TOWER_RULES) | set(REFUSED_TOWERS) == set(AXIAL_TYPES) | NAMED_TOWERS
 
 
 @pytest.mark.parametrize("model_type", AXIAL_TYPES)
@@ -207,3 +211,133 @@ def test_sam_position_columns(model_type):
     assert w > 1 and h > 1 and TOWER_RULES[model_type].axis_order == (1, 0)
     np.testing.assert_allclose(positions[:, 0], np.tile(np.arange(w), h) * step, rtol=1e-6)
     np.testing.assert_allclose(positions[:, 1], np.repeat(np.arange(h), w) * step, rtol=1e-6)
+
+
+# (transformers forms the angles, up to 40 rad, in float32)
+ATOL = 40 * 16 * 2.0**-24 + 2.0**-19
+
+
+def _same_pairs(theirs, want, features):
+    """theirs (tokens, features) holds want (tokens, pairs) at both features of each pair."""
+    for j, (a, b) in enumerate(features):
+        np.testing.assert_allclose(theirs[:, a], want[:, j], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(theirs[:, b], want[:, j], rtol=0, atol=ATOL)
+
+
+def test_llama4_vision_model():
+    config = _config("llama4_vision_model")
+    module = modeling_module("llama4_vision_model")
+    rope = pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    dim = config.hidden_size // config.num_attention_heads
+    assert (rope.dim, rope.layout, rope.base) == (dim, "interleaved", config.rope_parameters["rope_theta"])
+    grid = config.image_size // config.patch_size
+    freqs_ci = module.Llama4VisionRotaryEmbedding(config)(torch.zeros(1)).numpy()  # (grid**2 + 1, 1, dim // 2)
+    rng = np.random.default_rng(3)
+    tokens = np.append(rng.choice(grid * grid, 8, replace=False), grid * grid)  # and the class token, the last
+    row, col = np.divmod(tokens, grid)
+    ours = np.stack([row + 1, col + 1]).astype(np.float64)  # its positions are 1-based ...
+    ours[:, -1] = 0  # ... and its class token's angles 0
+    want_cos, want_sin = rope.cos_sin(ours, dtype=np.float64)
+    np.testing.assert_allclose(freqs_ci[tokens, 0].real, want_cos, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(freqs_ci[tokens, 0].imag, want_sin, rtol=0, atol=ATOL)
+    q, k = (rng.standard_normal((9, 3, dim)).astype(np.float32) for _ in range(2))
+    with torch.no_grad():
+        q_hf, k_hf = module.vision_apply_rotary_emb(torch.from_numpy(q)[None], torch.from_numpy(k)[None],
+                                                    torch.from_numpy(freqs_ci[tokens]))
+    q_ours, k_ours = rope.apply_qk(q, k, ours[:, :, None])
+    scale = 2 * ATOL * max(np.abs(q).max(), np.abs(k).max())
+    np.testing.assert_allclose(q_ours, q_hf[0].numpy(), rtol=0, atol=scale)
+    np.testing.assert_allclose(k_ours, k_hf[0].numpy(), rtol=0, atol=scale)
+    np.testing.assert_array_equal(q_ours[-1], q[-1])  # the class token passes
+
+
+def test_efficientloftr():
+    config = _config("efficientloftr")
+    module = modeling_module("efficientloftr")
+    rope = pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    # its attention rotates q and k of the whole hidden_size, before they are split into heads
+    assert (rope.dim, rope.layout) == (config.hidden_size, "interleaved")
+    stride, kernel = config.q_aggregation_stride, config.q_aggregation_kernel_size
+    height, width = 6, 7  # the aggregated grid of a (1, c, kernel + 5 * stride, kernel + 6 * stride) feature map
+    features = torch.zeros(1, 1, kernel + (height - 1) * stride, kernel + (width - 1) * stride)
+    with torch.no_grad():
+        cos, sin = module.EfficientLoFTRRotaryEmbedding(config)(features)
+    cos, sin = (t.double().numpy().reshape(height * width, -1) for t in (cos, sin))
+    rng = np.random.default_rng(4)
+    tokens = rng.choice(height * width, 9, replace=False)
+    ours = np.stack(np.divmod(tokens, width)).astype(np.float64) + 1  # its positions are 1-based (cumsum)
+    want_cos, want_sin = rope.cos_sin(ours, dtype=np.float64)
+    pairs = [(2 * j, 2 * j + 1) for j in range(rope.dim // 2)]
+    _same_pairs(cos[tokens], want_cos, pairs)
+    _same_pairs(sin[tokens], want_sin, pairs)
+    q, k = (rng.standard_normal((9, 1, rope.dim)).astype(np.float32) for _ in range(2))
+    with torch.no_grad():
+        q_hf, k_hf = module.apply_rotary_pos_emb(torch.from_numpy(q)[None], torch.from_numpy(k)[None],
+                                                 torch.from_numpy(cos[tokens])[None],
+                                                 torch.from_numpy(sin[tokens])[None], unsqueeze_dim=2)
+    q_ours, k_ours = rope.apply_qk(q, k, ours[:, :, None])
+    scale = 2 * ATOL * max(np.abs(q).max(), np.abs(k).max())
+    np.testing.assert_allclose(q_ours, q_hf[0].numpy(), rtol=0, atol=scale)
+    np.testing.assert_allclose(k_ours, k_hf[0].numpy(), rtol=0, atol=scale)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}), "has no scaled frequencies"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 2.0}),
+     r"base \*\* \(-2i / 64\)"),
+])
+def test_efficientloftr_refused_where_axial_cannot_say_it(change, message):
+    config = {**_config("efficientloftr").to_dict(), **change}
+    with pytest.raises(ValueError, match=message):
+        pf.RotaryEmbedding.from_hf_config(config)
+
+
+DINOV3 = {"dinov3_vit": "DINOv3ViTRopePositionEmbedding", "eomt_dinov3": "EomtDinov3RotaryEmbedding",
+          "sapiens2": "Sapiens2RopePositionEmbedding"}
+
+
+@pytest.mark.parametrize("model_type", sorted(DINOV3))
+def test_dinov3_refused_and_the_recipe_it_names(model_type):
+    config = _config(model_type)
+    with pytest.raises(ValueError, match=re.escape(REFUSED_TOWERS[model_type])):
+        pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    assert "normalised to [-1, 1] by the image's patch grid" in REFUSED_TOWERS[model_type]
+    # the recipe: RotaryEmbedding.axial(head_dim, base=rope_theta) at 2 * pi * c, the patch tokens only
+    module = modeling_module(model_type)
+    dim = config.hidden_size // config.num_attention_heads
+    theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
+    rope = pf.RotaryEmbedding.axial(dim, base=theta)
+    height, width = 3, 5
+    rotary = getattr(module, DINOV3[model_type])(config).eval()
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1, 3, height * config.patch_size, width * config.patch_size))
+    c_h, c_w = (2 * (np.arange(n) + 0.5) / n - 1 for n in (height, width))
+    ours = 2 * np.pi * np.stack([np.repeat(c_h, width), np.tile(c_w, height)])
+    want_cos, want_sin = rope.cos_sin(ours, dtype=np.float64)
+    pairs = [(j, j + dim // 2) for j in range(dim // 2)]
+    _same_pairs(cos.double().numpy(), want_cos, pairs)
+    _same_pairs(sin.double().numpy(), want_sin, pairs)
+    prefix = 1 + config.num_register_tokens
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((prefix + height * width, 2, dim)).astype(np.float32) for _ in range(2))
+    with torch.no_grad():
+        q_hf, k_hf = module.apply_rotary_pos_emb(*(torch.from_numpy(x).transpose(0, 1)[None] for x in (q, k)),
+                                                 cos, sin)
+    scale = 2 * ATOL * max(np.abs(q).max(), np.abs(k).max())
+    for x, x_hf in ((q, q_hf), (k, k_hf)):
+        x_hf = x_hf[0].transpose(0, 1).numpy()
+        np.testing.assert_array_equal(x_hf[:prefix], x[:prefix])
+        np.testing.assert_allclose(rope.apply(x[prefix:], ours[:, :, None]), x_hf[prefix:], rtol=0, atol=scale)
+
+
+@pytest.mark.parametrize("model_type", ["llama4_vision_model", "efficientloftr"])
+def test_named_towers_read_the_transformers_4_form(model_type):
+    # a config.json of transformers 4: rope_theta (and partial_rotary_factor) at the top, no rope_parameters
+    config = _config(model_type).to_dict()
+    flat = {key: value for key, value in config.items() if key != "rope_parameters"}
+    flat.update({key: value for key, value in config["rope_parameters"].items() if key != "rope_type"})
+    flat["rope_theta"] = 500.0
+    want = pf.RotaryEmbedding.from_hf_config({**config, "rope_parameters": {**config["rope_parameters"],
+                                                                            "rope_theta": 500.0}})
+    got = pf.RotaryEmbedding.from_hf_config(flat)
+    assert repr(got) == repr(want) and got.base == 500.0

@@ -391,8 +391,11 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       Pixtral's split frequencies, Kimi-K2.5's alternating pairs, SAM's
       and Inkling2's interleaved pairs, w before h, MiniMax-M3-VL's three
       axes), whose positions are each patch's (h, w) (t, h, w), from the
-      image grid, not the config (SAM 3's ViT scales them).  Gemma 4's
-      tower (a half layout per axis) and towers without a rule are refused.
+      image grid, not the config (SAM 3's ViT scales them; Llama 4's and
+      EfficientLoFTR's are 1-based; their configs say ``"default"``, read by
+      ``model_type``).  Gemma 4's tower (a half layout per axis), DINOv3's
+      (patch centres normalised to [-1, 1]) and towers without a rule are
+      refused.
     - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
       attention layers have their own ``head_dim``) is read for
       `layer_type`; ``layer_type`` is then required where layer types differ.
@@ -418,9 +421,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"{where}: 'model_type' must be a string, got {model_type!r}")
     where = f"{where} (model_type {model_type!r})"
     params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping) and params.get("rope_type") == "axial":
-        from ._hf_towers import tower_kwargs  # (it reads the config with this module's helpers)
+    from ._hf_towers import NAMED_TOWERS, tower_kwargs  # (it reads the config with this module's helpers)
 
+    if isinstance(params, Mapping) and params.get("rope_type") == "axial" or model_type in NAMED_TOWERS:
         return tower_kwargs(cfg, model_type, params, where)
     return kwargs_by_rule(cfg, where, _rule(model_type, layout, where), layer_type, attention)
 
