@@ -25,7 +25,10 @@ OUT_OF_SCOPE = {
     # own rotary module); the text walk here gives no (h, w) positions
     "mlcd": "vision tower (2-D rotary): see test_hf_towers.py",
     "mlcd_vision_model": "vision tower (2-D rotary): see test_hf_towers.py",
-    "efficientloftr": "vision (2-D rotary)", "eomt_dinov3": "vision (2-D rotary)",
+    "efficientloftr": "vision (2-D rotary of the whole hidden vector): from_hf_config gives its axial RoPE, "
+                      "test_hf_towers.py checks it",
+    "eomt_dinov3": "vision (DINOv3's 2-D rotary at patch centres normalised to [-1, 1]): from_hf_config refuses "
+                   "it naming the recipe, test_hf_towers.py checks both",
     "qwen2_5_omni_dit": "speech DiT rotary, not a text model",
     # (the pe_* audio/video towers and pocket_tts' codec transformers: read by the probe, _hf_probe.py)
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
