@@ -54,7 +54,6 @@ cdef object _tensor_array(object t, bint grad, bint floats_only):
     cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
     cdef cnp.npy_intp steps[cnp.NPY_MAXDIMS]
     cdef Py_ssize_t nd, k, address
-    cdef cnp.ndarray a
     if type(t) is not _Tensor:
         return None
     try:
@@ -75,10 +74,17 @@ cdef object _tensor_array(object t, bint grad, bint floats_only):
     for k in range(nd):
         dims[k] = shape[k]
         steps[k] = strides[k] * descr.itemsize
+    return _array_over(descr, <int>nd, dims, steps, <void*>address, True, t)
+
+
+cdef cnp.ndarray _array_over(object descr, int nd, cnp.npy_intp* dims, cnp.npy_intp* steps, void* data,
+                             bint writeable, object base):
+    # An ndarray of `descr` over `data` (steps NULL: C-contiguous), kept alive by `base`.
+    cdef cnp.ndarray a
     Py_INCREF(descr)  # PyArray_NewFromDescr takes a reference to it
-    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, <int>nd, dims, steps,
-                             <void*>address, cnp.NPY_ARRAY_WRITEABLE, NULL)
-    cnp.set_array_base(a, t)
+    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, nd, dims, steps, data,
+                             cnp.NPY_ARRAY_WRITEABLE if writeable else 0, NULL)
+    cnp.set_array_base(a, base)
     return a
 
 
@@ -117,24 +123,21 @@ cdef tuple _new_output(cnp.ndarray x):
         return _from_numpy(a), a
     shape = tuple([cnp.PyArray_DIMS(x)[k] for k in range(nd)])
     t = _empty(shape, dtype=_bfloat16, device="cpu")  # never the default device
-    descr = <object>cnp.PyArray_DESCR(x)
-    Py_INCREF(descr)
-    a = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, nd, cnp.PyArray_DIMS(x), NULL,
-                             <void*><Py_ssize_t>_data_ptr(t), cnp.NPY_ARRAY_WRITEABLE, NULL)
-    cnp.set_array_base(a, t)
-    return t, a
+    return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL,
+                          <void*><Py_ssize_t>_data_ptr(t), True, t)
 
 
 cdef enum:
-    CACHE_HALVES, CACHE_PAIRS, CACHE_HALF_WIDTH
+    CACHE_HALVES, CACHE_HALF_WIDTH
 
 
 @cython.auto_pickle(False)
 cdef class TensorRotation:
     """A transformers rotation function on CPU torch tensors, every check in C.
 
-    Built by posenc_fast.hf from a `RotaryFunction` (its layout, cache form,
-    partial/trailing features, direction) and `dtypes`, 64 bytes: entry
+    Built by posenc_fast.hf from a `RotaryFunction` (its layout, cache form
+    ``"halves"`` or ``"half_width"``, partial/trailing features, direction)
+    and `dtypes`, 64 bytes: entry
     ``(q * 4 + k) * 4 + cache`` (kernel dtype indices; a one-tensor function's
     ``k`` is ``q``) is nonzero where the function's result is the kernel's.
     Called with ``(xs, cos, sin, unsqueeze_dim)`` it returns the rotated
@@ -149,7 +152,9 @@ cdef class TensorRotation:
                  bytes dtypes):
         if len(dtypes) != POSENC_NUM_DTYPES ** 3:
             raise ValueError(f"dtypes must hold {POSENC_NUM_DTYPES ** 3} bytes, got {len(dtypes)}")
-        self.cache = {"halves": CACHE_HALVES, "pairs": CACHE_PAIRS, "half_width": CACHE_HALF_WIDTH}[cache]
+        if cache not in ("halves", "half_width"):
+            raise ValueError(f"cache must be 'halves' or 'half_width', got {cache!r}")
+        self.cache = CACHE_HALVES if cache == "halves" else CACHE_HALF_WIDTH
         self.half, self.partial, self.trailing, self.inverse = layout == "half", partial, trailing, inverse
         self.dtypes = dtypes
 
@@ -162,8 +167,7 @@ cdef class TensorRotation:
         cdef cnp.npy_intp sin_steps[cnp.NPY_MAXDIMS]
         cdef int d0, d1, table
         cdef bint grad
-        if (_Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int
-                or self.cache == CACHE_PAIRS):  # a strided [..., 0::2] cache: the general path
+        if _Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int:
             return None
         grad = _grad_enabled() is True
         for j in range(n):
@@ -206,8 +210,10 @@ cdef class TensorRotation:
             sin_steps[k] = 0 if k == axis else cnp.PyArray_STRIDE(s, j)
         if self.cache == CACHE_HALVES:
             dims[cnd] = width // 2
-        cos_view = _view(c, cnd + 1, dims, cos_steps)
-        sin_view = _view(s, cnd + 1, dims, sin_steps)
+        cos_view = _array_over(<object>cnp.PyArray_DESCR(c), cnd + 1, dims, cos_steps, cnp.PyArray_DATA(c),
+                               False, c)
+        sin_view = _array_over(<object>cnp.PyArray_DESCR(s), cnd + 1, dims, sin_steps, cnp.PyArray_DATA(s),
+                               False, s)
         outputs = [_new_output(<cnp.ndarray>a) for a in arrays]
         results = _rotate_cos_sin(tuple(arrays), cos_view, sin_view, self.half, self.inverse,
                                   tuple([o[1] for o in outputs]),
@@ -216,13 +222,3 @@ cdef class TensorRotation:
             return None
         return tuple([o[0] for o in outputs])
 
-
-cdef cnp.ndarray _view(cnp.ndarray a, int nd, cnp.npy_intp* dims, cnp.npy_intp* steps):
-    # A view of `a`'s memory with these sizes and strides (within what `a` covers).
-    cdef object descr = <object>cnp.PyArray_DESCR(a)
-    cdef cnp.ndarray v
-    Py_INCREF(descr)
-    v = PyArray_NewFromDescr(<void*>np.ndarray, <void*>descr, nd, dims, steps, cnp.PyArray_DATA(a),
-                             cnp.NPY_ARRAY_WRITEABLE & cnp.PyArray_FLAGS(a), NULL)
-    cnp.set_array_base(v, a)
-    return v

@@ -246,13 +246,15 @@ _PLAIN = type(_LLAMA)(source="")  # every field at its default
 
 
 def compiled(torch, function):
-    """`function`'s `_core.TensorRotation` (None for a deinterleaving one): the common call, checked
-    in C, on the dtypes `_dtypes_fit` admits (the rule stated once, read into its table here)."""
+    """`function`'s `_core.TensorRotation`: the common call, checked in C, on the dtypes `_dtypes_fit`
+    admits (the rule stated once, read into its table here); None for a function with a field outside
+    `_COMPILED_FIELDS` at other than its default, or a pairs cache (read by a strided [..., 0::2])."""
     entry = _COMPILED.get(id(function))
     if entry is not None and entry[0] is function:
         return entry[1]
     rotation = None
-    if function._replace(**{field: getattr(_PLAIN, field) for field in _COMPILED_FIELDS}) == _PLAIN:
+    plain = function._replace(**{field: getattr(_PLAIN, field) for field in _COMPILED_FIELDS}) == _PLAIN
+    if plain and function.cache != "pairs":
         if not _REGISTERED:
             _register(torch)
         dtypes = kernels.torch_kernel_dtypes()
