@@ -157,7 +157,8 @@ def _no_rope_layers(cfg: Mapping, rule: ModelRule, layer, layer_type, declared, 
             raise ValueError(f"{where}: 'no_rope_layer_interval' must be an int >= 1, got {interval!r}")
         if isinstance(count, bool) or not isinstance(count, int):
             return  # without layer=, no layer count to derive them from: the RoPE of the layers with one
-        flags, derived = [int((i + 1) % interval != 0) for i in range(count)], f" (derived from no_rope_layer_interval={interval})"
+        flags = [int((i + 1) % interval != 0) for i in range(count)]
+        derived = f" (derived from no_rope_layer_interval={interval})"
     if layer is not None:
         if layer >= len(flags):
             raise ValueError(f"{where}: 'no_rope_layers' has {len(flags)} entries, none for layer {layer}")
