@@ -119,3 +119,13 @@ def test_layer_is_its_layer_type_and_reads_its_own_per_layer_config():
     main = rotary_kwargs_from_hf_config(v4, layer_type="main")
     assert rotary_kwargs_from_hf_config(v4, layer=0, layer_type="main") == main
     assert rotary_kwargs_from_hf_config(v4, layer=1) == rotary_kwargs_from_hf_config(v4, layer_type="compress")
+    indexer = rotary_kwargs_from_hf_config({**v4, "index_head_dim": 128}, attention="indexer")
+    assert rotary_kwargs_from_hf_config({**v4, "index_head_dim": 128}, attention="indexer", layer=1) == indexer
+    # dots3's checkpoint form: its configuration class fills layer_types (layers 0, 1, 5, 9, ... indexed)
+    dots3 = {"model_type": "dots3_note_text", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 6,
+             "qk_rope_head_dim": 64, "index_head_dim": 128}
+    assert (rotary_kwargs_from_hf_config(dots3, layer=5, attention="indexer")
+            == rotary_kwargs_from_hf_config(dots3, layer_type="indexed_attention", attention="indexer"))
+    with pytest.raises(ValueError, match=r"only the 'indexed_attention' layers have an indexer, not "
+                                         r"layer_type='sliding_attention' \(layer 2\)"):
+        rotary_kwargs_from_hf_config(dots3, layer=2, attention="indexer")
