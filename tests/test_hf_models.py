@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 import hf_walk  # noqa: E402  (needs torch)
 
 import posenc_fast as pf  # noqa: E402
+from posenc_fast._hf_config import _text_part, rotary_kwargs_from_hf_config  # noqa: E402
 
 _FULL_WIDTH = ("cannot be a RoPE of pairs: its recomposition splits the full-width cos/sin (cat(freqs, freqs)) by "
                "2 * mrope_section, so with two or more sections the two features of a rotate_half pair take "
@@ -216,3 +217,103 @@ def test_deepseek_v4_config_json_form_reads_as_its_configuration_class(form):
     assert (indexer.dim, indexer.rotary_start, indexer.base) == (128, 128 - indexer.rotary_dim, ours.base)
     with pytest.raises(ValueError, match="rotates by the 'compress' RoPE in every layer, not layer_type='main'"):
         pf.RotaryEmbedding.from_hf_config(raw, attention="indexer", layer_type="main")
+
+
+# tiny decoders (random weights) whose layers are read one by one: from_hf_config(config, layer=i)
+_TINY = dict(num_hidden_layers=8, hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=64, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+_TINY_EXTRA = {
+    "llama4_text": dict(intermediate_size_mlp=64, num_local_experts=2),
+    "mistral_large4_text": dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                                n_routed_experts=2, moe_intermediate_size=32, index_n_heads=2, index_head_dim=16,
+                                num_experts_per_tok=1, n_group=1, topk_group=1),
+}
+
+
+def _tiny_model(model_type, **raw):
+    """(the config.json dict, the model built from it by transformers, with random weights)."""
+    raw = {**_TINY, **_TINY_EXTRA.get(model_type, {}), **raw}
+    config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type](**raw)
+    hf_walk.torch.manual_seed(0)
+    with hf_walk.warnings.catch_warnings():
+        hf_walk.warnings.simplefilter("ignore")
+        model = __import__("transformers").AutoModel.from_config(config)
+    return {"model_type": model_type, **raw}, config, model
+
+
+@pytest.mark.parametrize("form", [{}, {"no_rope_layer_interval": 3}, {"no_rope_layers": [1, 0, 0, 1, 1, 1, 1, 0]}],
+                         ids=["default interval", "interval 3", "list"])
+@pytest.mark.parametrize("model_type", ["smollm3", "llama4_text", "mistral_large4_text"])
+def test_layer_without_rope_is_refused_as_the_model_skips_it(model_type, form):
+    # their attention: `self.use_rope = config.no_rope_layers[layer_idx]`; the config.json may leave the list
+    # to the configuration class (derived from no_rope_layer_interval)
+    raw, config, model = _tiny_model(model_type, **form)
+    uses_rope = [bool(layer.self_attn.use_rope) for layer in model.layers]
+    assert not all(uses_rope) and any(uses_rope)
+    for data in (raw, config.to_dict()):
+        want = pf.RotaryEmbedding.from_hf_config(data)
+        for i, rotates in enumerate(uses_rope):
+            if rotates:
+                assert repr(pf.RotaryEmbedding.from_hf_config(data, layer=i)) == repr(want)
+            else:
+                with pytest.raises(ValueError, match=rf"layer {i} has no RoPE: no_rope_layers\[{i}\] == 0"):
+                    pf.RotaryEmbedding.from_hf_config(data, layer=i)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 4.0},
+                                  {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}])
+def test_molmo2_layers_rotate_by_the_scaled_or_the_unscaled_rope(rope):
+    # Molmo2TextModel: the layers in rope_scaling_layers take rotary_emb's cos/sin, the others rotary_emb_unscaled's
+    raw, config, model = _tiny_model("molmo2_text", num_hidden_layers=4, max_position_embeddings=1024,
+                                     rope_parameters={**rope, "rope_theta": 1e4}, rope_scaling_layers=[1, 2])
+    module = hf_walk.modeling_module("molmo2_text")
+    assert model.rope_types == ["unscaled", "scaled", "scaled", "unscaled"]
+    rng = hf_walk.np.random.default_rng(0)
+    positions = hf_walk.np.sort(rng.choice(1024, hf_walk.SEQ, replace=False))
+    q, k = (rng.standard_normal((1, hf_walk.HEADS, hf_walk.SEQ, 16)).astype(hf_walk.np.float32) for _ in "qk")
+    for data in (raw, config.to_dict()):
+        for i, kind in enumerate(model.rope_types):
+            rotary = model.rotary_emb if kind == "scaled" else model.rotary_emb_unscaled
+            with hf_walk.torch.no_grad():
+                tables = rotary(hf_walk.torch.from_numpy(q), hf_walk.torch.from_numpy(positions)[None])
+                q_hf, k_hf = hf_walk._model_rotation(module, config, tables, hf_walk.torch.from_numpy(q),
+                                                     hf_walk.torch.from_numpy(k))
+            rope = pf.RotaryEmbedding.from_hf_config(data, layer=i)
+            q_ours, k_ours = rope.apply_qk(q.astype(hf_walk.np.float64), k.astype(hf_walk.np.float64), positions)
+            error = hf_walk._score_error(q_hf, k_hf, q_ours, k_ours, q, k)
+            assert error <= hf_walk.SCORE_RTOL, f"layer {i} ({kind}): score error {error}"
+        with pytest.raises(ValueError, match="pass layer= to choose one"):
+            pf.RotaryEmbedding.from_hf_config(data)
+
+
+def _outcome(data, **options):
+    try:
+        return rotary_kwargs_from_hf_config(data, **options)
+    except ValueError as error:  # a NoPE layer is named by its index, a NoPE layer type by its name
+        return "NoPE by no_rope_layers" if "no_rope_layers" in str(error) else str(error)
+
+
+def test_layer_is_its_layer_type_in_every_model_with_layer_types():
+    # layer=i reads as layer_type=layer_types[i] (at each layer type's first layer) in every default config
+    # that has layer_types
+    walked, differ = set(), []
+    for model_type in MODEL_TYPES:
+        if model_type in OUT_OF_SCOPE:
+            continue
+        config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type](**hf_walk.CONFIG_OVERRIDES.get(model_type, {}))
+        data, _ = _text_part(config.to_dict(), "config")
+        layer_types = data.get("layer_types")
+        if not layer_types or data.get("model_type") in pf._hf_models.NO_ROPE:
+            continue
+        if "n_axes" in _outcome(data):  # a vision tower's config: one RoPE, layer= refused
+            assert "a vision tower's config" in _outcome(data, layer=0)
+            continue
+        for layer_type in dict.fromkeys(layer_types):
+            i = layer_types.index(layer_type)
+            by_index, by_type = _outcome(data, layer=i), _outcome(data, layer_type=layer_type)
+            if by_index != by_type:
+                differ.append((model_type, i, layer_type, by_index, by_type))
+        walked.add(data.get("model_type"))
+    assert not differ, '\n'.join(map(repr, differ))
+    assert {"gemma3_text", "gemma4_text", "deepseek_v4", "dots3_note_text", "modernbert", "llama4_text",
+            "step3p5"} <= walked

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_layers import canonical_config, layer_config
+from ._hf_layers import canonical_config, layer_config, layer_of_index
 from ._hf_functions import ROTARY_FUNCTIONS
 from ._hf_models import MODEL_RULES, NO_ROPE, ModelRule
 from ._hf_probe import probed_rule
@@ -303,7 +303,7 @@ ATTENTION_KINDS = ("main", "indexer")
 
 @_arithmetic_as_value_error
 def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layout: str | None = None,
-                                 attention: str = "main") -> dict:
+                                 attention: str = "main", layer: int | None = None) -> dict:
     """Keyword arguments for ``RotaryEmbedding`` from a Hugging Face model config.
 
     Parameters
@@ -332,6 +332,18 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         them rotating, in its own pair layout; DeepSeek-V4's: the trailing
         ones, by its ``"compress"`` RoPE).  Refused for a model without an
         indexer posenc_fast reads.
+    layer : int, optional
+        The RoPE of decoder layer `layer` (0-based, below the config's
+        ``num_hidden_layers``, or the length of its ``layer_types``), for a
+        server that builds one per layer: ``layer_type=layer_types[layer]``
+        where the config has ``layer_types`` (a ``layer_type`` given too must
+        agree), that layer's own ``per_layer_config`` entry; refused for a
+        layer without RoPE (``no_rope_layers[layer] == 0``: SmolLM3, Llama 4,
+        Mistral-Large-4); Molmo2's layers outside ``rope_scaling_layers``
+        give its unscaled RoPE.  The same as without it for a model whose
+        layers all rotate alike.  Without it: the RoPE of the layers that
+        have one.  Refused for a vision tower's config (one RoPE for all its
+        layers).
 
     Returns
     -------
@@ -350,7 +362,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     Raises
     ------
     TypeError
-        If ``config`` is neither a mapping, a config object nor a path.
+        If ``config`` is neither a mapping, a config object nor a path, or
+        ``layer`` is not an int (nor None).
     ValueError
         If the file cannot be read or is not a JSON object, a needed key is
         missing (named in the message), a value is invalid, the RoPE type is
@@ -359,8 +372,12 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         ``attention="indexer"`` names an indexer the model lacks,
         the model rotates in a way ``RotaryEmbedding`` does not (an unread
         assignment of pairs to position streams; Gemma 4's vision tower), a
-        vision tower has no rule, or the config holds differing RoPEs per
-        layer type and no ``layer_type`` was given.
+        vision tower has no rule, the config holds differing RoPEs per
+        layer type and no ``layer_type`` was given, or differing RoPEs per
+        layer (Molmo2's ``rope_scaling_layers``) and no ``layer``; or
+        ``layer`` is out of range, disagrees with ``layer_type``, names a
+        layer without RoPE, is given for a vision tower, or the config
+        lacks ``num_hidden_layers`` and ``layer_types`` to bound it.
 
     Notes
     -----
@@ -398,7 +415,13 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       refused.
     - A heterogeneous config's ``per_layer_config`` (Gemma 4's full
       attention layers have their own ``head_dim``) is read for
-      `layer_type`; ``layer_type`` is then required where layer types differ.
+      `layer_type` (for `layer`: that layer's own entry); ``layer_type`` or
+      ``layer`` is then required where layer types differ.
+    - ``no_rope_layers`` (SmolLM3, Llama 4, Mistral-Large-4) is derived as
+      their configuration classes do when the config has none:
+      ``int((i + 1) % no_rope_layer_interval != 0)`` (interval 4 by
+      default).  Without ``layer`` a ``layer_type`` whose layers are all
+      NoPE is refused (Llama 4's ``"full_attention"``).
     - Models that rotate the whole head (Llama and most others) ignore
       ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
       ``partial_rotary_factor < 1`` transformers computes fewer frequencies
@@ -414,6 +437,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         raise ValueError(f"attention must be one of {list(ATTENTION_KINDS)}, got {attention!r}")
     if layer_type is not None and not isinstance(layer_type, str):
         raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, numbers.Integral)):
+        raise TypeError(f"layer must be an int or None, got {type(layer).__name__}")
     cfg, where = _load(config)
     cfg, where = _text_part(cfg, where)
     model_type = cfg.get("model_type")
@@ -424,26 +449,32 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
     from ._hf_towers import NAMED_TOWERS, tower_kwargs  # (it reads the config with this module's helpers)
 
     if isinstance(params, Mapping) and params.get("rope_type") == "axial" or model_type in NAMED_TOWERS:
+        if layer is not None:
+            raise ValueError(f"{where}: layer= picks a text model's decoder layer; a vision tower's config gives the "
+                             f"one RoPE all its layers rotate by: leave layer= out")
         return tower_kwargs(cfg, model_type, params, where)
-    return kwargs_by_rule(cfg, where, _rule(model_type, layout, where), layer_type, attention)
+    layer = None if layer is None else int(layer)
+    return kwargs_by_rule(cfg, where, _rule(model_type, layout, where), layer_type, attention, layer)
 
 
-def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention: str) -> dict:
+def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention: str, layer=None) -> dict:
     """`rotary_kwargs_from_hf_config` of a text model's config read by `rule` (_hf_probe checks a probed rule so)."""
     model_type = cfg.get("model_type")
     if attention == "indexer" and rule.indexer is None:
         raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
                          f"{model_type!r}; its main attention is attention='main'")
+    cfg = canonical_config(cfg, rule)
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
-    if attention == "indexer" and rule.indexer_rope is not None:
-        if layer_type not in (None, rule.indexer_rope):
-            raise ValueError(f"{where}: attention='indexer' rotates by the {rule.indexer_rope!r} RoPE in every layer, "
-                             f"not layer_type={layer_type!r}")
-        layer_type = rule.indexer_rope
+    own_rope = attention == "indexer" and rule.indexer_rope is not None
+    if own_rope and layer_type not in (None, rule.indexer_rope):
+        raise ValueError(f"{where}: attention='indexer' rotates by the {rule.indexer_rope!r} RoPE in every layer, "
+                         f"not layer_type={layer_type!r}")
+    cfg, layer_type = layer_of_index(cfg, rule, layer, None if own_rope else layer_type, where)
+    layer_type = rule.indexer_rope if own_rope else layer_type  # (layer= then only checked)
     if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
-                         f"not layer_type={layer_type!r}")
-    cfg = layer_config(canonical_config(cfg, rule), rule, layer_type, where)
+                         f"not layer_type={layer_type!r}" + ("" if layer is None else f" (layer {layer})"))
+    cfg = layer_config(cfg, rule, layer_type, where, layer)
 
     if model_type in ("gptj", "codegen"):
         # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,

@@ -1,6 +1,7 @@
-"""Per-layer-type configs: a heterogeneous config's ``per_layer_config``, and the checkpoint forms
-configuration classes turn into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's
-per-layer ``rope_theta`` and ``partial_rotary_factors``)."""
+"""Per-layer configs: one layer's (``layer=``: its layer type, NoPE layers, Molmo2's unscaled layers), a layer
+type's (a heterogeneous config's ``per_layer_config``), and the checkpoint forms configuration classes turn
+into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's per-layer ``rope_theta`` and
+``partial_rotary_factors``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Mapping
 
 from ._hf_models import ModelRule
 
-__all__ = ["canonical_config", "layer_config"]
+__all__ = ["canonical_config", "layer_config", "layer_of_index"]
 
 
 def canonical_config(cfg: dict, rule: ModelRule) -> dict:
@@ -107,6 +108,96 @@ def _dots3_config(cfg: dict) -> dict:
     return cfg
 
 
+def layer_of_index(cfg: dict, rule: ModelRule, layer, layer_type, where: str) -> tuple[dict, str | None]:
+    """`cfg` and `layer_type` of layer `layer` (an int, checked in range), or of the layers with a RoPE (None).
+
+    ``layer=i`` is ``layer_type=layer_types[i]`` where the config has ``layer_types`` (refused where the two
+    disagree); `rule.rope_layers` refuses a NoPE layer and reads Molmo2's unscaled layers.
+    """
+    declared = cfg.get("layer_types")
+    if declared is not None and (not isinstance(declared, (list, tuple))
+                                 or not all(isinstance(name, str) for name in declared)):
+        declared = None  # refused later, where a layer type is read
+    if layer is not None:
+        count, key = (len(declared), "layer_types") if declared else (cfg.get(rule.layers_key), rule.layers_key)
+        if count is None:
+            raise ValueError(f"{where}: layer= needs the config's {key!r} (or 'layer_types'): how many layers it has")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{where}: {key!r} must be an int >= 1, got {count!r}")
+        if not 0 <= layer < count:
+            raise ValueError(f"{where}: layer={layer} is out of range: 0 <= layer < {count} ({key!r})")
+        if declared:
+            own = declared[layer]
+            if layer_type not in (None, own, (rule.rope_of_layer or {}).get(own)):
+                raise ValueError(f"{where}: layer={layer} is a {own!r} layer (layer_types[{layer}]), not "
+                                 f"layer_type={layer_type!r}")
+            layer_type = own
+    if rule.rope_layers == "no_rope_layers":
+        _no_rope_layers(cfg, rule, layer, layer_type, declared, where)
+    elif rule.rope_layers == "rope_scaling_layers":
+        cfg = _rope_scaling_layers(cfg, rule, layer, where)
+    return cfg, layer_type
+
+
+def _index_list(cfg: Mapping, key: str, where: str) -> list | None:
+    value = cfg.get(key)
+    if value is not None and (not isinstance(value, (list, tuple)) or not all(
+            isinstance(entry, int) for entry in value)):
+        raise ValueError(f"{where}: {key!r} must be a list of ints, got {value!r}")
+    return None if value is None else list(value)
+
+
+def _no_rope_layers(cfg: Mapping, rule: ModelRule, layer, layer_type, declared, where: str) -> None:
+    # SmolLM3 / Llama 4 / Mistral-Large-4 attention: `self.use_rope = config.no_rope_layers[layer_idx]`
+    flags, derived = _index_list(cfg, "no_rope_layers", where), ""
+    count = cfg.get(rule.layers_key, len(declared or ()))
+    if not flags:  # their configuration classes derive it (Llama 4's an empty list too; the others fail on one)
+        interval = cfg.get("no_rope_layer_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"{where}: 'no_rope_layer_interval' must be an int >= 1, got {interval!r}")
+        if isinstance(count, bool) or not isinstance(count, int):
+            return  # without layer=, no layer count to derive them from: the RoPE of the layers with one
+        flags = [int((i + 1) % interval != 0) for i in range(count)]
+        derived = f" (derived from no_rope_layer_interval={interval})"
+    if layer is not None:
+        if layer >= len(flags):
+            raise ValueError(f"{where}: 'no_rope_layers' has {len(flags)} entries, none for layer {layer}")
+        if not flags[layer]:
+            raise ValueError(f"{where}: layer {layer} has no RoPE: no_rope_layers[{layer}] == 0{derived}; its "
+                             f"attention skips the rotation")
+    elif layer_type is not None and layer_type in (declared or ()):
+        if not any(flag for flag, name in zip(flags, declared) if name == layer_type):
+            raise ValueError(f"{where}: the {layer_type!r} layers have no RoPE: no_rope_layers is 0 at each{derived}")
+    elif flags and not any(flags):
+        raise ValueError(f"{where}: no layer has a RoPE: no_rope_layers is 0 at each{derived}")
+
+
+def _rope_scaling_layers(cfg: dict, rule: ModelRule, layer, where: str) -> dict:
+    # Molmo2TextModel: rope_types[i] = "scaled" if i in rope_scaling_layers else "unscaled", the unscaled one
+    # Molmo2RotaryEmbedding(config, scaled=False): rope_type "default", the same rope_theta
+    scaled = _index_list(cfg, "rope_scaling_layers", where)
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, Mapping) else None
+    if scaled is None or rope_type in (None, "default"):
+        return cfg  # every layer scaled (its default), or nothing to scale
+    if layer is None:
+        count = cfg.get(rule.layers_key)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError(f"{where}: 'rope_scaling_layers' needs the config's {rule.layers_key!r} to say "
+                             f"which layers are unscaled")
+        unscaled = sorted(set(range(count)) - set(scaled))
+        if unscaled:
+            raise ValueError(f"{where}: the layers in 'rope_scaling_layers' rotate by the scaled {rope_type!r} "
+                             f"RoPE, layers {unscaled[:8]}{'...' if len(unscaled) > 8 else ''} by an unscaled "
+                             f"one of the same rope_theta; pass layer= to choose one")
+        return cfg
+    if layer in scaled:
+        return cfg
+    unscaled = {"rope_type": "default", "rope_theta": params.get("rope_theta")}
+    cfg = {key: value for key, value in cfg.items() if key != "rope_scaling"}
+    return {**cfg, "rope_parameters": {key: value for key, value in unscaled.items() if value is not None}}
+
+
 # the keys a RoPE is read from (per_layer_config overrides of others, a sliding window, do not matter here)
 _ROPE_KEYS = frozenset({"head_dim", "kv_channels", "attention_head_dim", "hidden_size", "d_model", "n_embd",
                         "num_attention_heads", "n_heads", "n_head", "decoder_num_attention_heads",
@@ -115,8 +206,8 @@ _ROPE_KEYS = frozenset({"head_dim", "kv_channels", "attention_head_dim", "hidden
                         "original_max_position_embeddings", "mrope_section", "mrope_interleaved"})
 
 
-def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
-    """The config of `layer_type`'s layers: `per_layer_config`'s overrides (heterogeneous configs) applied."""
+def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str, layer=None) -> dict:
+    """The config of `layer_type`'s layers (of layer `layer`, given): `per_layer_config`'s overrides applied."""
     overrides = cfg.get("per_layer_config")
     if rule.global_head_dim and "per_layer_config" not in cfg:
         # Gemma4TextConfig.__post_init__: per_layer_config = {full-attention layer: {"head_dim": global_head_dim}}
@@ -140,6 +231,8 @@ def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
     if any(not isinstance(value, Mapping) for value in by_index.values()):
         raise ValueError(f"{where}: each 'per_layer_config' entry must be an object")
     by_index = {index: {key: value[key] for key in value if key in _ROPE_KEYS} for index, value in by_index.items()}
+    if layer is not None:
+        return {**cfg, **by_index.get(layer, {})}  # that layer's own overrides
     per_type: dict = {}
     for index, name in enumerate(declared):
         found = per_type.setdefault(name, by_index.get(index, {}))

@@ -82,6 +82,15 @@ class ModelRule(NamedTuple):
     rope_of_layer: dict | None = None
     """Its ``rope_parameters`` are keyed by RoPE name, not layer type: each layer type's RoPE name
     (DeepSeek-V4: sliding layers ``"main"``, compressed ones ``"compress"``)."""
+    layers_key: str = "num_hidden_layers"
+    """The config key of its decoder layer count, which bounds ``layer=`` (``attribute_map``: ``n_layer``)."""
+    rope_layers: str | None = None
+    """A per-layer list its attention reads by layer index (``config.<list>[layer_idx]``):
+    ``"no_rope_layers"`` (SmolLM3, Llama 4, Mistral-Large-4: 0 = that layer is NoPE, 1 = it rotates; when the
+    config has none, its configuration class derives ``[int((i + 1) % no_rope_layer_interval != 0) for i in
+    range(num_hidden_layers)]``, interval 4 by default) or ``"rope_scaling_layers"`` (Molmo2: the listed layers
+    rotate by the scaled RoPE of ``rope_parameters``, the others by an unscaled one of the same ``rope_theta``,
+    its ``rotary_emb_unscaled``; default every layer)."""
 
 
 # Gemma4TextConfig.__post_init__ (and its relatives'): the RoPE of each layer type when the config gives none
@@ -108,7 +117,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "blt_local_encoder": ModelRule("blt/modeling_blt.py", "interleaved"),
     "blt_patcher": ModelRule("blt/modeling_blt.py", "interleaved"),
     "chameleon": ModelRule("chameleon/modeling_chameleon.py"),
-    "codegen": ModelRule("codegen/modeling_codegen.py", "interleaved", whole_head=False),
+    "codegen": ModelRule("codegen/modeling_codegen.py", "interleaved", whole_head=False, layers_key="n_layer"),
     "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
     "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
     "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
@@ -117,7 +126,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "csm": ModelRule("csm/modeling_csm.py"),
     "csm_depth_decoder_model": ModelRule("csm/modeling_csm.py"),
     "cwm": ModelRule("cwm/modeling_cwm.py"),
-    "dbrx": ModelRule("dbrx/modeling_dbrx.py", hidden_key="d_model", heads_key="n_heads"),
+    "dbrx": ModelRule("dbrx/modeling_dbrx.py", hidden_key="d_model", heads_key="n_heads", layers_key="n_layers"),
     "deepseek_ocr2_encoder": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_ocr2_text": ModelRule("deepseek_ocr2/modeling_deepseek_ocr2.py"),
     "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True, reads_rope_interleave=False),
@@ -168,7 +177,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "gpt_neox": ModelRule("gpt_neox/modeling_gpt_neox.py", whole_head=False),
     "gpt_neox_japanese": ModelRule("gpt_neox_japanese/modeling_gpt_neox_japanese.py", whole_head=False),
     "gpt_oss": ModelRule("gpt_oss/modeling_gpt_oss.py"),
-    "gptj": ModelRule("gptj/modeling_gptj.py", "interleaved"),
+    "gptj": ModelRule("gptj/modeling_gptj.py", "interleaved", layers_key="n_layer"),
     "gradium_phonon_tts": ModelRule("gradium_phonon_tts/modeling_gradium_phonon_tts.py"),
     "granite": ModelRule("granite/modeling_granite.py"),
     "granite4_vision_text": ModelRule("granite4_vision/modeling_granite4_vision.py"),
@@ -202,8 +211,8 @@ MODEL_RULES: dict[str, ModelRule] = {
     "lfm2_moe": ModelRule("lfm2_moe/modeling_lfm2_moe.py"),
     "lfm3": ModelRule("lfm3/modeling_lfm3.py"),
     "llama": ModelRule("llama/modeling_llama.py"),
-    "llama4_text": ModelRule("llama4/modeling_llama4.py", "interleaved"),
-    "longcat_flash": ModelRule("longcat_flash/modeling_longcat_flash.py", "interleaved", mla=True, reads_rope_interleave=False),
+    "llama4_text": ModelRule("llama4/modeling_llama4.py", "interleaved", rope_layers="no_rope_layers"),
+    "longcat_flash": ModelRule("longcat_flash/modeling_longcat_flash.py", "interleaved", mla=True, reads_rope_interleave=False, layers_key="num_layers"),
     "mellum": ModelRule("mellum/modeling_mellum.py"),
     "mimi": ModelRule("mimi/modeling_mimi.py"),
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
@@ -217,13 +226,13 @@ MODEL_RULES: dict[str, ModelRule] = {
     "ministral3": ModelRule("ministral3/modeling_ministral3.py"),
     "mistral": ModelRule("mistral/modeling_mistral.py"),
     "mistral4": ModelRule("mistral4/modeling_mistral4.py", "interleaved", whole_head=False, mla=True),
-    "mistral_large4_text": ModelRule("mistral_large4/modeling_mistral_large4.py", "interleaved", mla=True, reads_rope_interleave=False),
+    "mistral_large4_text": ModelRule("mistral_large4/modeling_mistral_large4.py", "interleaved", mla=True, reads_rope_interleave=False, rope_layers="no_rope_layers"),
     "mixtral": ModelRule("mixtral/modeling_mixtral.py"),
     "mllama_text_model": ModelRule("mllama/modeling_mllama.py"),
     "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
     "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
-    "molmo2_text": ModelRule("molmo2/modeling_molmo2.py"),
-    "moonshine": ModelRule("moonshine/modeling_moonshine.py", "interleaved", whole_head=False, heads_key="decoder_num_attention_heads"),
+    "molmo2_text": ModelRule("molmo2/modeling_molmo2.py", rope_layers="rope_scaling_layers"),
+    "moonshine": ModelRule("moonshine/modeling_moonshine.py", "interleaved", whole_head=False, heads_key="decoder_num_attention_heads", layers_key="decoder_num_hidden_layers"),
     "moonshine_streaming": ModelRule("moonshine_streaming/modeling_moonshine_streaming.py", "interleaved", whole_head=False),
     "moshi": ModelRule("moshi/modeling_moshi.py"),
     "muse_glimmer_assistant": ModelRule("muse_glimmer_assistant/modeling_muse_glimmer_assistant.py"),
@@ -269,7 +278,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "qwen4_exp_text": ModelRule("qwen4_exp/modeling_qwen4_exp.py", whole_head=False, streams="thw_interleaved", default_section=(11, 11, 10)),
     "recurrent_gemma": ModelRule("recurrent_gemma/modeling_recurrent_gemma.py", whole_head=False),
     "seed_oss": ModelRule("seed_oss/modeling_seed_oss.py"),
-    "smollm3": ModelRule("smollm3/modeling_smollm3.py"),
+    "smollm3": ModelRule("smollm3/modeling_smollm3.py", rope_layers="no_rope_layers"),
     "solar_open": ModelRule("solar_open/modeling_solar_open.py", whole_head=False),
     "stablelm": ModelRule("stablelm/modeling_stablelm.py", whole_head=False),
     "starcoder2": ModelRule("starcoder2/modeling_starcoder2.py"),

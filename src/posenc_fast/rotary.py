@@ -156,10 +156,7 @@ class RotaryEmbedding(kernels.RotaryBase):
         layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
         v.mapping_or_none(scaling, "scaling")
         self._reverse = v.flag(reverse, "reverse")
-        self._dim = dim
-        self._rotary_dim = rotary_dim
-        self._base = base
-        self._layout = layout
+        self._dim, self._rotary_dim, self._base, self._layout = dim, rotary_dim, base, layout
         self._pair_streams = self._streams_of(rotary_dim // 2, pair_streams, mrope_section,
                                               mrope_interleaved, axial)
         # axial (an _streams.Axial): its width's frequencies, each pair's by _pair_frequencies
@@ -244,7 +241,8 @@ class RotaryEmbedding(kernels.RotaryBase):
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike[str], *,
                        layer_type: str | None = None,
                        layout: Literal["interleaved", "half"] | None = None,
-                       attention: Literal["main", "indexer"] = "main") -> "RotaryEmbedding":
+                       attention: Literal["main", "indexer"] = "main",
+                       layer: int | None = None) -> "RotaryEmbedding":
         """Build the rotary embedding a Hugging Face model config describes.
 
         Parameters
@@ -271,6 +269,10 @@ class RotaryEmbedding(kernels.RotaryBase):
             (DeepSeek-V3.2, AXK2, GLM-MoE-DSA, dots3: ``index_head_dim``
             features, in the indexer's own pair layout).  Refused where
             posenc_fast reads no indexer of the model.
+        layer : int, optional
+            Decoder layer `layer`'s RoPE (its layer type's; refused for a
+            NoPE layer, ``no_rope_layers[layer] == 0``; Molmo2's unscaled
+            layers).  Without it: the RoPE of the layers that have one.
 
         Returns
         -------
@@ -286,7 +288,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         """
         from ._hf_config import rotary_kwargs_from_hf_config
 
-        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention)
+        kwargs = rotary_kwargs_from_hf_config(config, layer_type=layer_type, layout=layout, attention=attention,
+                                              layer=layer)
         if "n_axes" in kwargs:  # a vision tower's 2-D RoPE
             return cls.axial(kwargs.pop("dim"), **kwargs)
         return cls(kwargs.pop("dim"), **kwargs)

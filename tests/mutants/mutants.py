@@ -140,6 +140,12 @@ MUTANTS = [
            '    "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),',
            '    "cohere": ModelRule("cohere/modeling_cohere.py"),',
            ("tests/test_hf_models.py", "-k", "cohere")),
+    Mutant("no_rope_layers ignored: a NoPE layer gets the RoPE", "model rules, scalings", PKG + "_hf_layers.py",
+           "        if not flags[layer]:", "        if False and not flags[layer]:",
+           ("tests/test_hf_config_layers.py", "tests/test_hf_models.py", "-k", "layer")),
+    Mutant("Molmo2's rope_scaling_layers read inverted", "model rules, scalings", PKG + "_hf_layers.py",
+           "    if layer in scaled:", "    if layer not in scaled:",
+           ("tests/test_hf_config_layers.py", "tests/test_hf_models.py", "-k", "layer")),
     # plan
     Mutant("row table ignores broadcasting", "plan", PKG + "_rows.py",
            "    broadcast = np.broadcast_to(index.astype(np.intp, copy=False), rows_shape)",
