@@ -216,16 +216,21 @@ def test_threads_give_bitwise_equal_tables(threads, length):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shift", [0, 4, 16, 48])
-def test_streamed_table_equals_small_tables(layout, shift):
+@pytest.mark.parametrize("dim", [128, 1536, 4160])
+def test_streamed_table_equals_small_tables(layout, shift, dim):
     # A float32 table of 16 MiB or more is written by non-temporal stores
-    # (where out is 16-byte aligned: shift 4 is not); its rows are the
-    # canonical values all the same, equal to those of small tables.
-    length, dim = 32768 + 40, 128
+    # (where out is 16-byte aligned: shift 4 is not; off a 64-byte boundary
+    # through a scratch of 4096 floats: 4 rows of 128, 2 of 1536, none of
+    # 4160, which then takes plain stores); its rows are the canonical values
+    # all the same, equal to those of small tables.
+    length = (16 << 20) // (4 * dim) + 40
     buffer = np.empty(length * dim * 4 + 128, dtype=np.uint8)
     start = -buffer.ctypes.data % 64 + shift
     out = buffer[start:start + length * dim * 4].view(np.float32).reshape(length, dim)
     pf.sinusoidal_table(length, dim, layout=layout, out=out)
-    for first in (0, 31, 1000, 4095, 4096, 20000, 32768):
+    for first in (0, 31, 1000, 1001, 4095, 4096, 20000, 32768, length - 40):
+        if first > length - 40:
+            continue
         rows = pf.sinusoidal_table(40, dim, offset=first, layout=layout)
         np.testing.assert_array_equal(out[first:first + 40], rows)
     check_table(out[-40:], np.arange(length - 40, length), dim, 10000.0, layout)

@@ -31,8 +31,10 @@
 #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
 #define POSENC_PREFETCH_LINE(address) __builtin_prefetch((const void*)(address), 0, 3)
 #define POSENC_NOINLINE __attribute__((noinline))
+#define POSENC_ALIGNED(n) __attribute__((aligned(n)))
 #else
 #define POSENC_NOINLINE __declspec(noinline)
+#define POSENC_ALIGNED(n) __declspec(align(n))
 #define POSENC_R __restrict
 #define POSENC_ALWAYS_INLINE static __forceinline
 #if defined(_M_X64) || defined(_M_IX86)
