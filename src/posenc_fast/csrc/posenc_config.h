@@ -29,7 +29,18 @@
 #if defined(__GNUC__) || defined(__clang__)
 #define POSENC_R __restrict__
 #define POSENC_ALWAYS_INLINE static inline __attribute__((always_inline))
-#define POSENC_PREFETCH_LINE(address) __builtin_prefetch((const void*)(address), 0, 3)
+/* The cache level the rows' prefetches fill (__builtin_prefetch's locality:
+   3 all levels, 2 and 1 L2 and below).  Sweep on the Intel Xeon of
+   bench/README.md (bench/sweep.py, 3 processes, one thread, quiet), 3 / 2 / 1:
+   W1 float64 out of place 1.47 / 1.35 / 1.25, in place 1.12 / 1.03 / 1.02,
+   float32 in place 1.13 / 1.09 / 1.09, bfloat16 out of place 1.19 / 1.26 /
+   1.33, the rest within noise.  Kept at 3: mixed there, and on Zen 4 and later
+   the L2 hints put lines in L2 only and are sometimes dropped (not measured
+   on the AMD EPYC). */
+#ifndef POSENC_PREFETCH_LOCALITY
+#define POSENC_PREFETCH_LOCALITY 3
+#endif
+#define POSENC_PREFETCH_LINE(address) __builtin_prefetch((const void*)(address), 0, POSENC_PREFETCH_LOCALITY)
 #define POSENC_NOINLINE __attribute__((noinline))
 #define POSENC_ALIGNED(n) __attribute__((aligned(n)))
 #else
