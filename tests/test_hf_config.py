@@ -239,8 +239,8 @@ def test_unreadable_paths_raise_value_error(tmp_path):
         ({"model_type": "phi", "hidden_size": 160, "num_attention_heads": 2, "partial_rotary_factor": 1.5},
          r"partial_rotary_factor must be in \(0, 1\]"),
         ({"model_type": "llama", "hidden_size": 130, "num_attention_heads": 2}, "even.*rotary_dim=65"),
-        ({"model_type": "cohere", "hidden_size": 128, "num_attention_heads": 2,
-          "rope_scaling": {"type": "yarn", "factor": 4.0}}, "missing 'max_position_embeddings'"),
+        ({"model_type": "cohere2_moe", "hidden_size": 128, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default"}}, "no 'rope_theta'.*its configuration class fills in none"),
         ({"model_type": 7}, "'model_type' must be a string"),
         ({"model_type": "gemma4_text", "head_dim": 64, "layer_types": [{"a": 1}],
           "per_layer_config": {"0": {"head_dim": 8}}}, "'layer_types' list of strings"),
@@ -517,7 +517,7 @@ def test_config_key_names_and_composites():
     assert rotary_kwargs_from_hf_config(voxtral)["dim"] == 128
     dia = {"model_type": "dia", "encoder_config": {"model_type": "dia_encoder"},
            "decoder_config": {"model_type": "dia_decoder", "hidden_size": 256, "num_attention_heads": 4}}
-    assert rotary_kwargs_from_hf_config(dia)["dim"] == 64
+    assert rotary_kwargs_from_hf_config(dia)["dim"] == 128  # DiaDecoderConfig's head_dim default, not 256 // 4
 
 
 def test_odd_partial_width_rotates_what_transformers_rotates():

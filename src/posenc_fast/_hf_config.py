@@ -3,7 +3,10 @@
 The rules follow transformers 5's configuration classes and rotary modules for
 each ``model_type`` (``RotaryEmbeddingConfigMixin`` plus the per-model
 overrides), and accept both the transformers-4 form (``rope_theta`` +
-``rope_scaling``) and the transformers-5 form (``rope_parameters``).
+``rope_scaling``) and the transformers-5 form (``rope_parameters``).  A key the
+config leaves out takes its configuration class's default (``_hf_defaults``,
+generated from transformers' classes), or is asked for where the class has
+none or derives it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_layers import canonical_config, layer_config, layer_of_index
+from ._hf_layers import (canonical_config, class_default, class_rope, layer_config, layer_of_index,
+                         layer_type_params)
 from ._hf_functions import ROTARY_FUNCTIONS
 from ._hf_models import MODEL_RULES, NO_ROPE, ModelRule
 from ._hf_probe import probed_rule
@@ -24,37 +28,8 @@ __all__ = ["rotary_kwargs_from_hf_config"]
 
 _DEFAULT_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
 
-# max_position_embeddings when config.json leaves it out: each class's default
-_MAX_POSITIONS = {
-    "llama": 2048,  # LlamaConfig
-    "mistral": 131072,  # MistralConfig (4096 * 32)
-    "qwen2": 32768,  # Qwen2Config
-    "qwen3": 32768,  # Qwen3Config
-    "gemma": 8192,  # GemmaConfig
-    "gemma2": 8192,  # Gemma2Config
-    "phi": 2048,  # PhiConfig
-    "phi3": 4096,  # Phi3Config
-    "gpt_neox": 2048,  # GPTNeoXConfig
-    "stablelm": 4096,  # StableLmConfig
-    "deepseek_v3": 4096,  # DeepseekV3Config
-    "gptj": 2048,  # GPTJConfig.n_positions
-}
-
-# head_dim when config.json leaves it out (others derive hidden_size // num_attention_heads)
-_HEAD_DIM_DEFAULTS = {
-    "qwen3": 128,  # Qwen3Config.head_dim = 128
-    "gemma": 256,  # GemmaConfig.head_dim = 256
-    "gemma2": 256,  # Gemma2Config.head_dim = 256
-}
-
-# partial_rotary_factor when config.json gives none (a top-level key or rope_parameters entry wins)
-_PARTIAL_DEFAULTS = {
-    "phi": 0.5,  # PhiConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.5)
-    "stablelm": 0.25,  # StableLmConfig.__post_init__: kwargs.setdefault("partial_rotary_factor", 0.25)
-}
-
-# model types that read rotary_pct (its default) and rotary_emb_base for partial_rotary_factor and rope_theta
-_ROTARY_PCT = {"gpt_neox": 0.25, "gpt_neox_japanese": 1.0}
+# model types that read rotary_pct and rotary_emb_base for partial_rotary_factor and rope_theta
+_ROTARY_PCT = frozenset({"gpt_neox", "gpt_neox_japanese"})
 
 _SCALED_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
 
@@ -101,13 +76,14 @@ def _real(value, key: str, where: str) -> float:
 
 
 def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int:
+    if model_type == "zamba2" and cfg.get("attention_head_dim") is None:
+        # Zamba2Config.__post_init__: attention_head_dim = 2 * hidden_size // num_attention_heads
+        return 2 * _int(cfg, "hidden_size", where) // _int(cfg, "num_attention_heads", where)
     if model_type in ("gptj", "codegen"):
         # GPTJConfig / CodeGenConfig.attribute_map: hidden_size -> n_embd, num_attention_heads -> n_head
         hidden = _int(cfg, "n_embd", where) if "n_embd" in cfg else _int(cfg, "hidden_size", where)
         heads = _int(cfg, "n_head", where) if "n_head" in cfg else _int(cfg, "num_attention_heads", where)
         return hidden // heads
-    if model_type in _HEAD_DIM_DEFAULTS and "head_dim" not in cfg:
-        return _HEAD_DIM_DEFAULTS[model_type]
     if cfg.get(rule.head_dim_key) is not None:
         return _int(cfg, rule.head_dim_key, where)
     # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
@@ -117,12 +93,15 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
 def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
     """The rope parameter dict transformers standardises for `layer_type`: rope_scaling wins over rope_parameters."""
     # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or rule.default_rope or {}
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or class_rope(cfg.get("model_type"), where) or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
     names = rule.rope_of_layer or {}
-    labels = set(declared) | {"full_attention", "sliding_attention"} | set(names.values())
+    # the layer types its class names (Zaya's "hybrid") count where the config gives no layer_types
+    own = {} if declared else class_rope(cfg.get("model_type"), where, strict=False) or {}
+    labels = (set(declared) | {"full_attention", "sliding_attention"} | set(names.values())
+              | {key for key, value in own.items() if value is None or isinstance(value, Mapping)})
     nested = {key: value for key, value in params.items() if key in labels and isinstance(value, Mapping)}
     if layer_type is not None:
         if not isinstance(layer_type, str):
@@ -131,22 +110,25 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
                        | ({"full_attention", "sliding_attention"} if rule.local_theta_key else set()))
         if layer_type not in known:
             raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
-                             f"expected one of {known}")
+                             f"expected one of {known}" + ("" if declared else " (it gives no 'layer_types', which "
+                                                           "its configuration class derives: give them)"))
         layer_type = names.get(layer_type, layer_type)  # DeepSeek-V4: a layer type -> its RoPE's name
     if rule.rope_per_type_only and not nested:
         # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
         raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
                          f"only per-layer-type entries)")
     if nested:
-        # standardize_rope_params: top-level rope_theta / partial_rotary_factor fill each layer type's dict
-        per_type = {key: {**_top_level(cfg, rule), **value} for key, value in nested.items()}
+        # standardize_rope_params: top-level rope_theta / partial_rotary_factor (else the class's) fill each layer
+        # type's dict (only the one asked for, where one is)
+        per_type = {key: layer_type_params(cfg, rule, key, value, where) if layer_type in (None, key) else value
+                    for key, value in nested.items()}
     elif rule.local_theta_key is not None:
         # the flat transformers-4 form (Gemma 3): rope_scaling and rope_theta are the full-attention layers',
         # `local_theta_key` (or the class default) the sliding-window layers' default RoPE
-        local = cfg.get(rule.local_theta_key)
-        full = {**_top_level(cfg, rule), **params}
+        full = layer_type_params(cfg, rule, "full_attention", params, where)
         sliding = {**params} if rule.local_scaled else {"rope_type": "default"}
-        sliding["rope_theta"] = _DEFAULT_THETA if local is None else local
+        sliding["rope_theta"] = cfg.get(rule.local_theta_key)
+        sliding = layer_type_params(cfg, rule, "sliding_attention", sliding, where)
         per_type = {"full_attention": full, "sliding_attention": sliding}
     else:
         return dict(params)
@@ -154,7 +136,8 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
         distinct = {repr(sorted(value.items())) for value in per_type.values()}
         if len(distinct) > 1:
             raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; "
-                             f"pass layer_type= to choose one")
+                             f"pass layer_type= to choose one" + ("" if declared else " (it gives no 'layer_types' to "
+                                                                  "say which its layers are)"))
         return dict(next(iter(per_type.values())))
     if layer_type not in per_type:
         raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "
@@ -162,19 +145,16 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
     return dict(per_type[layer_type])
 
 
-def _top_level(cfg: Mapping, rule: ModelRule) -> dict:
-    top = {"rope_theta": cfg.get(rule.theta_key), "partial_rotary_factor": cfg.get("partial_rotary_factor")}
-    return {key: value for key, value in top.items() if value is not None}
-
-
 def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, where: str) -> float:
     if params.get("rope_theta") is not None:
         return _real(params["rope_theta"], "rope_theta", where)
-    if model_type in _ROTARY_PCT:
-        # GPTNeoX(Japanese)Config.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
-        value, key = cfg.get("rotary_emb_base", _DEFAULT_THETA), "rotary_emb_base"
-    else:
-        value, key = cfg.get(rule.theta_key, rule.default_theta), rule.theta_key
+    # GPTNeoX(Japanese)Config.convert_rope_params_to_dict reads rotary_emb_base; a top-level rope_theta is ignored
+    key = "rotary_emb_base" if model_type in _ROTARY_PCT else rule.theta_key
+    if key in cfg:
+        value = cfg[key]
+    else:  # its class's default_theta (or rope_theta field), else RotaryEmbeddingConfigMixin's
+        value = class_default("THETA", "rope_theta", model_type, None, where)
+        value = _DEFAULT_THETA if value is None else value
     if value is None:
         raise ValueError(f"{where}: {key!r} is null")
     return _real(value, key, where)
@@ -183,14 +163,13 @@ def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, wher
 def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
     if params.get("partial_rotary_factor") is not None:
         value, key = params["partial_rotary_factor"], "rope_parameters['partial_rotary_factor']"
-    elif model_type in _ROTARY_PCT:
-        # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25))
-        value, key = cfg.get("rotary_pct", _ROTARY_PCT[model_type]), "rotary_pct"
     else:
-        value = cfg.get("partial_rotary_factor")
-        if value is None:
-            value = _PARTIAL_DEFAULTS.get(model_type, 1.0)
-        key = "partial_rotary_factor"
+        # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25))
+        key = "rotary_pct" if model_type in _ROTARY_PCT else "partial_rotary_factor"
+        value = cfg.get(key)
+        if value is None:  # its class's (a field's default, __post_init__'s setdefault), else 1.0
+            value = class_default("PARTIAL", "partial_rotary_factor", model_type, None, where)
+            value = 1.0 if value is None else value
     value = _real(value, key, where)
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{where}: {key} must be in (0, 1], got {value!r}")
@@ -219,18 +198,16 @@ def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, whe
     scaling["rope_type"] = rope_type
 
     def max_positions() -> int:
-        return _int(cfg, "max_position_embeddings", where, _MAX_POSITIONS.get(model_type))
+        return _int(cfg, "max_position_embeddings", where)  # (its class's default filled in: canonical_config)
 
     if rope_type == "dynamic":
         # _compute_dynamic_ntk_parameters uses max_position_embeddings as the original length, whatever else is set
         scaling["original_max_position_embeddings"] = max_positions()
     elif rope_type in _SCALED_WITH_ORIGINAL:
         # standardize_rope_params: a top-level original_max_position_embeddings wins over the one in the dict
-        # (Phi3Config always has one: its class default is 4096); else max_position_embeddings
+        # (Phi3Config always has one: its class default, 4096, is filled in); else max_position_embeddings
         if cfg.get("original_max_position_embeddings") is not None:
             scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
-        elif model_type == "phi3":
-            scaling["original_max_position_embeddings"] = 4096
         elif "original_max_position_embeddings" not in scaling:
             scaling["original_max_position_embeddings"] = max_positions()
         if rope_type in ("yarn", "longrope") and "factor" not in scaling:
@@ -381,6 +358,18 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
 
     Notes
     -----
+    - A key the config leaves out is read as its ``model_type``'s
+      configuration class fills it in (``_hf_defaults``, generated from
+      transformers 5.24's classes): ``rope_theta`` (SmolLM3's 2e6, Llama 4's
+      5e5, ...; per layer type for Gemma 3 and others), ``head_dim``,
+      ``partial_rotary_factor``, ``max_position_embeddings`` (a scaled RoPE's
+      original length), ``qk_rope_head_dim``, the whole ``rope_parameters``
+      where a class builds its own (Apertus' llama3, Gemma 4's per layer
+      type), ``mrope_section``.  Where the class fills in nothing (Gemma 4's
+      per-layer-type ``rope_theta``), or derives it from other keys
+      (Ministral-3's default ``rope_parameters``), the config must give it:
+      refused, naming the key.  A model type transformers 5.24 lacks gets
+      ``RotaryEmbeddingConfigMixin``'s defaults (``rope_theta`` 10000).
     - Phi-3 renames ``"su"`` (and ``"yarn"``) to ``"longrope"``, and its
       top-level ``original_max_position_embeddings`` (class default 4096)
       wins. transformers 5.24 itself rejects a ``"su"`` dict that lacks
@@ -480,7 +469,7 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         # GPTJRotaryEmbedding / CodeGenRotaryEmbedding: create_sinusoidal_positions(n_positions,
         # rotary_dim or hidden_size), base 10000
         head_dim = _head_dim(cfg, model_type, rule, where)
-        rotary_dim = cfg.get("rotary_dim", 64)
+        rotary_dim = cfg.get("rotary_dim")  # (its class default, 64, filled in)
         rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
         return dict(dim=head_dim, rotary_dim=rotary_dim, base=_DEFAULT_THETA, layout="interleaved", scaling=None)
 
@@ -501,7 +490,7 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     start = 0
     if rule.mla:
         # the attention rotates q_rot / k_rot, the qk_rope_head_dim features, only
-        dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where, 64 if model_type == "deepseek_v3" else None)
+        dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where)
         interleave = cfg.get("rope_interleave") if rule.reads_rope_interleave else None
         layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
         if attention == "indexer":
@@ -537,7 +526,10 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     if rule.reversed:
         kwargs["reverse"] = True  # its rotate_half is cat(x2, -x1): it rotates by -theta
     if rule.streams is not None:
-        kwargs["pair_streams"] = _pair_streams(rule, params.get("mrope_section"), rotary_dim // 2, where)
+        section = params.get("mrope_section")
+        if section is None:  # its class's (HY-V4-VL's setdefault), else its rotary module's
+            section = class_default("SECTION", "mrope_section", model_type, None, where)
+        kwargs["pair_streams"] = _pair_streams(rule, section, rotary_dim // 2, where)
     return kwargs
 
 

@@ -1,19 +1,100 @@
 """Per-layer configs: one layer's (``layer=``: its layer type, NoPE layers, Molmo2's unscaled layers), a layer
-type's (a heterogeneous config's ``per_layer_config``), and the checkpoint forms configuration classes turn
-into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's per-layer ``rope_theta`` and
-``partial_rotary_factors``)."""
+type's (a heterogeneous config's ``per_layer_config``, its rope parameters with the ``rope_theta`` /
+``partial_rotary_factor`` they lack), and a config as its configuration class stores it: the class's defaults of
+the keys it leaves out (``_hf_defaults``), and the checkpoint forms classes turn into one (Gemma 4's
+``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's per-layer ``rope_theta`` and ``partial_rotary_factors``)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
+from . import _hf_defaults
 from ._hf_models import ModelRule
 
-__all__ = ["canonical_config", "layer_config", "layer_of_index"]
+__all__ = ["canonical_config", "class_default", "class_rope", "layer_config", "layer_of_index",
+           "layer_type_params"]
+
+
+def _defaults_of(model_type) -> str | None:
+    """The row of _hf_defaults a config of `model_type` takes (a transformers-4 flat composite config, Qwen2-VL's:
+    its text model's), as `_rule` finds its rule; None where the table has none."""
+    if not isinstance(model_type, str):
+        return None
+    return next((name for name in (model_type, f"{model_type}_text") if name in _hf_defaults.THETA
+                 or name in _hf_defaults.FIELDS), None)
+
+
+def _with_class_fields(cfg: dict, model_type) -> dict:
+    """`cfg` with its configuration class's defaults of the top-level keys it leaves out (_hf_defaults.FIELDS), and
+    the keys it stores under other names (_hf_defaults.ALIASES: DBRX's max_seq_len) under their own."""
+    row = _defaults_of(model_type)
+    fields = _hf_defaults.FIELDS.get(row)
+    cfg = {**fields, **cfg} if fields else cfg
+    aliases = {key: cfg[field] for key, field in _hf_defaults.ALIASES.get(row, {}).items()
+               if key not in cfg and field in cfg}
+    return {**cfg, **aliases} if aliases else cfg
+
+
+def class_default(table: str, key: str, model_type, layer_type, where: str):
+    """The configuration class's `key` (_hf_defaults.THETA or PARTIAL) for `layer_type`'s rope parameters (None: a
+    config with one RoPE), or None where the table has no row for the model type."""
+    row = _defaults_of(model_type)
+    if table in _hf_defaults.DERIVED.get(row, ()):
+        raise ValueError(f"{where}: the config gives no {key!r}, which its configuration class derives from its other "
+                         f"keys: give it")
+    values = getattr(_hf_defaults, table)
+    if row not in values:
+        return None
+    value = values[row]
+    if isinstance(value, Mapping):
+        if layer_type in value:
+            value = value[layer_type]
+        elif layer_type is None and len(set(value.values())) == 1:
+            value = next(iter(value.values()))
+        else:
+            raise ValueError(f"{where}: the config gives no {key!r}, which its configuration class sets per layer "
+                             f"type ({value}): give it")
+    if value is None:  # (THETA) transformers' rotary module fails on the key its class does not fill in
+        raise ValueError(f"{where}: the config gives no {key!r}" + ("" if layer_type is None else
+                         f" for its {layer_type!r} layers") + ", and its configuration class fills in none: give it")
+    return value
+
+
+def class_rope(model_type, where: str, strict: bool = True) -> dict | None:
+    """The rope_parameters the configuration class builds for a config without any (_hf_defaults.ROPE), or None;
+    `strict`: refused where the class derives them from other keys."""
+    row = _defaults_of(model_type)
+    if "ROPE" in _hf_defaults.DERIVED.get(row, ()) and strict:
+        raise ValueError(f"{where}: the config gives neither 'rope_parameters' nor 'rope_scaling', which its "
+                         f"configuration class derives from its other keys: give them")
+    rope = _hf_defaults.ROPE.get(row)
+    return copy.deepcopy(rope) if rope else None
+
+
+def layer_type_params(cfg: Mapping, rule: ModelRule, layer_type: str, given: Mapping, where: str) -> dict:
+    """`given`, `layer_type`'s rope parameters, with the rope_theta / partial_rotary_factor it lacks: the config's
+    top-level keys' (standardize_rope_params), else its configuration class's (_hf_defaults)."""
+    filled = {**_top_level(cfg, rule, layer_type), **given}
+    for table, key in (("THETA", "rope_theta"), ("PARTIAL", "partial_rotary_factor")):
+        if filled.get(key) is None:
+            value = class_default(table, key, cfg.get("model_type"), layer_type, where)
+            if value is not None:
+                filled[key] = value
+    return filled
+
+
+def _top_level(cfg: Mapping, rule: ModelRule, layer_type=None) -> dict:
+    # Gemma 3 / ModernBERT: the sliding-window layers' rope_theta is the flat `local_theta_key`
+    key = rule.local_theta_key if rule.local_theta_key and layer_type == "sliding_attention" else rule.theta_key
+    top = {"rope_theta": cfg.get(key), "partial_rotary_factor": cfg.get("partial_rotary_factor")}
+    return {key: value for key, value in top.items() if value is not None}
 
 
 def canonical_config(cfg: dict, rule: ModelRule) -> dict:
-    """`cfg` as its configuration class stores it, where that class rewrites a checkpoint's keys."""
+    """`cfg` as its configuration class stores it: its class's defaults of the top-level keys it leaves out filled
+    in, and the checkpoint's keys that class rewrites rewritten."""
+    cfg = _with_class_fields(cfg, cfg.get("model_type"))
     if rule.swa_aliases and "per_layer_config" not in cfg:
         return _dots3_config(cfg)
     if rule.per_layer_lists:

@@ -30,7 +30,8 @@ class ModelRule(NamedTuple):
     ``compute_default_rope_parameters``); False: rotates ``int(head_dim * partial_rotary_factor)``
     leading features."""
     head_dim_key: str = "head_dim"
-    """The config key its ``head_dim`` is stored under (``attribute_map``)."""
+    """The config key its ``head_dim`` is stored under (``attribute_map``; HY-V4-VL: ``qk_rope_head_dim``, which its
+    configuration class copies into ``head_dim``)."""
     mla: bool = False
     """Multi-head latent attention: rotates the ``qk_rope_head_dim`` features; ``rope_interleave``
     (when the config has it and `reads_rope_interleave`) picks the layout."""
@@ -43,13 +44,12 @@ class ModelRule(NamedTuple):
     ``"hw_interleaved_t"`` (ERNIE-4.5-VL), ``"row_col"`` (NeoMME), ``"full_width"`` (HunYuan-VL, not
     read)."""
     default_section: tuple[int, ...] | None = None
-    """``mrope_section`` when the config has none (the rotary module's default)."""
+    """``mrope_section`` when the config has none (the rotary module's default; where the configuration class
+    fills one in, ``_hf_defaults.SECTION`` has it)."""
     reversed: bool = False
     """Rotates by ``-theta`` (its ``rotate_half`` is ``cat(x2, -x1)``)."""
     theta_key: str = "rope_theta"
-    """The flat (transformers-4) config key of ``rope_theta``."""
-    default_theta: float = 10000.0
-    """``rope_theta`` when the config has none (the configuration class's ``default_theta``)."""
+    """The flat (transformers-4) config key of ``rope_theta`` (its class's default: ``_hf_defaults.THETA``)."""
     local_theta_key: str | None = None
     """Flat config key of the sliding-window layers' ``rope_theta`` (one RoPE per layer type)."""
     local_scaled: bool = False
@@ -69,8 +69,6 @@ class ModelRule(NamedTuple):
     global_head_dim: bool = False
     """Without ``per_layer_config``, its full-attention layers' head_dim is ``global_head_dim`` (default 512), as
     Gemma 4's configuration class builds ``per_layer_config`` from it."""
-    default_rope: dict | None = None
-    """``rope_parameters`` when the config has none (the configuration class's per-layer-type default)."""
     per_layer_lists: bool = False
     """A checkpoint's ``rope_theta`` / ``partial_rotary_factors`` may be lists, one entry per layer (Step-3.7)."""
     swa_aliases: bool = False
@@ -92,12 +90,6 @@ class ModelRule(NamedTuple):
     rotate by the scaled RoPE of ``rope_parameters``, the others by an unscaled one of the same ``rope_theta``,
     its ``rotary_emb_unscaled``; default every layer)."""
 
-
-# Gemma4TextConfig.__post_init__ (and its relatives'): the RoPE of each layer type when the config gives none
-_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
-_EMBEDDING_GEMMA2_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
 
 # Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
 MODEL_RULES: dict[str, ModelRule] = {
@@ -138,12 +130,12 @@ MODEL_RULES: dict[str, ModelRule] = {
     "dia_decoder": ModelRule("dia/modeling_dia.py"),
     "dia_encoder": ModelRule("dia/modeling_dia.py"),
     "diffllama": ModelRule("diffllama/modeling_diffllama.py"),
-    "diffusion_gemma_text": ModelRule("diffusion_gemma/modeling_diffusion_gemma.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
+    "diffusion_gemma_text": ModelRule("diffusion_gemma/modeling_diffusion_gemma.py", global_head_dim=True),
     "doge": ModelRule("doge/modeling_doge.py"),
     "dory": ModelRule("dory/modeling_dory.py"),
     "dots1": ModelRule("dots1/modeling_dots1.py"),
-    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved", default_theta=80_000_000.0, swa_aliases=True),
-    "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py", global_head_dim=True, default_rope=_EMBEDDING_GEMMA2_ROPE),
+    "dots3_note_text": ModelRule("dots3_note/modeling_dots3_note.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved", swa_aliases=True),
+    "embedding_gemma2_text": ModelRule("embedding_gemma2/modeling_embedding_gemma2.py", global_head_dim=True),
     "emu3_text_model": ModelRule("emu3/modeling_emu3.py"),
     "ernie4_5": ModelRule("ernie4_5/modeling_ernie4_5.py", "interleaved"),
     "ernie4_5_moe": ModelRule("ernie4_5_moe/modeling_ernie4_5_moe.py", "interleaved"),
@@ -160,10 +152,10 @@ MODEL_RULES: dict[str, ModelRule] = {
     "flint": ModelRule("flint/modeling_flint.py"),
     "gemma": ModelRule("gemma/modeling_gemma.py"),
     "gemma2": ModelRule("gemma2/modeling_gemma2.py"),
-    "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
-    "gemma3n_text": ModelRule("gemma3n/modeling_gemma3n.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
-    "gemma4_text": ModelRule("gemma4/modeling_gemma4.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
-    "gemma4_unified_text": ModelRule("gemma4_unified/modeling_gemma4_unified.py", global_head_dim=True, default_rope=_GEMMA4_ROPE),
+    "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", local_theta_key="rope_local_base_freq"),
+    "gemma3n_text": ModelRule("gemma3n/modeling_gemma3n.py", local_theta_key="rope_local_base_freq"),
+    "gemma4_text": ModelRule("gemma4/modeling_gemma4.py", global_head_dim=True),
+    "gemma4_unified_text": ModelRule("gemma4_unified/modeling_gemma4_unified.py", global_head_dim=True),
     "glm": ModelRule("glm/modeling_glm.py", "interleaved", whole_head=False),
     "glm4": ModelRule("glm4/modeling_glm4.py", "interleaved", whole_head=False),
     "glm4_moe": ModelRule("glm4_moe/modeling_glm4_moe.py", whole_head=False),
@@ -196,7 +188,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width"),
     "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
     "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True, reads_rope_interleave=False),
-    "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", streams="thw_interleaved", default_section=(24, 20, 20)),
+    "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", head_dim_key="qk_rope_head_dim", streams="thw_interleaved", default_section=(24, 20, 20)),
     "hyperclovax": ModelRule("hyperclovax/modeling_hyperclovax.py"),
     "idefics": ModelRule("idefics/modeling_idefics.py"),
     "jais2": ModelRule("jais2/modeling_jais2.py"),
@@ -229,8 +221,8 @@ MODEL_RULES: dict[str, ModelRule] = {
     "mistral_large4_text": ModelRule("mistral_large4/modeling_mistral_large4.py", "interleaved", mla=True, reads_rope_interleave=False, rope_layers="no_rope_layers"),
     "mixtral": ModelRule("mixtral/modeling_mixtral.py"),
     "mllama_text_model": ModelRule("mllama/modeling_mllama.py"),
-    "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
-    "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", default_theta=160000.0, local_theta_key="local_rope_theta", local_scaled=True),
+    "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", local_theta_key="local_rope_theta", local_scaled=True),
+    "modernbert-decoder": ModelRule("modernbert_decoder/modeling_modernbert_decoder.py", theta_key="global_rope_theta", local_theta_key="local_rope_theta", local_scaled=True),
     "molmo2_text": ModelRule("molmo2/modeling_molmo2.py", rope_layers="rope_scaling_layers"),
     "moonshine": ModelRule("moonshine/modeling_moonshine.py", "interleaved", whole_head=False, heads_key="decoder_num_attention_heads", layers_key="decoder_num_hidden_layers"),
     "moonshine_streaming": ModelRule("moonshine_streaming/modeling_moonshine_streaming.py", "interleaved", whole_head=False),
@@ -285,7 +277,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "step3p5": ModelRule("step3p7/modeling_step3p7.py", whole_head=False, per_layer_lists=True),
     "t5_gemma_module": ModelRule("t5gemma/modeling_t5gemma.py"),
     "t5gemma2_decoder": ModelRule("t5gemma2/modeling_t5gemma2.py"),
-    "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", default_theta=1e6, local_theta_key="rope_local_base_freq"),
+    "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", local_theta_key="rope_local_base_freq"),
     "timesfm2_5": ModelRule("timesfm2_5/modeling_timesfm2_5.py"),
     "ultrabert": ModelRule("ultrabert/modeling_ultrabert.py"),
     "unlimited_ocr_text": ModelRule("unlimited_ocr/modeling_unlimited_ocr.py"),

@@ -150,6 +150,12 @@ MUTANTS = [
     Mutant("Molmo2's rope_scaling_layers read inverted", "model rules, scalings", PKG + "_hf_layers.py",
            "    if layer in scaled:", "    if layer not in scaled:",
            ("tests/test_hf_config_layers.py", "tests/test_hf_models.py", "-k", "layer")),
+    Mutant("SmolLM3's default rope_theta dropped from the class defaults", "model rules, scalings",
+           PKG + "_hf_defaults.py", "'smollm3': 2000000.0, ", "",
+           ("tests/test_hf_defaults.py", "tests/test_hf_config_defaults.py", "-k", "smollm3")),
+    Mutant("the class defaults of the keys a config leaves out not filled in", "model rules, scalings",
+           PKG + "_hf_layers.py", "    cfg = {**fields, **cfg} if fields else cfg", "    cfg = cfg",
+           ("tests/test_hf_defaults.py", "tests/test_hf_config_defaults.py")),
     # plan
     Mutant("row table ignores broadcasting", "plan", PKG + "_rows.py",
            "    broadcast = np.broadcast_to(index.astype(np.intp, copy=False), rows_shape)",
