@@ -81,6 +81,13 @@ def test_what_the_probe_cannot_state_is_refused_with_the_reason(monkeypatch, mod
         pf.RotaryEmbedding.from_hf_config(_default(model_type))
 
 
+def test_a_rotation_method_is_refused_not_an_attribute_error():
+    # V-JEPA 2's attention calls self.apply_rotary_embeddings (no rule, no module function to probe)
+    assert "vjepa2" not in _hf_models.MODEL_RULES
+    with pytest.raises(ValueError, match="call 'apply_rotary_embeddings', which is not a function of .* to probe"):
+        pf.RotaryEmbedding.from_hf_config(_default("vjepa2"))
+
+
 def test_without_transformers_the_table_alone(monkeypatch):
     _without_rule(monkeypatch, "llama")
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)

@@ -116,7 +116,10 @@ def probed_rule(model_type: str) -> ModelRule | None:
     if len(calls) != 1:
         raise ValueError(f"{where}: its attention classes call {sorted(calls) or 'no rotation function'}, not "
                          f"one rotation to probe; pass layout= as its attention rotates")
-    function = getattr(module, next(iter(calls)))
+    function = getattr(module, next(iter(calls)), None)
+    if not callable(function):  # V-JEPA 2: a method of the attention class (a 3-D rotary)
+        raise ValueError(f"{where}: its attention classes call {next(iter(calls))!r}, which is not a function of "
+                         f"{module.__name__} to probe; pass layout= as its attention rotates")
     source = module.__name__.split(".")[2] + "/" + module.__name__.split(".")[3] + ".py"
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
     found = _probe(module, function, config_class(), None, where)

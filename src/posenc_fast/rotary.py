@@ -249,14 +249,11 @@ class RotaryEmbedding(kernels.RotaryBase):
         ----------
         config : dict or str or os.PathLike or transformers config
             A parsed ``config.json``, its path, or a transformers config
-            object.  Read as transformers' own configuration class and
-            modeling code for its ``model_type`` read it (head_dim, partial
-            rotary, ``rope_theta``/``rope_scaling`` or ``rope_parameters``,
-            pair layout; the text model's part of a composite config; a
-            vision tower's config gives its axial RoPE).  A key it leaves
-            out takes that class's default (``rope_theta``, ``head_dim``,
-            ``partial_rotary_factor``, ``max_position_embeddings``, ...), or
-            is asked for where the class has none.
+            object, read as transformers' configuration class and modeling
+            code for its ``model_type`` read it (head_dim, partial rotary,
+            ``rope_theta``/``rope_scaling`` or ``rope_parameters``, pair
+            layout, a key left out as the class's default; the text part of
+            a composite config; a vision tower's axial RoPE).
         layer_type : str, optional
             Which layer type's RoPE (and head size), for configs with one per
             layer type (Gemma 3: ``"full_attention"`` or
