@@ -135,9 +135,9 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
     if layer_type is None:
         distinct = {repr(sorted(value.items())) for value in per_type.values()}
         if len(distinct) > 1:
-            raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; "
-                             f"pass layer_type= to choose one" + ("" if declared else " (it gives no 'layer_types' to "
-                                                                  "say which its layers are)"))
+            raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; pass "
+                             f"layer_type= (or layer=) to choose one" + ("" if declared else " (it gives no "
+                                                                        "'layer_types' to say which its layers are)"))
         return dict(next(iter(per_type.values())))
     if layer_type not in per_type:
         raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "

@@ -297,7 +297,7 @@ def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str, layer=No
             return {**cfg, "head_dim": global_head_dim}
         if layer_type is None and global_head_dim != cfg.get("head_dim"):
             raise ValueError(f"{where}: the full-attention layers have head_dim global_head_dim={global_head_dim}, "
-                             f"the others head_dim={cfg.get('head_dim')}; pass layer_type= to choose one")
+                             f"the others head_dim={cfg.get('head_dim')}; pass layer_type= (or layer=) to choose one")
     if not overrides:
         return dict(cfg)
     declared = cfg.get("layer_types")
@@ -324,7 +324,7 @@ def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str, layer=No
     if layer_type is None:
         if len({repr(sorted(value.items())) for value in per_type.values()}) > 1:
             raise ValueError(f"{where}: 'per_layer_config' gives the layer types {sorted(per_type)} different "
-                             f"configs (head sizes); pass layer_type= to choose one")
+                             f"configs (head sizes); pass layer_type= (or layer=) to choose one")
         return {**cfg, **next(iter(per_type.values()), {})}
     if layer_type not in per_type:
         raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
