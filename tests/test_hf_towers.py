@@ -16,6 +16,7 @@ against their own cos/sin and rotation, DINOv3's refusal and the recipe it
 names.
 """
 
+import copy
 import inspect
 import itertools
 import re
@@ -182,6 +183,20 @@ def test_a_towers_axial_rope(model_type):
         pf.RotaryEmbedding.from_hf_config(config.to_dict())
     agreeing = [repr(rope) for rope in _readings(config) if _agrees(model_type, rope)]
     assert not agreeing, f"{model_type} agrees with {agreeing}: give it that rule in _hf_towers.TOWER_RULES"
+
+
+@pytest.mark.parametrize("model_type", sorted(TOWER_RULES))
+def test_a_tower_config_without_rope_theta_takes_its_classs(model_type):
+    # a config.json whose rope parameters leave rope_theta out: the class's default_theta (LFM3-VL's 1e6)
+    config_class = configuration_auto.CONFIG_MAPPING[model_type]
+    raw = config_class().to_dict()
+    raw.pop("rope_theta", None)
+    if isinstance(raw.get("rope_parameters"), dict):
+        raw["rope_parameters"] = {k: v for k, v in raw["rope_parameters"].items() if k != "rope_theta"}
+    given = copy.deepcopy({k: v for k, v in raw.items() if k != "model_type"})  # (the class fills it in place)
+    params = config_class(**given).to_dict().get("rope_parameters")
+    want = (params or {}).get("rope_theta", getattr(config_class, "default_theta", 10000.0))
+    assert pf.RotaryEmbedding.from_hf_config(raw).base == want
 
 
 def test_gemma4_vision_is_the_two_one_dimensional_ropes_its_refusal_names():

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ._hf_config import _DEFAULT_THETA, _int, _real
+from ._hf_config import _int, _real
 
 __all__ = ["TowerRule", "TOWER_RULES", "REFUSED_TOWERS", "NAMED_TOWERS", "tower_kwargs"]
 
@@ -46,6 +46,8 @@ class TowerRule(NamedTuple):
     video's memory attention, ``memory_attention_hidden_size // (memory_attention_downsample_rate *
     memory_attention_num_attention_heads)``; ``"hidden"``: ``hidden_size`` (EfficientLoFTR rotates q and k before
     it splits them into heads)."""
+    default_theta: float = 10000.0
+    """``rope_theta`` where the config gives none: its configuration class's ``default_theta``."""
 
 
 # Qwen2-VL's (the defaults): base ** (-2i / (head_dim / 2)) for the h pairs, then the same for the w pairs, in
@@ -66,7 +68,9 @@ _SAM_MEMORY = dict(layout="interleaved", axis_order=(1, 0), head_dim="memory")
 
 TOWER_RULES: dict[str, TowerRule] = {
     **{model_type: TowerRule("Qwen2-VL's (qwen2_vl/modeling_qwen2_vl.py), in its own module") for model_type in
-       AXIAL_TOWERS},
+       AXIAL_TOWERS - {"lfm3_vl_vision"}},
+    "lfm3_vl_vision": TowerRule("Qwen2-VL's (qwen2_vl/modeling_qwen2_vl.py), in its own module",
+                                default_theta=1_000_000.0),
     # inv_freq of the whole head, cat(inv_freq[0::2], inv_freq[1::2]): h takes the even, w the odd frequencies
     "pixtral": TowerRule("pixtral/modeling_pixtral.py", frequencies="split"),
     # freq.transpose(1, 2).flip(-1).flatten(1): w, h, w, h, ... pair by pair, one frequency per (w, h) turn
@@ -154,7 +158,7 @@ def tower_kwargs(cfg: dict, model_type, params, where: str) -> dict:
         params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         if not isinstance(params, Mapping):
             raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
-        params = {"rope_theta": cfg.get("rope_theta", _DEFAULT_THETA), **params}
+        params = {"rope_theta": cfg.get("rope_theta", rule.default_theta), **params}
     heads = None if rule.head_dim == "memory" else cfg.get("num_attention_heads") or _int(cfg, "num_heads", where)
     if rule.head_dim == "hidden":
         dim = _int(cfg, "hidden_size", where)
@@ -166,7 +170,7 @@ def tower_kwargs(cfg: dict, model_type, params, where: str) -> dict:
     else:
         # compute_axial_rope_parameters: head_dim, else embed_dim (Qwen2-VL) or hidden_size over the heads
         dim = cfg.get("head_dim") or _int(cfg, "embed_dim" if "embed_dim" in cfg else "hidden_size", where) // heads
-    kwargs = dict(dim=dim, base=_real(params.get("rope_theta", _DEFAULT_THETA), "rope_theta", where),
+    kwargs = dict(dim=dim, base=_real(params.get("rope_theta", rule.default_theta), "rope_theta", where),
                   n_axes=rule.n_axes, layout=rule.layout, axis_order=rule.axis_order, pairs=rule.pairs,
                   frequencies=rule.frequencies)
     if rule.partial:
