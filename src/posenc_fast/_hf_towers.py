@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ._hf_config import _int, _real
+from ._hf_config import _DEFAULT_THETA, _int, _real
 
 __all__ = ["TowerRule", "TOWER_RULES", "REFUSED_TOWERS", "NAMED_TOWERS", "tower_kwargs"]
 
@@ -46,7 +46,7 @@ class TowerRule(NamedTuple):
     video's memory attention, ``memory_attention_hidden_size // (memory_attention_downsample_rate *
     memory_attention_num_attention_heads)``; ``"hidden"``: ``hidden_size`` (EfficientLoFTR rotates q and k before
     it splits them into heads)."""
-    default_theta: float = 10000.0
+    default_theta: float = _DEFAULT_THETA
     """``rope_theta`` where the config gives none: its configuration class's ``default_theta``."""
 
 
@@ -59,6 +59,7 @@ AXIAL_TOWERS = frozenset((
     "qwen2_5_omni_vision_encoder", "qwen2_5_vl_vision", "qwen2_vl_vision", "qwen3_5_moe_vision", "qwen3_5_vision",
     "qwen3_omni_moe_vision_encoder", "qwen3_vl_moe_vision", "qwen3_vl_vision", "qwen4_exp_vision",
     "video_llama_3_vision"))
+_QWEN2_VL = TowerRule("Qwen2-VL's (qwen2_vl/modeling_qwen2_vl.py), in its own module")
 
 # SAM 2's memory attention and SAM 3's ViT: cat(freq[:, 0], freq[:, 1]).repeat_interleave(2), rotate_pairwise;
 # their position_ids put w in column 0 (precompute_positions: stack([wpos_ids, hpos_ids])), so the w pairs lead.
@@ -67,10 +68,8 @@ AXIAL_TOWERS = frozenset((
 _SAM_MEMORY = dict(layout="interleaved", axis_order=(1, 0), head_dim="memory")
 
 TOWER_RULES: dict[str, TowerRule] = {
-    **{model_type: TowerRule("Qwen2-VL's (qwen2_vl/modeling_qwen2_vl.py), in its own module") for model_type in
-       AXIAL_TOWERS - {"lfm3_vl_vision"}},
-    "lfm3_vl_vision": TowerRule("Qwen2-VL's (qwen2_vl/modeling_qwen2_vl.py), in its own module",
-                                default_theta=1_000_000.0),
+    **{model_type: _QWEN2_VL for model_type in AXIAL_TOWERS},
+    "lfm3_vl_vision": _QWEN2_VL._replace(default_theta=1_000_000.0),
     # inv_freq of the whole head, cat(inv_freq[0::2], inv_freq[1::2]): h takes the even, w the odd frequencies
     "pixtral": TowerRule("pixtral/modeling_pixtral.py", frequencies="split"),
     # freq.transpose(1, 2).flip(-1).flatten(1): w, h, w, h, ... pair by pair, one frequency per (w, h) turn
