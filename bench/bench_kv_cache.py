@@ -55,7 +55,7 @@ def contenders(positions: np.ndarray) -> dict:
     slots = slots_of(positions, rng)
     cache_shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     k_cache, v_cache = np.zeros(cache_shape, np.float32), np.zeros(cache_shape, np.float32)
-    k_half, v_half = np.zeros(cache_shape, BFLOAT16), np.zeros(cache_shape, BFLOAT16)
+    k_bf16, v_bf16 = np.zeros(cache_shape, BFLOAT16), np.zeros(cache_shape, BFLOAT16)
     out_q, k_tmp = np.empty_like(q), np.empty_like(k)
     q_copy, k_copy, v_copy = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     flat_k = k_cache.reshape(-1, KV_HEADS, HEAD_DIM)
@@ -69,7 +69,7 @@ def contenders(positions: np.ndarray) -> dict:
     return {
         "fused": lambda: rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots,
                                                 out_q=out_q),
-        "fused, bf16 cache": lambda: rope.apply_qk_to_cache(q, k, v, positions, k_half, v_half,
+        "fused, bf16 cache": lambda: rope.apply_qk_to_cache(q, k, v, positions, k_bf16, v_bf16,
                                                             slots, out_q=out_q),
         "copy": lambda: (np.copyto(q_copy, q), np.copyto(k_copy, k), np.copyto(v_copy, v)),
         "two-pass": two_pass,

@@ -32,8 +32,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
 
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-HALF_DTYPES = [np.dtype(np.float16), BF16]
-FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float64)] + HALF_DTYPES
+HALF_TYPES = [np.dtype(np.float16), BF16]
+FLOAT_DTYPES = [np.dtype(np.float32), np.dtype(np.float64)] + HALF_TYPES
 # Data dtypes: mostly the supported ones, then every kind of wrong one.
 
 
@@ -201,7 +201,7 @@ def native(dtype) -> np.dtype:
 
 def table_ok(data_dtype, table_dtype) -> bool:
     """True if cos/sin of `table_dtype` may rotate `data_dtype` data (half data: float32 or own)."""
-    if native(data_dtype) in HALF_DTYPES:
+    if native(data_dtype) in HALF_TYPES:
         return native(table_dtype) in (np.dtype(np.float32), native(data_dtype))
     return True
 
@@ -439,7 +439,7 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype, scale: float, max_ang
     assert got.shape == np.shape(want), (got.shape, np.shape(want))
     want = np.asarray(want, dtype=np.float64)
     got64 = got.astype(np.float64)
-    if native(dtype) in HALF_DTYPES:
+    if native(dtype) in HALF_TYPES:
         info = ml_dtypes.finfo(native(dtype))
         past = np.abs(want) >= float(info.max) * (1 + float(info.eps))
         assert (got64[past] == np.sign(want[past]) * np.inf).all(), "overflow must give inf"

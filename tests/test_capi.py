@@ -92,9 +92,9 @@ def test_rotate_rotary_equals_rotary_embedding_apply(probe, shape, pairs, extra,
 def test_rotate_equals_apply_rotary_cos_sin(probe, shape, pairs, extra, layout, dtype,
                                             table_dtype, stride_extra, explicit, in_place,
                                             inverse):
-    half_data = np.dtype(dtype) in (np.float16, BF16)
+    half_type_data = np.dtype(dtype) in (np.float16, BF16)
     # The kernels' pairs: float32/float64 data with either; half data with float32 or own.
-    assume(np.dtype(table_dtype) in ((np.float32, dtype) if half_data else (np.float32, np.float64)))
+    assume(np.dtype(table_dtype) in ((np.float32, dtype) if half_type_data else (np.float32, np.float64)))
     dim = 2 * pairs + extra
     rng = np.random.default_rng(shape[1] * 17 + dim)
     x = rng.standard_normal(shape + (dim,)).astype(dtype)  # (outer, seq, inner, dim)

@@ -34,8 +34,8 @@ cdef struct RowPlan:
 cdef inline void _rotate_position(const char* x, char* out, Py_ssize_t nrows, long long t,
                                   const char* table, const RowCall* call) noexcept nogil:
     # nrows consecutive rows by the cos/sin rows of position t.
-    cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
-    _rotate_position_rows(x, out, nrows, table + 2 * t * half_row, table + (2 * t + 1) * half_row,
+    cdef Py_ssize_t cos_row_bytes = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
+    _rotate_position_rows(x, out, nrows, table + 2 * t * cos_row_bytes, table + (2 * t + 1) * cos_row_bytes,
                           call)
 
 
@@ -87,12 +87,12 @@ cdef void _rotate_block_item(void* job_, Py_ssize_t item, int slot) noexcept nog
     cdef const RowCall* call = job.call
     cdef Py_ssize_t group = item % job.ngroups, first = item // job.ngroups * job.block_size
     cdef Py_ssize_t rows = min(job.block_size, plan.seq - first), o, r
-    cdef Py_ssize_t half_row = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
-    cdef const char* c = job.table + 2 * (plan.base + first) * half_row
+    cdef Py_ssize_t cos_row_bytes = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
+    cdef const char* c = job.table + 2 * (plan.base + first) * cos_row_bytes
     for o in range(group * job.group, min((group + 1) * job.group, plan.outer)):
         r = o * plan.seq + first
         _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, rows, c,
-                      c + half_row, 2 * call.npairs, call)
+                      c + cos_row_bytes, 2 * call.npairs, call)
 
 
 cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowPlan* plan,

@@ -115,7 +115,7 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
     if v_cache.dtype != k_cache.dtype:
         raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}")
     if k_cache.dtype != q.dtype and not (q.dtype == np.float32
-                                         and k_cache.dtype in v.HALF_DTYPES):
+                                         and k_cache.dtype in v.HALF_TYPES):
         raise TypeError(f"the caches must have q's dtype {q.dtype} (or float16/bfloat16 for "
                         f"float32 q, k, v), got {k_cache.dtype}")
     positions = token_indices(positions, "positions", ntokens)

@@ -51,7 +51,7 @@ def tolerance(want, dtype, *, scale=1.0, angle=0.0) -> np.ndarray:
     return np.broadcast_to(tol, want.shape)
 
 
-def half_tolerance(want, dtype, scale=1.0) -> np.ndarray:
+def half_type_tolerance(want, dtype, scale=1.0) -> np.ndarray:
     """The largest |got - want| allowed for a float16/bfloat16 result of float64 value `want`.
 
     One ulp of the half type at `want` (the one rounding, from a value that

@@ -18,8 +18,8 @@ import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # Half types: stored in 16 bits, computed in float32 and rounded once.
-HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES
+HALF_TYPES = (np.dtype(np.float16), BFLOAT16)
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_TYPES
 FLOAT_NAMES = "float16, bfloat16, float32 or float64"
 LAYOUTS_ROTARY = ("interleaved", "half")
 LAYOUTS_SINUSOIDAL = ("interleaved", "split")
@@ -62,7 +62,7 @@ def table_dtype(dtype, name: str = "dtype") -> np.dtype:
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a kernel computes `dtype` data in: float32 for a half type."""
-    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
+    return np.dtype(np.float32) if dtype in HALF_TYPES else dtype
 
 
 def rotation_tables(cos: np.ndarray, sin: np.ndarray, dtype: np.dtype, name: str):
@@ -71,12 +71,12 @@ def rotation_tables(cos: np.ndarray, sin: np.ndarray, dtype: np.dtype, name: str
     float32/float64 data take float32 or float64 tables (a half table is
     widened to float32); half data take float32 or their own type.
     """
-    if dtype in HALF_DTYPES:
+    if dtype in HALF_TYPES:
         if cos.dtype not in (np.dtype(np.float32), dtype):
             raise TypeError(f"cos and sin must be float32 or {dtype} for {dtype} {name}, "
                             f"got {cos.dtype}")
         return cos, sin
-    if cos.dtype in HALF_DTYPES:
+    if cos.dtype in HALF_TYPES:
         return cos.astype(np.float32), sin.astype(np.float32)
     return cos, sin
 

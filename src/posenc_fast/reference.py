@@ -365,10 +365,10 @@ def round_once(values, dtype):
     if dtype not in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         return values.astype(dtype)
     with np.errstate(over="ignore"):
-        return _round_half(values, dtype)
+        return _round_to_half_type(values, dtype)
 
 
-def _round_half(values, dtype):
+def _round_to_half_type(values, dtype):
     result = np.empty(values.shape, dtype)
     flat, out = values.reshape(-1), result.reshape(-1)
     info = ml_dtypes.finfo(dtype)

@@ -230,9 +230,9 @@ def _apart(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
-             float32_for_half: bool = True) -> tuple:
+             float32_for_half_types: bool = True) -> tuple:
     """The cos and sin halves of a (max_position, rot_dim) cache, as views; `width`: the
-    features of a head from `offset` on; a float32 cache for half data where allowed."""
+    features of a head from `offset` on; a float32 cache for half-type data where allowed."""
     cache = v.float_array(cache, "cos_sin_cache")
     if cache.ndim != 2:
         raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), "
@@ -243,9 +243,9 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
             f"head_size - rope_dim_offset = {width} (rope_dim_offset = {offset})")
         raise ValueError(f"cos_sin_cache.shape[1] is rot_dim, which must be even with 2 <= "
                          f"rot_dim <= {where}, got {rot_dim}")
-    half = dtype.itemsize == 2 and float32_for_half
-    if cache.dtype != dtype and not (half and cache.dtype == np.float32):
-        allowed = f"query's dtype {dtype}" + (" or float32" if half else "")
+    float32_too = dtype.itemsize == 2 and float32_for_half_types
+    if cache.dtype != dtype and not (float32_too and cache.dtype == np.float32):
+        allowed = f"query's dtype {dtype}" + (" or float32" if float32_too else "")
         raise TypeError(f"cos_sin_cache must have {allowed}, got {cache.dtype}; convert it "
                         f"once, as vLLM's RotaryEmbedding does")
     return cache[:, :rot_dim // 2], cache[:, rot_dim // 2:]
@@ -317,7 +317,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     query = _apart(_token_heads(query, "query", positions.shape, head_size), "query")
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
-    cos, sin = _cos_sin(cache, query.dtype, head_size, float32_for_half=False)
+    cos, sin = _cos_sin(cache, query.dtype, head_size, float32_for_half_types=False)
     tokens = positions.reshape(-1)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cache.shape[0]):
         raise ValueError(f"positions must lie in [0, {cache.shape[0]}) (rows of cos_sin_cache), "

@@ -21,7 +21,7 @@ class DType(NamedTuple):
 
 # The data types of the kernels.  A row here adds the dtype to every kernel,
 # to the table and to its dispatch; a storage type other than its arithmetic
-# type (a half type) also needs its conversions in posenc_half.h.
+# type (a half type) also needs its conversions in posenc_half_types.h.
 DTYPES = [
     DType("f32", "float", "NPY_FLOAT32", True, "float"),
     DType("f64", "double", "NPY_FLOAT64", True, "double"),

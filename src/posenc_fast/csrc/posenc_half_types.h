@@ -6,8 +6,8 @@
    a correct second rounding to 11 or 8 bits).  NaN stays NaN, overflow gives
    inf.  Every ISA variant rounds alike: _Float16 where the compiler has it
    (F16C instructions with -mf16c), integer code otherwise. */
-#ifndef POSENC_HALF_H
-#define POSENC_HALF_H
+#ifndef POSENC_HALF_TYPES_H
+#define POSENC_HALF_TYPES_H
 
 #include "posenc_config.h"
 

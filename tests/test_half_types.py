@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import posenc_fast as pf
 from posenc_fast import reference as ref
-from posenc_fast._tolerance import half_tolerance
+from posenc_fast._tolerance import half_type_tolerance
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -26,7 +26,7 @@ def bits(a):
     return np.ascontiguousarray(a).view(np.uint16)
 
 
-def half_data(shape, dtype, seed=0):
+def half_type_data(shape, dtype, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
@@ -46,7 +46,7 @@ def model_rotate(x, cos, sin, layout, inverse=False):
 
 def assert_near_reference(got, want, scale):
     got64 = got.astype(np.float64)
-    tol = half_tolerance(want, got.dtype, scale)
+    tol = half_type_tolerance(want, got.dtype, scale)
     bad = np.abs(got64 - want) > tol
     assert not bad.any(), (got64[bad][:5], want[bad][:5])
 
@@ -59,7 +59,7 @@ def assert_near_reference(got, want, scale):
 def test_rope_matches_the_float32_model_and_the_reference(dtype, layout, rotary_dim, offset,
                                                           inverse, in_place, strided, seed):
     rope = pf.RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim)
-    x = half_data((2, 3, 9, 32 if strided else 16), dtype, seed)
+    x = half_type_data((2, 3, 9, 32 if strided else 16), dtype, seed)
     x = x[..., ::2] if strided else x
     x0 = x.copy()
     positions = np.arange(offset, offset + 9)
@@ -81,7 +81,7 @@ def test_rope_matches_the_float32_model_and_the_reference(dtype, layout, rotary_
 @pytest.mark.parametrize("dtype", HALVES)
 def test_apply_qk_positions_and_general_path_agree(dtype):
     rope = pf.RotaryEmbedding(64, layout="half")
-    q, k = half_data((1, 4, 20, 64), dtype, 1), half_data((1, 2, 20, 64), dtype, 2)
+    q, k = half_type_data((1, 4, 20, 64), dtype, 1), half_type_data((1, 2, 20, 64), dtype, 2)
     positions = np.random.default_rng(3).integers(0, 2**20, 20)
     q_rot, k_rot = rope.apply_qk(q, k, positions)
     cos, sin = rope.cos_sin(positions, dtype=np.float32)
@@ -101,7 +101,7 @@ def test_apply_rotary_cos_sin(dtype, table, layout):
     cos32, sin32 = pf.RotaryEmbedding(32).cos_sin(np.arange(50), dtype=np.float32)
     cos, sin = (cos32, sin32) if table == "float32" else (cos32.astype(dtype),
                                                            sin32.astype(dtype))
-    x = half_data((2, 3, 50, 32), dtype, 4)
+    x = half_type_data((2, 3, 50, 32), dtype, 4)
     want = model_rotate(x, cos.astype(F32), sin.astype(F32), layout)
     got = pf.apply_rotary_cos_sin(x, cos, sin, layout=layout)
     assert np.array_equal(bits(got), bits(want))
@@ -117,7 +117,7 @@ def test_apply_rotary_cos_sin(dtype, table, layout):
 @pytest.mark.parametrize("dtype", HALVES)
 def test_float64_cos_sin_with_half_data_is_refused(dtype):
     cos, sin = pf.RotaryEmbedding(16).cos_sin(np.arange(4), dtype=np.float64)
-    x = half_data((4, 16), dtype)
+    x = half_type_data((4, 16), dtype)
     x0 = x.copy()
     with pytest.raises(TypeError, match=f"cos and sin must be float32 or {dtype}"):
         pf.apply_rotary_cos_sin(x, cos, sin, out=x)
@@ -144,12 +144,12 @@ def test_tables_are_the_float64_values_rounded_once(dtype):
 
 @pytest.mark.parametrize("dtype", HALVES)
 def test_add_alibi_and_add_sinusoidal(dtype):
-    scores = half_data((4, 6, 9), dtype, 6) * 8
+    scores = half_type_data((4, 6, 9), dtype, 6) * 8
     got = pf.add_alibi(scores, causal=False, offset=3)
     bias = pf.alibi_bias(4, 6, 9, causal=False, offset=3, dtype=np.float64)
     want = scores.astype(np.float64) + bias
     assert np.array_equal(bits(got), bits(ref.round_once(want, dtype)))  # in double, once
-    x = half_data((2, 30, 10), dtype, 7)
+    x = half_type_data((2, 30, 10), dtype, 7)
     got = pf.add_sinusoidal(x, offset=5)
     table32 = pf.sinusoidal_table(30, 10, offset=5, dtype=np.float64).astype(F32)
     assert np.array_equal(bits(got), bits((x.astype(F32) + table32).astype(dtype)))
@@ -158,8 +158,8 @@ def test_add_alibi_and_add_sinusoidal(dtype):
 @pytest.mark.parametrize("x_dtype", HALVES + [np.dtype(np.float32), np.dtype(np.float64)])
 @pytest.mark.parametrize("table_dtype", HALVES + [np.dtype(np.float32), np.dtype(np.float64)])
 def test_add_position_table_any_two_dtypes(x_dtype, table_dtype):
-    x = half_data((3, 20, 8), x_dtype, 8)
-    table = half_data((40, 8), table_dtype, 9)
+    x = half_type_data((3, 20, 8), x_dtype, 8)
+    table = half_type_data((40, 8), table_dtype, 9)
     got = pf.add_position_table(x, table, offset=4)
     assert got.dtype == x_dtype
     rows = table[4:24]
@@ -210,7 +210,7 @@ def test_every_bit_pattern_is_rounded_once(dtype, layout, shape, rotary_dim):
 @pytest.mark.parametrize("dtype", HALVES)
 def test_out_of_another_dtype_is_refused_and_untouched(dtype):
     # ValueError, as for every other dtype mismatch of `out` (the contract since 0.1).
-    x = half_data((2, 8), dtype)
+    x = half_type_data((2, 8), dtype)
     out = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match=f"out must have dtype {dtype}"):
         pf.RotaryEmbedding(8).apply(x, 0, out=out)
@@ -231,7 +231,7 @@ def test_other_dtypes_are_refused_with_the_list(bad):
 @pytest.mark.parametrize("dtype", HALVES)
 def test_several_position_streams_compute_in_float32(dtype):
     rope = pf.RotaryEmbedding(16, layout="half", mrope_section=[2, 3, 3])
-    x = half_data((5, 2, 16), dtype, 10)
+    x = half_type_data((5, 2, 16), dtype, 10)
     positions = np.random.default_rng(11).integers(0, 1000, (3, 5, 1))
     got = rope.apply(x, positions)
     cos, sin = rope.cos_sin(positions, dtype=np.float32)  # (5, 1, 8): gathered per token
