@@ -54,8 +54,8 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
             assert got == want, f"{model_type}: probed {rule} gives {got}, the table {want}"
             agreed.append(model_type)
     print(f"{len(agreed)} of {len(_hf_models.MODEL_RULES)} rules probed and agreeing; refused: {dict(refused)}")
-    assert len(agreed) >= 140  # the probe reads most families: a broken probe refuses them all
-    assert {"llama", "cohere", "phi", "gpt_neox", "nanochat", "stablelm", "glm"} <= set(agreed)
+    assert len(agreed) >= 150  # the probe reads most families: a broken probe refuses them all
+    assert {"llama", "cohere", "phi", "gpt_neox", "nanochat", "stablelm", "glm", "deepseek_v3", "deepseek_v32"} <= set(agreed)
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [
@@ -71,14 +71,76 @@ def test_a_model_type_without_a_rule_is_probed(monkeypatch, model_type, layout, 
     assert rope.layout == layout and (rope.rotary_dim == rope.dim) == whole_head
 
 
+# deepseek_v2 rotates by complex freqs_cis (refused below)
+_MLA = sorted(t for t, rule in _hf_models.MODEL_RULES.items() if rule.mla and t != "deepseek_v2")
+
+
+def _readings(config, kinds):
+    """from_hf_config's RoPE (or the error type) for each layer type and attention kind of `config`."""
+    found = []
+    for layer_type in sorted(set(config.get("layer_types") or [None]), key=str):
+        for kind in kinds:
+            try:
+                found.append(repr(pf.RotaryEmbedding.from_hf_config(config, attention=kind, layer_type=layer_type)))
+            except ValueError as error:
+                found.append(type(error))
+    return found
+
+
+@pytest.mark.parametrize("model_type", _MLA)
+def test_latent_attention_is_probed_as_the_table_states_it(monkeypatch, model_type):
+    # the probe reads the rotation of q_rot / k_rot in the features' own order (DeepSeek's interleave
+    # function permutes them, as q and k alike), the choice by rope_interleave, and the indexer's
+    table = _hf_models.MODEL_RULES[model_type]
+    rule = _hf_probe.probed_rule(model_type)
+    assert (rule.mla, rule.layout, rule.reads_rope_interleave, rule.indexer) == (
+        True, table.layout, table.reads_rope_interleave, table.indexer)
+    configs = [_default(model_type)]
+    if table.reads_rope_interleave:
+        configs += [{**configs[0], "rope_interleave": flag} for flag in (False, True)]
+    kinds = ["main"] + (["indexer"] if table.indexer else [])
+    want = [_readings(config, kinds) for config in configs]
+    _without_rule(monkeypatch, model_type)
+    assert [_readings(config, kinds) for config in configs] == want
+    assert all(isinstance(found, str) for found in want[0][:1])
+    if table.reads_rope_interleave:  # the flag switches the layout
+        assert want[1] != want[2] == want[0]
+
+
+def test_the_rotation_a_class_picks_by_default_is_the_rules_layout(monkeypatch):
+    # a latent attention whose configuration class defaults to rope_interleave=False rotates in halves
+    config_class = configuration_auto.CONFIG_MAPPING["deepseek_v3"]
+    monkeypatch.setitem(configuration_auto.CONFIG_MAPPING._extra_content, "deepseek_v3",
+                        lambda **kwargs: config_class(**{"rope_interleave": False, **kwargs}))
+    _hf_probe.probed_rule.cache_clear()
+    try:
+        rule = _hf_probe.probed_rule("deepseek_v3")
+    finally:
+        _hf_probe.probed_rule.cache_clear()
+    assert (rule.layout, rule.reads_rope_interleave) == ("half", True)
+
+
 @pytest.mark.parametrize("model_type, reason", [
-    ("deepseek_v3", "call .*apply_rotary_pos_emb_interleave.*not one rotation to probe"),
+    ("deepseek_v2", "apply_rotary_emb cannot be run on a probe"),  # complex freqs_cis, not cos and sin
     ("qwen2_vl_text", "several position streams"),
 ])
 def test_what_the_probe_cannot_state_is_refused_with_the_reason(monkeypatch, model_type, reason):
     _without_rule(monkeypatch, model_type)
     with pytest.raises(ValueError, match=f"no rule for model_type '{model_type}', and probing .*{reason}"):
         pf.RotaryEmbedding.from_hf_config(_default(model_type))
+
+
+def test_two_rotations_not_picked_by_rope_interleave_are_refused(monkeypatch):
+    # latent attention may pick one of two rotations by config.rope_interleave; any other pair is refused
+    calls = {"apply_rotary_pos_emb": ["LlamaAttention"], "rotate_half": ["LlamaAttention"]}
+    monkeypatch.setattr(_hf_probe, "attention_rotations", lambda module, kind="main": calls)
+    _hf_probe.probed_rule.cache_clear()
+    try:
+        _without_rule(monkeypatch, "llama")
+        with pytest.raises(ValueError, match=r"call \['apply_rotary_pos_emb', 'rotate_half'\], not one rotation"):
+            pf.RotaryEmbedding.from_hf_config(_default("llama"))
+    finally:
+        _hf_probe.probed_rule.cache_clear()
 
 
 def test_a_rotation_method_is_refused_not_an_attribute_error():

@@ -218,7 +218,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "ministral3": ModelRule("ministral3/modeling_ministral3.py"),
     "mistral": ModelRule("mistral/modeling_mistral.py"),
     "mistral4": ModelRule("mistral4/modeling_mistral4.py", "interleaved", whole_head=False, mla=True),
-    "mistral_large4_text": ModelRule("mistral_large4/modeling_mistral_large4.py", "interleaved", mla=True, reads_rope_interleave=False, rope_layers="no_rope_layers"),
+    "mistral_large4_text": ModelRule("mistral_large4/modeling_mistral_large4.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="interleaved", rope_layers="no_rope_layers"),
     "mixtral": ModelRule("mixtral/modeling_mixtral.py"),
     "mllama_text_model": ModelRule("mllama/modeling_mllama.py"),
     "modernbert": ModelRule("modernbert/modeling_modernbert.py", theta_key="global_rope_theta", local_theta_key="local_rope_theta", local_scaled=True),

@@ -2,12 +2,19 @@
 
 `probed_rule` builds the model type's rotary module from its default config,
 finds the one rotation function its attention classes call (read from their
-source), and runs it on the basis vectors of a head at position 1: the
-matrix it applies says which features pair (interleaved or half layout),
+source), and runs it on the basis vectors of a head at positions 0 and 1: the
+map from one to the other (what the attention scores see: a function that
+also permutes the features, as q and k alike, such as DeepSeek's
+``apply_rotary_pos_emb_interleave``, shows the rotation in the features' own
+order) says which features pair (interleaved or half layout),
 which pass through (partial rotary, or the trailing features), which way it
-turns and by which angles (the pairs read at position 4096 too, where the
-slowest frequencies turn far enough to be seen).  A second probe with ``partial_rotary_factor=0.5``
+turns and by which angles (the pairs read at position 4096 too, or the last
+the module has, where the slowest frequencies turn far enough to be seen).  A second probe with ``partial_rotary_factor=0.5``
 tells a model that reads the factor from one that rotates its whole head.
+Multi-head latent attention (a config with ``kv_lora_rank`` and
+``qk_rope_head_dim``) is probed on its ``qk_rope_head_dim`` features: one
+rotation, or two its attention picks by ``config.rope_interleave`` (which must
+read as the interleaved and the half layout), and its DSA indexer's own.
 The rule found is then checked by reading the default config with it: the
 frequencies and attention factor must be the module's own (to float32
 rounding).  Anything else -- several rotation functions, a feature mixed
@@ -112,25 +119,81 @@ def probed_rule(model_type: str) -> ModelRule | None:
         return None
     where = f"model_type {model_type!r}, probed in transformers {transformers.__version__}"
     module = modeling_module(model_type)
+    config_class = configuration_auto.CONFIG_MAPPING[model_type]
+    mla = _is_mla(config_class())
+    functions = _main_rotations(module, mla, where)
+    found = [_probe(module, function, config_class(), None, where, mla) for function in functions]
+    if len(found) == 2 and ([f["layout"] for f in found] != ["interleaved", "half"]
+                            or not _same_rotation(*found)):
+        raise ValueError(f"{where}: its attention picks {functions[0].__name__} or {functions[1].__name__} by "
+                         f"config.rope_interleave, which do not read as the interleaved and the half layout of one "
+                         f"rotation; pass layout= as its attention rotates")
+    # the rotation the default config's rope_interleave picks (a config without the key: the class's default)
+    found = found[0] if len(found) == 1 or config_class().to_dict().get("rope_interleave") else found[1]
+    if found["rotary_dim"] == found["dim"] and not mla:
+        whole_head = _probe(module, functions[0], config_class(), 0.5, where)["rotary_dim"] in (found["dim"], None)
+    else:
+        whole_head = mla  # latent attention rotates qk_rope_head_dim features whatever the factor
+    source = module.__name__.split(".")[2] + "/" + module.__name__.split(".")[3] + ".py"
+    rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
+                     trailing=found["start"] > 0, reversed=found["reversed"], mla=mla,
+                     reads_rope_interleave=len(functions) == 2,
+                     indexer=_indexer_layout(module, config_class, mla, where))
+    _check_frequencies(config_class(), rule, found, where)
+    return rule
+
+
+def _same_rotation(a: dict, b: dict) -> bool:
+    """Two probes read the same features, direction, angles and factor (their layouts aside)."""
+    return (all(a[key] == b[key] for key in ("dim", "rotary_dim", "start", "reversed"))
+            and np.allclose(a["angles"], b["angles"], rtol=0, atol=_TOLERANCE)
+            and abs(a["factor"] - b["factor"]) <= _TOLERANCE)
+
+
+def _is_mla(config) -> bool:
+    """Multi-head latent attention: the text config has ``kv_lora_rank`` and ``qk_rope_head_dim``."""
+    text = config.get_text_config(decoder=True).to_dict()
+    return text.get("kv_lora_rank") is not None and text.get("qk_rope_head_dim") is not None
+
+
+def _module_function(module, name, where):
+    function = getattr(module, name, None)
+    if not callable(function):  # V-JEPA 2: a method of the attention class (a 3-D rotary)
+        raise ValueError(f"{where}: its attention classes call {name!r}, which is not a function of "
+                         f"{module.__name__} to probe; pass layout= as its attention rotates")
+    return function
+
+
+def _main_rotations(module, mla, where) -> list:
+    """The rotation function the attention calls; latent attention: or the two it picks by
+    ``config.rope_interleave`` (the one it calls when true first)."""
     calls = {} if module is None else attention_rotations(module)
+    if len(calls) == 2 and mla:
+        sources = {inspect.getsource(getattr(module, name)) for names in calls.values() for name in names}
+        chosen = {m.group(1) for source in sources for m in re.finditer(
+            r"if self\.config\.rope_interleave:[^\n]*\n[^\n]*?\b(apply_rotary\w*)\s*\(", source)}
+        if len(sources) == 1 and len(chosen) == 1:
+            [first] = chosen
+            return [_module_function(module, name, where) for name in (first, *(set(calls) - chosen))]
     if len(calls) != 1:
         raise ValueError(f"{where}: its attention classes call {sorted(calls) or 'no rotation function'}, not "
                          f"one rotation to probe; pass layout= as its attention rotates")
-    function = getattr(module, next(iter(calls)), None)
-    if not callable(function):  # V-JEPA 2: a method of the attention class (a 3-D rotary)
-        raise ValueError(f"{where}: its attention classes call {next(iter(calls))!r}, which is not a function of "
-                         f"{module.__name__} to probe; pass layout= as its attention rotates")
-    source = module.__name__.split(".")[2] + "/" + module.__name__.split(".")[3] + ".py"
-    config_class = configuration_auto.CONFIG_MAPPING[model_type]
-    found = _probe(module, function, config_class(), None, where)
-    if found["rotary_dim"] == found["dim"]:
-        whole_head = _probe(module, function, config_class(), 0.5, where)["rotary_dim"] in (found["dim"], None)
-    else:
-        whole_head = False
-    rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
-                     trailing=found["start"] > 0, reversed=found["reversed"])
-    _check_frequencies(config_class(), rule, found, where)
-    return rule
+    return [_module_function(module, next(iter(calls)), where)]
+
+
+def _indexer_layout(module, config_class, mla, where) -> str | None:
+    """The pair layout of a latent attention's DSA indexer, which rotates the leading ``qk_rope_head_dim``
+    of its features (None: it has none, or rotates others -- HY-V4's trailing ones -- which
+    ``attention="indexer"`` then refuses to read)."""
+    calls = attention_rotations(module, "indexer") if mla else {}
+    if not calls or not all(re.search(r"q_rot, q_pass = torch\.split\(", inspect.getsource(getattr(module, name)))
+                            for names in calls.values() for name in names):
+        return None
+    if len(calls) != 1:
+        raise ValueError(f"{where}: its indexer calls {sorted(calls)}, not one rotation to probe; pass layout= "
+                         f"as its attention rotates")
+    return _probe(module, _module_function(module, next(iter(calls)), where), config_class(), None, where,
+                  mla)["layout"]
 
 
 def _text_config(config, partial):
@@ -143,8 +206,9 @@ def _text_config(config, partial):
     return text
 
 
-def _probe(module, function, config, partial, where) -> dict:
-    """What `function` applies at position 1 to the basis vectors of a head (see the module docstring)."""
+def _probe(module, function, config, partial, where, mla=False) -> dict:
+    """What `function` applies from position 0 to 1 to the basis vectors of a head (see the module
+    docstring); `mla`: of its ``qk_rope_head_dim`` features."""
     import torch
 
     text = _text_config(config, partial)
@@ -159,13 +223,15 @@ def _probe(module, function, config, partial, where) -> dict:
                          f"not probed; build the RotaryEmbedding with pair_streams=")
     pairwise = list(inspect.signature(function).parameters)[1] in ("k", "xk", "key", "k_embed")
     try:
-        dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 2, dim).contiguous()
+        dim = (text.to_dict()["qk_rope_head_dim"] if mla else
+               getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 3, dim).contiguous()
+        far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
         extra = {}
         if "layer_type" in forward:
             extra = {"layer_type": (getattr(text, "layer_types", None) or [None])[0]}
         with torch.no_grad():
-            cos, sin = rotary_class(config=text)(basis, torch.tensor([[1, 4096]]), **extra)
+            cos, sin = rotary_class(config=text)(basis, torch.tensor([[0, 1, far]]), **extra)
             # the whole head, or the leading features its attention cuts out for the call (Phi, GPT-J)
             errors = []
             for width in dict.fromkeys(w for w in (dim, cos.shape[-1], 2 * cos.shape[-1]) if w <= dim):
@@ -181,14 +247,22 @@ def _probe(module, function, config, partial, where) -> dict:
     except Exception as error:  # its module fails on the default config or the probe's shapes
         raise ValueError(f"{where}: its rotary module or {function.__name__} cannot be run on a probe "
                          f"({type(error).__name__}: {str(error)[:120]})") from None
-    matrices = np.tile(np.eye(dim), (2, 1, 1))
+    matrices = np.tile(np.eye(dim), (3, 1, 1))
     matrices[:, :width, :width] = rotated.double().numpy()[0].transpose(1, 0, 2)
-    return _read_matrix(matrices[0], matrices[1], where)
+    # at position 0: the identity or a permutation it applies to q and k alike, each row times its factor
+    # (the attention factor; 1 on the features passed through)
+    unit = matrices[0] / np.linalg.norm(matrices[0], axis=1, keepdims=True)
+    order = np.round(unit)
+    if not (np.abs(unit - order).max() < _TOLERANCE and set(order.flat) <= {0.0, 1.0}
+            and (order.sum(axis=0) == 1).all() and (order.sum(axis=1) == 1).all()):
+        raise ValueError(f"{where}: at position 0 its rotation is not a permutation of the features")
+    return _read_matrix(matrices[1] @ order.T, matrices[2] @ order.T, where)
 
 
 def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
     """Pairs, layout, start, direction and angles of the map whose row h is the image of e_h at
-    position 1 (`m`); `far`, the map at position 4096, shows the pairs that turn slowly."""
+    position 1 (`m`); `far`, the map at position 4096 (or the last the module has), shows the pairs
+    that turn slowly."""
     dim = m.shape[0]
     partner = {}
     for h in range(dim):
