@@ -129,3 +129,29 @@ def test_layer_is_its_layer_type_and_reads_its_own_per_layer_config():
     with pytest.raises(ValueError, match=r"only the 'indexed_attention' layers have an indexer, not "
                                          r"layer_type='sliding_attention' \(layer 2\)"):
         rotary_kwargs_from_hf_config(dots3, layer=2, attention="indexer")
+
+
+GLM_DSA = {"model_type": "glm_moe_dsa", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 4,
+           "qk_rope_head_dim": 16, "kv_lora_rank": 32, "index_head_dim": 32}
+
+
+@pytest.mark.parametrize("form, shared", [({}, []), ({"index_topk_freq": 2}, [2]), ({"index_topk_pattern": "FSSF"}, [1, 2]),
+                                          ({"indexer_types": ["full", "full", "full", "shared"]}, [3])])
+def test_a_layer_sharing_another_layers_indexer_has_none_to_read(form, shared):
+    config = {**GLM_DSA, **form}
+    for layer in range(4):
+        if layer in shared:
+            with pytest.raises(ValueError, match=rf"layer {layer} has no indexer of its own \(indexer_types\[{layer}\]"):
+                rotary_kwargs_from_hf_config(config, layer=layer, attention="indexer")
+        else:
+            assert rotary_kwargs_from_hf_config(config, layer=layer, attention="indexer") == \
+                rotary_kwargs_from_hf_config(config, attention="indexer")
+        # the main attention rotates in every layer
+        assert rotary_kwargs_from_hf_config(config, layer=layer) == rotary_kwargs_from_hf_config(config)
+
+
+@pytest.mark.parametrize("form, message", [({"index_topk_pattern": "FSXF"}, "a string of 'F' and 'S'"),
+                                           ({"indexer_types": ["full"]}, "must list each layer")])
+def test_indexer_types_that_do_not_say_are_refused(form, message):
+    with pytest.raises(ValueError, match=message):
+        rotary_kwargs_from_hf_config({**GLM_DSA, **form}, layer=2, attention="indexer")

@@ -260,6 +260,28 @@ def test_layer_without_rope_is_refused_as_the_model_skips_it(model_type, form):
                     pf.RotaryEmbedding.from_hf_config(data, layer=i)
 
 
+_TINY_EXTRA["glm_moe_dsa"] = _TINY_EXTRA["mistral_large4_text"]
+
+
+@pytest.mark.parametrize("form", [{}, {"index_topk_freq": 3}, {"index_topk_freq": 2, "index_skip_topk_offset": 0},
+                                  {"index_topk_pattern": "FFSFSSFS"},
+                                  {"indexer_types": ["full", "shared"] * 4}], ids=str)
+@pytest.mark.parametrize("model_type", ["glm_moe_dsa", "mistral_large4_text"])
+def test_indexer_of_a_layer_that_shares_one_is_refused(model_type, form):
+    # their attention: `self.indexer = None if config.indexer_types[layer_idx] == "shared" else ...Indexer(...)`
+    raw, config, model = _tiny_model(model_type, **form)
+    rotates = [layer.self_attn.indexer is not None and getattr(layer.self_attn, "use_rope", True)
+               for layer in model.layers]
+    assert any(rotates) and (not all(rotates) or form == {})
+    for data in (raw, config.to_dict()):
+        for i, own in enumerate(rotates):
+            if own:
+                assert pf.RotaryEmbedding.from_hf_config(data, layer=i, attention="indexer").layout == "interleaved"
+            else:
+                with pytest.raises(ValueError, match=rf"layer {i} has no (indexer of its own|RoPE)"):
+                    pf.RotaryEmbedding.from_hf_config(data, layer=i, attention="indexer")
+
+
 @pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 4.0},
                                   {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}])
 def test_molmo2_layers_rotate_by_the_scaled_or_the_unscaled_rope(rope):

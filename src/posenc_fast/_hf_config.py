@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_layers import (canonical_config, class_default, class_rope, layer_config, layer_of_index,
+from ._hf_layers import (canonical_config, class_default, class_rope, layer_config, layer_of_index, own_indexer,
                          layer_type_params)
 from ._hf_functions import ROTARY_FUNCTIONS
 from ._hf_models import MODEL_RULES, NO_ROPE, ModelRule
@@ -463,6 +463,8 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
         raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
                          f"not layer_type={layer_type!r}" + ("" if layer is None else f" (layer {layer})"))
+    if attention == "indexer" and layer is not None:
+        own_indexer(cfg, layer, where)
     cfg = layer_config(cfg, rule, layer_type, where, layer)
 
     if model_type in ("gptj", "codegen"):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from . import _hf_defaults
 from ._hf_models import ModelRule
 
-__all__ = ["canonical_config", "class_default", "class_rope", "layer_config", "layer_of_index",
+__all__ = ["canonical_config", "class_default", "class_rope", "layer_config", "layer_of_index", "own_indexer",
            "layer_type_params"]
 
 
@@ -218,6 +218,29 @@ def layer_of_index(cfg: dict, rule: ModelRule, layer, layer_type, where: str) ->
     elif rule.rope_layers == "rope_scaling_layers":
         cfg = _rope_scaling_layers(cfg, rule, layer, where)
     return cfg, layer_type
+
+
+def own_indexer(cfg: Mapping, layer: int, where: str) -> None:
+    """Refuses ``attention="indexer"`` for layer `layer` where it has no indexer of its own.
+
+    GLM-MoE-DSA / Mistral-Large-4: ``indexer_types[i] == "shared"`` reuses the previous full layer's
+    selection; without the list, their configuration classes derive it from ``index_topk_pattern``
+    (``"F"``/``"S"`` per layer) or from ``index_topk_freq`` and ``index_skip_topk_offset`` (default 1, 2).
+    """
+    kinds = cfg.get("indexer_types")
+    if kinds is None and cfg.get("index_topk_pattern") is not None:
+        pattern = cfg["index_topk_pattern"]
+        if isinstance(pattern, str) and set(pattern) - {"F", "S"}:
+            raise ValueError(f"{where}: 'index_topk_pattern' must be a string of 'F' and 'S', got {pattern!r}")
+        kinds = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else pattern
+    elif kinds is None and cfg.get("index_topk_freq") is not None:
+        freq, offset = max(cfg["index_topk_freq"], 1), cfg.get("index_skip_topk_offset", 2)
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layer + 1)]
+    if kinds is not None and not (isinstance(kinds, (list, tuple)) and len(kinds) > layer):
+        raise ValueError(f"{where}: 'indexer_types' (or 'index_topk_pattern') must list each layer, got {kinds!r}")
+    if kinds is not None and kinds[layer] == "shared":
+        raise ValueError(f"{where}: attention='indexer', but layer {layer} has no indexer of its own "
+                         f"(indexer_types[{layer}] == 'shared': it reuses the previous full layer's selection)")
 
 
 def _index_list(cfg: Mapping, key: str, where: str) -> list | None:
