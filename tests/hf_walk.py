@@ -249,12 +249,15 @@ def _model_rotation(module, config, rotary_out, q, k, kind="main"):
         # the attention itself passes the leading rotary features (query[..., : self.rotary_ndims], GPT-J's
         # query[:, :, :, : self.rotary_dim]): as wide as the cos/sin cache, or twice (half-width caches)
         widths += [w for w in (cos.shape[-1], 2 * cos.shape[-1]) if w < q.shape[-1]]
+    trailing = False  # the rotated features are the last `width`, not the first
     if kind == "indexer":
         # it splits off and rotates its leading qk_rope_head_dim features (HY-V4's rotates its trailing ones)
         classes = sum(attention_rotations(module, kind).values(), [])
         sources = [inspect.getsource(getattr(module, name)) for name in classes]
         if all(re.search(r"q_rot, q_pass = torch\.split\(", source) for source in sources):
             widths = [config.qk_rope_head_dim]
+        elif all(re.search(r"q_pass, q_rot = torch\.split\(", source) for source in sources):
+            widths, trailing = [config.qk_rope_head_dim], True
         elif all(re.search(r"\bq = apply_rotary_pos_emb\(q, ", source) for source in sources):
             widths = [q.shape[-1]]  # the whole q: its function rotates the trailing features (DeepSeek-V4)
         else:
@@ -265,7 +268,8 @@ def _model_rotation(module, config, rotary_out, q, k, kind="main"):
     errors = []
     for width in widths:  # the attention passes the leading `width` features
         for axes in ((1, 2), None):  # (batch, heads, seq, dim) or (batch, seq, heads, dim)
-            qq, kk = (x[..., :width] if axes is None else x[..., :width].transpose(1, 2) for x in (q, k))
+            parts = [x[..., x.shape[-1] - width:] if trailing else x[..., :width] for x in (q, k)]
+            qq, kk = (x if axes is None else x.transpose(1, 2) for x in parts)
             args = tuple(tables)  # in the order the rotary module returns and the function takes them
             try:
                 if pairwise:
@@ -280,8 +284,10 @@ def _model_rotation(module, config, rotary_out, q, k, kind="main"):
             if axes is not None:
                 q_rot, k_rot = q_rot.transpose(1, 2), k_rot.transpose(1, 2)
             rest = q.shape[-1] - width
-            q_rot = torch.cat((q_rot, q[..., width:]), -1) if rest else q_rot
-            k_rot = torch.cat((k_rot, k[..., width:]), -1) if rest else k_rot
+            if rest and trailing:
+                q_rot, k_rot = torch.cat((q[..., :rest], q_rot), -1), torch.cat((k[..., :rest], k_rot), -1)
+            elif rest:
+                q_rot, k_rot = torch.cat((q_rot, q[..., width:]), -1), torch.cat((k_rot, k[..., width:]), -1)
             return q_rot.double().numpy(), k_rot.double().numpy()
     raise RuntimeError(f"cannot call {function.__name__}: {errors}")
 

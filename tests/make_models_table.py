@@ -41,7 +41,8 @@ def _rule_text(model_type, results):
     elif rule.local_theta_key:
         notes.append("RoPE per layer type")
     if rule.indexer:
-        notes.append(f"indexer: {rule.indexer} (`attention=\"indexer\"`)")
+        last = ", its last qk_rope_head_dim features" if rule.mla and rule.trailing else ""
+        notes.append(f"indexer: {rule.indexer}{last} (`attention=\"indexer\"`)")
     if rule.streams:
         notes.append(f"mRoPE ({rule.streams} position streams)")
     via = "" if text_type == model_type else f" (text: `{text_type}`)"

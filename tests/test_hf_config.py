@@ -463,6 +463,9 @@ def test_dsa_attention_and_indexer_rotate_differently():
         == "interleaved"
     with pytest.raises(ValueError, match="only the 'indexed_attention' layers have an indexer"):
         rotary_kwargs_from_hf_config(dots3, attention="indexer", layer_type="sliding_attention")
+    # HYV4Indexer: `q_pass, q_rot = torch.split(...)`, its last qk_rope_head_dim features rotate (half)
+    assert rotary_kwargs_from_hf_config(dict(DSA, model_type="hy_v4"), attention="indexer") == dict(
+        dim=64, rotary_dim=32, rotary_start=32, base=1e4, layout="half", scaling=None)
     llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 2}
     with pytest.raises(ValueError, match="reads no indexer of model_type 'llama'"):
         pf.RotaryEmbedding.from_hf_config(llama, attention="indexer")

@@ -306,8 +306,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         Which attention's RoPE: ``"main"`` (default), the model's attention;
         ``"indexer"``, the DSA indexer of DeepSeek-V3.2-style models (its
         ``index_head_dim`` features, the leading ``qk_rope_head_dim`` of
-        them rotating, in its own pair layout; DeepSeek-V4's: the trailing
-        ones, by its ``"compress"`` RoPE).  Refused for a model without an
+        them rotating, in its own pair layout; HY-V4's and DeepSeek-V4's: the
+        trailing ones, DeepSeek-V4's by its ``"compress"`` RoPE).  Refused for a model without an
         indexer posenc_fast reads.
     layer : int, optional
         The RoPE of decoder layer `layer` (0-based, below the config's
@@ -497,7 +497,9 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
         if attention == "indexer":
             # the indexer splits its index_head_dim features into [qk_rope_head_dim rotated, the rest passed]
+            # (HY-V4's: [the rest passed, qk_rope_head_dim rotated])
             dim, layout = _int(cfg, "index_head_dim", where), rule.indexer
+            start = dim - rotary_dim if rule.trailing else 0
     else:
         dim = _head_dim(cfg, model_type, rule, where)
         layout = rule.layout

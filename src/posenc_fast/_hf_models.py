@@ -76,7 +76,8 @@ class ModelRule(NamedTuple):
     keys (dots3: ``Dots3NoteTextConfig.__post_init__``)."""
     trailing: bool = False
     """Rotates the last ``int(head_dim * partial_rotary_factor)`` features of each head, not the first
-    (DeepSeek-V4's ``x[..., -rope_dim:]``): ``rotary_start = head_dim - rotary_dim``."""
+    (DeepSeek-V4's ``x[..., -rope_dim:]``): ``rotary_start = head_dim - rotary_dim``; with `mla`, its indexer
+    rotates the last ``qk_rope_head_dim`` of its ``index_head_dim`` features (HY-V4's ``q_pass, q_rot``)."""
     rope_of_layer: dict | None = None
     """Its ``rope_parameters`` are keyed by RoPE name, not layer type: each layer type's RoPE name
     (DeepSeek-V4: sliding layers ``"main"``, compressed ones ``"compress"``)."""
@@ -187,7 +188,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py"),
     "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width"),
     "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
-    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True, reads_rope_interleave=False),
+    "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True, reads_rope_interleave=False, indexer="half", trailing=True),
     "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", head_dim_key="qk_rope_head_dim", streams="thw_interleaved", default_section=(24, 20, 20)),
     "hyperclovax": ModelRule("hyperclovax/modeling_hyperclovax.py"),
     "idefics": ModelRule("idefics/modeling_idefics.py"),

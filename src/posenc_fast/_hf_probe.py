@@ -135,10 +135,10 @@ def probed_rule(model_type: str) -> ModelRule | None:
     else:
         whole_head = mla  # latent attention rotates qk_rope_head_dim features whatever the factor
     source = module.__name__.split(".")[2] + "/" + module.__name__.split(".")[3] + ".py"
+    indexer, indexer_trailing = _indexer(module, config_class, mla, where)
     rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
-                     trailing=found["start"] > 0, reversed=found["reversed"], mla=mla,
-                     reads_rope_interleave=len(functions) == 2,
-                     indexer=_indexer_layout(module, config_class, mla, where))
+                     trailing=indexer_trailing if mla else found["start"] > 0, reversed=found["reversed"],
+                     mla=mla, reads_rope_interleave=len(functions) == 2, indexer=indexer)
     _check_frequencies(config_class(), rule, found, where)
     return rule
 
@@ -181,19 +181,21 @@ def _main_rotations(module, mla, where) -> list:
     return [_module_function(module, next(iter(calls)), where)]
 
 
-def _indexer_layout(module, config_class, mla, where) -> str | None:
-    """The pair layout of a latent attention's DSA indexer, which rotates the leading ``qk_rope_head_dim``
-    of its features (None: it has none, or rotates others -- HY-V4's trailing ones -- which
-    ``attention="indexer"`` then refuses to read)."""
+def _indexer(module, config_class, mla, where) -> tuple[str | None, bool]:
+    """The pair layout of a latent attention's DSA indexer (None: it has none, or splits off its
+    ``qk_rope_head_dim`` rotated features otherwise than first or last: ``attention="indexer"`` then
+    refuses to read it), and whether they are its last features (HY-V4's ``q_pass, q_rot``)."""
     calls = attention_rotations(module, "indexer") if mla else {}
-    if not calls or not all(re.search(r"q_rot, q_pass = torch\.split\(", inspect.getsource(getattr(module, name)))
-                            for names in calls.values() for name in names):
-        return None
+    splits = {m.group(1) if m else None for names in calls.values() for name in names
+              for m in [re.search(r"\b(q_rot, q_pass|q_pass, q_rot) = torch\.split\(",
+                                  inspect.getsource(getattr(module, name)))]} if calls else {None}
+    if len(splits) != 1 or None in splits:
+        return None, False
     if len(calls) != 1:
         raise ValueError(f"{where}: its indexer calls {sorted(calls)}, not one rotation to probe; pass layout= "
                          f"as its attention rotates")
-    return _probe(module, _module_function(module, next(iter(calls)), where), config_class(), None, where,
-                  mla)["layout"]
+    found = _probe(module, _module_function(module, next(iter(calls)), where), config_class(), None, where, mla)
+    return found["layout"], splits == {"q_pass, q_rot"}
 
 
 def _text_config(config, partial):
