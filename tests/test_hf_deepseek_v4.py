@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 
+import posenc_fast as pf
 from posenc_fast import hf
 from posenc_fast._hf_functions import ROTARY_FUNCTIONS
 
@@ -181,3 +182,21 @@ def test_a_tiny_model_takes_the_kernel_in_every_call(kernel_calls):
     assert installation.modules == (hf._module_name("deepseek_v4"),)
     assert kernel_calls == [True] * 9
     assert torch.equal(got, want)
+
+
+def test_only_the_layers_with_an_indexer_give_its_rope():
+    # DeepseekV4Attention: a compressed sparse layer's compressor has the indexer; heavily compressed and
+    # sliding layers have none, and from_hf_config(layer=i, attention="indexer") refuses them
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_tiny.tiny_model("deepseek_v4")
+    config = model.config.to_dict()
+    has = [getattr(layer.self_attn.compressor, "indexer", None) is not None for layer in model.model.layers]
+    assert any(has) and not all(has)
+    want = repr(pf.RotaryEmbedding.from_hf_config(config, attention="indexer"))
+    for i, own in enumerate(has):
+        if own:
+            assert repr(pf.RotaryEmbedding.from_hf_config(config, attention="indexer", layer=i)) == want
+        else:
+            with pytest.raises(ValueError, match=rf"only the 'compressed_sparse_attention' layers have an indexer.*\(layer {i}\)"):
+                pf.RotaryEmbedding.from_hf_config(config, attention="indexer", layer=i)

@@ -308,7 +308,7 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         ``index_head_dim`` features, the leading ``qk_rope_head_dim`` of
         them rotating, in its own pair layout; HY-V4's and DeepSeek-V4's: the
         trailing ones, DeepSeek-V4's by its ``"compress"`` RoPE).  Refused for a model without an
-        indexer posenc_fast reads.
+        indexer posenc_fast reads, and for a layer without one of its own.
     layer : int, optional
         The RoPE of decoder layer `layer` (0-based, below the config's
         ``num_hidden_layers``, or the length of its ``layer_types``), for a
@@ -459,10 +459,11 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         raise ValueError(f"{where}: attention='indexer' rotates by the {rule.indexer_rope!r} RoPE in every layer, "
                          f"not layer_type={layer_type!r}")
     cfg, layer_type = layer_of_index(cfg, rule, layer, None if own_rope else layer_type, where)
-    layer_type = rule.indexer_rope if own_rope else layer_type  # (layer= then only checked)
-    if attention == "indexer" and layer_type not in (None, "indexed_attention") and "indexed_attention" in declared:
-        raise ValueError(f"{where}: attention='indexer', but only the 'indexed_attention' layers have an indexer, "
+    has_indexer = rule.indexer_layers
+    if attention == "indexer" and layer_type not in (None, has_indexer) and has_indexer in declared:
+        raise ValueError(f"{where}: attention='indexer', but only the {has_indexer!r} layers have an indexer, "
                          f"not layer_type={layer_type!r}" + ("" if layer is None else f" (layer {layer})"))
+    layer_type = rule.indexer_rope if own_rope else layer_type  # (layer= then only checked)
     if attention == "indexer" and layer is not None:
         own_indexer(cfg, layer, where)
     cfg = layer_config(cfg, rule, layer_type, where, layer)

@@ -58,6 +58,9 @@ class ModelRule(NamedTuple):
     """Pair layout of its DSA indexer (``attention="indexer"``), which rotates the leading
     ``qk_rope_head_dim`` of its ``index_head_dim`` features (the trailing ones with `trailing`); None: no
     indexer posenc_fast reads."""
+    indexer_layers: str = "indexed_attention"
+    """The layer type of the layers that have its indexer, where its ``layer_types`` name it (dots3; DeepSeek-V4:
+    ``"compressed_sparse_attention"``, its CSA compressor's); the other layer types have none."""
     indexer_rope: str | None = None
     """The RoPE its indexer uses in every layer (DeepSeek-V4: ``"compress"``), if it has one of its own."""
     hidden_key: str = "hidden_size"
@@ -125,7 +128,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "deepseek_v2": ModelRule("deepseek_v2/modeling_deepseek_v2.py", "interleaved", mla=True, reads_rope_interleave=False),
     "deepseek_v3": ModelRule("deepseek_v3/modeling_deepseek_v3.py", "interleaved", mla=True),
     "deepseek_v4": ModelRule("deepseek_v4/modeling_deepseek_v4.py", "interleaved", whole_head=False, trailing=True,
-                             indexer="interleaved", indexer_rope="compress", rope_of_layer={"sliding_attention": "main", "compressed_sparse_attention": "compress",
+                             indexer="interleaved", indexer_rope="compress", indexer_layers="compressed_sparse_attention", rope_of_layer={"sliding_attention": "main", "compressed_sparse_attention": "compress",
                                             "heavily_compressed_attention": "compress"}),
     "deepseek_v32": ModelRule("deepseek_v32/modeling_deepseek_v32.py", "interleaved", mla=True, reads_rope_interleave=False, indexer="half"),
     "dia_decoder": ModelRule("dia/modeling_dia.py"),

@@ -154,6 +154,8 @@ MUTANTS = [
     Mutant("HY-V4's indexer rotates its leading features", "model rules, scalings", PKG + "_hf_config.py",
            "            start = dim - rotary_dim if rule.trailing else 0", "            start = 0",
            ("tests/test_hf_config.py", "-k", "dsa")),
+    Mutant("DeepSeek-V4's indexer given to its layers without one", "model rules, scalings", PKG + "_hf_models.py",
+           ' indexer_layers="compressed_sparse_attention",', "", ("tests/test_hf_deepseek_v4.py", "-k", "indexer")),
     Mutant("a layer sharing another's indexer gets a RoPE", "model rules, scalings", PKG + "_hf_layers.py",
            '    if kinds is not None and kinds[layer] == "shared":', '    if False:',
            ("tests/test_hf_config_layers.py",)),
