@@ -70,15 +70,35 @@ cdef bint _rows_disjoint(const TokenRows* a, const TokenRows* b, Py_ssize_t toke
     return shift >= a.extent and stride - shift >= b.extent
 
 
-def rotate_tokens_fast(tuple xs, cos_sin_cache, positions, Py_ssize_t head_size,
-                       Py_ssize_t offset, bint half, bint inverse):
+def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+                       inverse):
     """vllm.rotary_embedding's common call, every check in C: True, or False (nothing written).
 
-    `xs`: query, or query and key, as ndarrays; `cos_sin_cache`: the
-    ``[cos | sin]`` table (n, rot_dim) in their dtype (float32 also for half
-    types); `positions`: a contiguous int64 array (tokens,).  Each head's
-    features ``offset .. offset + rot_dim`` rotate in place by its token's row.
+    Its arguments as it takes them, all exact ndarrays or all plain CPU torch
+    tensors (viewed in C; `key` may be None): query and key; the ``[cos |
+    sin]`` table (n, rot_dim) in their dtype (float32 also for half types); a
+    contiguous int64 array of positions (tokens,); an int head_size and
+    rope_dim_offset, bool is_neox and inverse.  Each head's features
+    ``offset .. offset + rot_dim`` rotate in place by its token's row.
     """
+    cdef bint grad
+    if (type(head_size) is not int or type(rope_dim_offset) is not int or type(is_neox) is not bool
+            or type(inverse) is not bool):
+        return False
+    if _Tensor is not None and type(query) is _Tensor:  # viewed as tensor_arrays views them
+        grad = _grad_enabled() is True
+        query, cos_sin_cache = _tensor_array(query, grad, True), _tensor_array(cos_sin_cache, grad, True)
+        key = None if key is None else _tensor_array(key, grad, True) if type(key) is _Tensor else False
+        positions = _tensor_array(positions, grad, False)
+        if query is None or key is False or cos_sin_cache is None or positions is None:
+            return False
+    return _rotate_tokens((query,) if key is None else (query, key), cos_sin_cache, positions, head_size,
+                          rope_dim_offset, is_neox, inverse)
+
+
+cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_size, Py_ssize_t offset,
+                         bint half, bint inverse):
+    # rotate_tokens_fast's call on ndarrays: xs, query or query and key.
     cdef Py_ssize_t n = len(xs), j, t, h, tokens, npairs, itemsize, size = 0
     cdef cnp.ndarray c, p, x
     cdef long long lowest = 0, highest = 0

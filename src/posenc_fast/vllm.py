@@ -98,14 +98,12 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     >>> q, k = np.ones((3, 8 * 64), np.float32), np.ones((3, 2 * 64), np.float32)
     >>> vllm.rotary_embedding(np.array([5, 0, 17]), q, k, 64, cache, True)
     """
+    if kernels.rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                  rope_dim_offset, inverse):
+        return  # the common call: checked and rotated in C
     positions, query, key, cos_sin_cache = _as_arrays(
         ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
         written=("query", "key"))
-    if (type(head_size) is int and type(rope_dim_offset) is int and type(is_neox) is bool
-            and type(inverse) is bool and kernels.rotate_tokens_fast(
-                (query,) if key is None else (query, key), cos_sin_cache, positions, head_size,
-                rope_dim_offset, is_neox, inverse)):
-        return  # the common call: checked and rotated in C
     head_size = v.integer(head_size, "head_size", minimum=1)
     is_neox = v.flag(is_neox, "is_neox")
     offset = v.integer(rope_dim_offset, "rope_dim_offset", minimum=0)
