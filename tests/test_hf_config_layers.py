@@ -151,7 +151,8 @@ def test_a_layer_sharing_another_layers_indexer_has_none_to_read(form, shared):
 
 
 @pytest.mark.parametrize("form, message", [({"index_topk_pattern": "FSXF"}, "a string of 'F' and 'S'"),
-                                           ({"indexer_types": ["full"]}, "must list each layer")])
+                                           ({"indexer_types": ["full"]}, "must list each layer"),
+                                           ({"index_topk_freq": "2"}, "must be ints, got '2' and 2")])
 def test_indexer_types_that_do_not_say_are_refused(form, message):
     with pytest.raises(ValueError, match=message):
         rotary_kwargs_from_hf_config({**GLM_DSA, **form}, layer=2, attention="indexer")

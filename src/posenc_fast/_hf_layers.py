@@ -234,8 +234,11 @@ def own_indexer(cfg: Mapping, layer: int, where: str) -> None:
             raise ValueError(f"{where}: 'index_topk_pattern' must be a string of 'F' and 'S', got {pattern!r}")
         kinds = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else pattern
     elif kinds is None and cfg.get("index_topk_freq") is not None:
-        freq, offset = max(cfg["index_topk_freq"], 1), cfg.get("index_skip_topk_offset", 2)
-        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layer + 1)]
+        freq, offset = cfg["index_topk_freq"], cfg.get("index_skip_topk_offset", 2)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (freq, offset)):
+            raise ValueError(f"{where}: 'index_topk_freq' and 'index_skip_topk_offset' must be ints, got "
+                             f"{freq!r} and {offset!r}")
+        kinds = ["full" if max(i - offset + 1, 0) % max(freq, 1) == 0 else "shared" for i in range(layer + 1)]
     if kinds is not None and not (isinstance(kinds, (list, tuple)) and len(kinds) > layer):
         raise ValueError(f"{where}: 'indexer_types' (or 'index_topk_pattern') must list each layer, got {kinds!r}")
     if kinds is not None and kinds[layer] == "shared":
