@@ -18,8 +18,8 @@ import os
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_layers import (canonical_config, class_default, class_rope, layer_config, layer_of_index, own_indexer,
-                         layer_type_params)
+from ._hf_layers import (canonical_config, class_default, class_layer_types, class_rope, layer_config,
+                         layer_of_index, own_indexer, layer_type_params)
 from ._hf_functions import ROTARY_FUNCTIONS
 from ._hf_models import MODEL_RULES, NO_ROPE, ModelRule
 from ._hf_probe import probed_rule
@@ -99,9 +99,8 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
     names = rule.rope_of_layer or {}
     # the layer types its class names (Zaya's "hybrid") count where the config gives no layer_types
-    own = {} if declared else class_rope(cfg.get("model_type"), where, strict=False) or {}
     labels = (set(declared) | {"full_attention", "sliding_attention"} | set(names.values())
-              | {key for key, value in own.items() if value is None or isinstance(value, Mapping)})
+              | (set() if declared else class_layer_types(cfg.get("model_type"))))
     nested = {key: value for key, value in params.items() if key in labels and isinstance(value, Mapping)}
     if layer_type is not None:
         if not isinstance(layer_type, str):

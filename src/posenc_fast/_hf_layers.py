@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from . import _hf_defaults
 from ._hf_models import ModelRule
 
-__all__ = ["canonical_config", "class_default", "class_rope", "layer_config", "layer_of_index", "own_indexer",
-           "layer_type_params"]
+__all__ = ["canonical_config", "class_default", "class_layer_types", "class_rope", "layer_config", "layer_of_index",
+           "own_indexer", "layer_type_params"]
 
 
 def _defaults_of(model_type) -> str | None:
@@ -61,15 +61,22 @@ def class_default(table: str, key: str, model_type, layer_type, where: str):
     return value
 
 
-def class_rope(model_type, where: str, strict: bool = True) -> dict | None:
+def class_rope(model_type, where: str) -> dict | None:
     """The rope_parameters the configuration class builds for a config without any (_hf_defaults.ROPE), or None;
-    `strict`: refused where the class derives them from other keys."""
+    refused where the class derives them from other keys."""
     row = _defaults_of(model_type)
-    if "ROPE" in _hf_defaults.DERIVED.get(row, ()) and strict:
+    if "ROPE" in _hf_defaults.DERIVED.get(row, ()):
         raise ValueError(f"{where}: the config gives neither 'rope_parameters' nor 'rope_scaling', which its "
                          f"configuration class derives from its other keys: give them")
     rope = _hf_defaults.ROPE.get(row)
     return copy.deepcopy(rope) if rope else None
+
+
+def class_layer_types(model_type) -> set:
+    """The layer types whose RoPE (or None: NoPE) the configuration class's rope_parameters name (Zaya's
+    "hybrid")."""
+    rope = _hf_defaults.ROPE.get(_defaults_of(model_type)) or {}
+    return {key for key, value in rope.items() if value is None or isinstance(value, Mapping)}
 
 
 def layer_type_params(cfg: Mapping, rule: ModelRule, layer_type: str, given: Mapping, where: str) -> dict:

@@ -34,6 +34,7 @@ from ._hf_models import ModelRule
 
 _NOT_TEXT = re.compile(r"Vision|ViT|DiT|Talker|Audio|Video")
 _ROTATION_CALL = re.compile(r"\b(apply_rotary_pos_emb\w*|apply_rotary_emb\w*)\s*\(")
+_INDEXER_SPLIT = re.compile(r"\b(q_rot, q_pass|q_pass, q_rot) = torch\.split\(")  # its rotated part, first or last
 _TOLERANCE = 1e-6  # of an angle (rad) and of the attention factor: float32 cos/sin at position 1
 
 
@@ -120,7 +121,8 @@ def probed_rule(model_type: str) -> ModelRule | None:
     where = f"model_type {model_type!r}, probed in transformers {transformers.__version__}"
     module = modeling_module(model_type)
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
-    mla = _is_mla(config_class())
+    defaults = config_class().get_text_config(decoder=True).to_dict()
+    mla = _is_mla(defaults)
     functions = _main_rotations(module, mla, where)
     found = [_probe(module, function, config_class(), None, where, mla) for function in functions]
     if len(found) == 2 and ([f["layout"] for f in found] != ["interleaved", "half"]
@@ -129,7 +131,7 @@ def probed_rule(model_type: str) -> ModelRule | None:
                          f"config.rope_interleave, which do not read as the interleaved and the half layout of one "
                          f"rotation; pass layout= as its attention rotates")
     # the rotation the default config's rope_interleave picks (a config without the key: the class's default)
-    found = found[0] if len(found) == 1 or config_class().to_dict().get("rope_interleave") else found[1]
+    found = found[0] if len(found) == 1 or defaults.get("rope_interleave") else found[1]
     if found["rotary_dim"] == found["dim"] and not mla:
         whole_head = _probe(module, functions[0], config_class(), 0.5, where)["rotary_dim"] in (found["dim"], None)
     else:
@@ -150,9 +152,8 @@ def _same_rotation(a: dict, b: dict) -> bool:
             and abs(a["factor"] - b["factor"]) <= _TOLERANCE)
 
 
-def _is_mla(config) -> bool:
-    """Multi-head latent attention: the text config has ``kv_lora_rank`` and ``qk_rope_head_dim``."""
-    text = config.get_text_config(decoder=True).to_dict()
+def _is_mla(text: dict) -> bool:
+    """Multi-head latent attention: the text config (as a dict) has ``kv_lora_rank`` and ``qk_rope_head_dim``."""
     return text.get("kv_lora_rank") is not None and text.get("qk_rope_head_dim") is not None
 
 
@@ -186,9 +187,8 @@ def _indexer(module, config_class, mla, where) -> tuple[str | None, bool]:
     ``qk_rope_head_dim`` rotated features otherwise than first or last: ``attention="indexer"`` then
     refuses to read it), and whether they are its last features (HY-V4's ``q_pass, q_rot``)."""
     calls = attention_rotations(module, "indexer") if mla else {}
-    splits = {m.group(1) if m else None for names in calls.values() for name in names
-              for m in [re.search(r"\b(q_rot, q_pass|q_pass, q_rot) = torch\.split\(",
-                                  inspect.getsource(getattr(module, name)))]} if calls else {None}
+    sources = [inspect.getsource(getattr(module, name)) for names in calls.values() for name in names]
+    splits = {found.group(1) if (found := _INDEXER_SPLIT.search(source)) else None for source in sources}
     if len(splits) != 1 or None in splits:
         return None, False
     if len(calls) != 1:
