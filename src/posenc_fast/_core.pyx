@@ -60,9 +60,10 @@ def thread_pool_enabled():
 def hold_workers(hold):
     """Test hook: hold the pool's workers back as if they had no core, or release them.
 
-    `hold` is False (release), True (after they join a call, before any item)
-    or "on_item" (after each claims its first item: the caller then starts
-    only once every worker admitted to the call holds one).
+    `hold` is False (release: returns once no worker is held), True (after
+    they join a call, before any item) or "on_item" (after each claims its
+    first item: the caller then starts only once every worker admitted to
+    the call holds one).
     """
     cdef int mode
     if hold is not False and hold is not True and hold != "on_item":

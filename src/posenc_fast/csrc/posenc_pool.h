@@ -171,6 +171,7 @@ static void posenc_pool_stall(void) {
     pthread_cond_broadcast(&posenc_pool.held_changed);
     while (posenc_pool.hold) pthread_cond_wait(&posenc_pool.held_changed, &posenc_pool.lock);
     posenc_pool.held--;
+    pthread_cond_broadcast(&posenc_pool.held_changed);
     pthread_mutex_unlock(&posenc_pool.lock);
 }
 
@@ -376,11 +377,16 @@ static void posenc_parallel_for(Py_ssize_t n, int threads, posenc_item_fn fn, vo
     __atomic_store_n(&posenc_pool.busy, 0, __ATOMIC_RELEASE);
 }
 
-/* Test hooks: hold workers back (POSENC_POOL_HOLD_..., 0 releases them). */
+/* Test hooks: hold workers back (POSENC_POOL_HOLD_..., 0 releases them).
+   Releasing returns once every held worker has left its stall, so that a
+   worker without a core is never counted as held by the next call. */
 static void posenc_pool_hold(int hold) {
     pthread_mutex_lock(&posenc_pool.lock);
     __atomic_store_n(&posenc_pool.hold, hold, __ATOMIC_RELEASE);
-    if (!hold) pthread_cond_broadcast(&posenc_pool.held_changed);
+    if (!hold) {
+        pthread_cond_broadcast(&posenc_pool.held_changed);
+        while (posenc_pool.held > 0) pthread_cond_wait(&posenc_pool.held_changed, &posenc_pool.lock);
+    }
     pthread_mutex_unlock(&posenc_pool.lock);
 }
 
