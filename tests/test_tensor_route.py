@@ -20,6 +20,20 @@ from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VI
 _hf_drop_in.numpy_view(torch, torch.zeros(1))  # registers torch with the compiled layer
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+HAS_TABLE = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")  # DLPack's C exchange table
+
+
+@pytest.fixture(params=["dlpack", "attributes"])
+def reader(request):
+    """Each way the compiled layer reads a tensor: DLPack's C table (where torch has one) and the
+    tensor's attributes; the switch shown to switch."""
+    by_dlpack = request.param == "dlpack"
+    if by_dlpack and not HAS_TABLE:
+        pytest.skip("this torch has no DLPack C exchange table")
+    _hf_drop_in._register(torch, by_dlpack)
+    assert kernels.torch_reads_by_dlpack() == by_dlpack
+    yield request.param
+    _hf_drop_in._register(torch)
 
 
 def views(*tensors, optional=0, integers=0):
@@ -42,7 +56,7 @@ def same_view(a, b):
     *(lambda dtype=dtype: torch.randn(4, 6).to(dtype) for dtype in DTYPES),
 ], ids=["contiguous", "transposed", "sliced", "stepped", "expanded", "0-d", "6-d",
         "float32", "float64", "float16", "bfloat16"])
-def test_views_are_the_numpy_views(make):
+def test_views_are_the_numpy_views(make, reader):
     t = make()
     (a,) = views(t)
     assert same_view(a, _hf_drop_in.numpy_view(torch, t))
@@ -51,7 +65,7 @@ def test_views_are_the_numpy_views(make):
     assert not t.any()
 
 
-def test_integers_only_where_named():
+def test_integers_only_where_named(reader):
     positions, x = torch.arange(4), torch.randn(4, 8)
     assert views(x, positions) is None  # an int64 tensor where a float one belongs
     got = views(x, positions, integers=0b10)
@@ -64,21 +78,25 @@ def test_integers_only_where_named():
     lambda: torch.randn(3, 4).to_sparse(),                   # another layout
     lambda: torch.randn(3, 4, device="meta"),               # another device
     lambda: torch._neg_view(torch.randn(3, 4)),              # memory holding -x
+    lambda: torch.randn(3, 4, dtype=torch.complex64).conj().imag,  # the same, by public functions
     lambda: torch.randn(3, 4, dtype=torch.complex64),        # no kernel dtype
     lambda: torch.randn(3, 4, requires_grad=True),           # needs a gradient (grad mode on)
-], ids=["parameter", "sparse", "meta", "negated", "complex", "requires-grad"])
-def test_what_the_python_layer_judges_is_declined(make):
+    lambda: torch.empty(0, 4),                               # no memory
+    lambda: torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)]),  # no strides
+], ids=["parameter", "sparse", "meta", "negated", "conj-imag", "complex", "requires-grad", "empty", "nested"])
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_what_the_python_layer_judges_is_declined(make, reader):
     assert views(make()) is None
 
 
-def test_requires_grad_is_viewed_without_grad_mode():
+def test_requires_grad_is_viewed_without_grad_mode(reader):
     t = torch.randn(3, 4, requires_grad=True)
     with torch.no_grad():
         (a,) = views(t)
     assert same_view(a, t.detach().numpy())
 
 
-def test_a_view_keeps_its_tensor_alive():
+def test_a_view_keeps_its_tensor_alive(reader):
     (a,) = views(torch.full((1000,), 3.0))
     gc.collect()
     assert a.sum() == 3000.0
@@ -197,7 +215,7 @@ def llama_decode(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_decode_step_takes_the_compiled_route(dtype):
+def test_the_decode_step_takes_the_compiled_route(dtype, reader):
     # The switch switches: the decode step is answered in C, and with the fast paths off it is not.
     xs, cos, sin, axis = llama_decode(dtype)
     rotation = _hf_drop_in.compiled(torch, ROTARY_FUNCTIONS["llama"])
@@ -211,7 +229,7 @@ def test_the_decode_step_takes_the_compiled_route(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_results_are_cpu_tensors_whatever_the_default_device(dtype):
+def test_results_are_cpu_tensors_whatever_the_default_device(dtype, reader):
     xs, cos, sin, axis = llama_decode(dtype)
     rotation = _hf_drop_in.compiled(torch, ROTARY_FUNCTIONS["llama"])
     with torch.no_grad():

@@ -3,20 +3,76 @@
 # A decode step hands an op a few small tensors; viewing them through
 # Tensor.numpy() and checking them in Python cost several times the kernel.
 # Here a plain, strided CPU tensor of a known dtype becomes an ndarray over
-# its memory (the tensor its base) from its data pointer, sizes and strides.
-# Anything else (a subclass such as a compiler's fake tensor, another device
-# or layout, a negated view, data needing a gradient in grad mode, an error
-# reading it) gives None: the Python layer then checks fully and raises the
-# documented errors.  torch is never imported here: the Python layer
-# registers it once it has seen a tensor (`register_torch`).
+# its memory (the tensor its base) from its data pointer, sizes and strides,
+# read through DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack
+# 1.3; torch 2.13 has it: one C call a tensor) where torch has one, else
+# through the tensor's attributes (seven reads a tensor); new bfloat16
+# tensors are allocated through the same table.  Anything else (a subclass
+# such as a compiler's fake tensor, another device or layout, a negated
+# view, data needing a gradient in grad mode, an error reading it) gives
+# None: the Python layer then checks fully and raises the documented
+# errors.  torch is never imported here: the Python layer registers it once
+# it has seen a tensor (`register_torch`).
 
 import numpy as np
-from cpython.ref cimport Py_INCREF
+from cpython.exc cimport PyErr_Clear
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "numpy/arrayobject.h":
     # Takes a reference to `descr`; `data` not NULL: the array's memory.
     object PyArray_NewFromDescr(void* subtype, void* descr, int nd, cnp.npy_intp* dims,
                                 cnp.npy_intp* strides, void* data, int flags, void* obj)
+
+# DLPack's C ABI (dlpack.h, major version 1): the fields read here.
+ctypedef struct DLDevice:
+    int device_type  # an enum in C: an int
+    int32_t device_id
+
+ctypedef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+ctypedef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+ctypedef struct DLPackVersion:
+    uint32_t major
+    uint32_t minor
+
+ctypedef struct DLManagedTensorVersioned:
+    DLPackVersion version
+    void* manager_ctx
+    void* deleter
+    uint64_t flags
+    DLTensor dl_tensor
+
+ctypedef void (*DLSetError)(void* error_ctx, const char* kind, const char* message) noexcept
+
+ctypedef struct DLPackExchangeAPI:
+    DLPackVersion version
+    void* prev_api
+    int (*managed_tensor_allocator)(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+                                    DLSetError set_error) noexcept
+    void* managed_tensor_from_py_object_no_sync
+    int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned* tensor, void** out) noexcept
+    int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept
+    void* current_work_stream
+
+cdef enum:
+    DL_CPU = 1  # DLDeviceType
+    DL_INT = 0  # DLDataTypeCode
+    DL_UINT = 1
+    DL_FLOAT = 2
+    DL_BFLOAT = 4
+    DL_BOOL = 6
 
 cdef object _Tensor = None        # torch.Tensor
 cdef object _strided = None       # torch.strided
@@ -28,18 +84,51 @@ cdef object _stride = None        # TensorBase's own methods, unbound: no bound 
 cdef object _data_ptr = None
 cdef object _is_neg = None
 cdef dict _descrs = {}            # torch dtype -> NumPy dtype of the same bits
+cdef list _dl_descrs = []         # [DLPack type code * 4 + log2(bytes)] -> NumPy dtype or None
+cdef const DLPackExchangeAPI* _dlpack = NULL
 
 
-def register_torch(torch, dict descrs):
-    """Let the compiled paths read and make torch tensors; `descrs`: torch dtype -> NumPy dtype."""
+def register_torch(torch, dict descrs, bint by_dlpack=True):
+    """Let the compiled paths read and make torch tensors; `descrs`: torch dtype -> NumPy dtype.
+
+    `by_dlpack` False: through the tensors' attributes even where torch has
+    DLPack's C exchange table (for tests: the two readers agree).
+    """
     global _Tensor, _strided, _grad_enabled, _from_numpy, _bfloat16, _descrs
-    global _stride, _data_ptr, _is_neg, _empty
+    global _stride, _data_ptr, _is_neg, _empty, _dl_descrs, _dlpack
     _empty = torch.empty
     _strided, _grad_enabled, _from_numpy = torch.strided, torch.is_grad_enabled, torch.from_numpy
     base = torch._C.TensorBase
     _stride, _data_ptr, _is_neg = base.stride, base.data_ptr, base.is_neg
     _bfloat16, _descrs = torch.bfloat16, dict(descrs)
+    _dl_descrs = [None] * (4 * (DL_BOOL + 1))
+    for dtype, d in _descrs.items():
+        code = (DL_BFLOAT if dtype is torch.bfloat16 else DL_BOOL if d.kind == "b" else DL_INT if d.kind == "i"
+                else DL_UINT if d.kind == "u" else DL_FLOAT)
+        _dl_descrs[4 * code + d.itemsize.bit_length() - 1] = d
+    _dlpack = _exchange_table(torch.Tensor) if by_dlpack else NULL
     _Tensor = torch.Tensor
+
+
+cdef const DLPackExchangeAPI* _exchange_table(object tensor_type):
+    # torch's DLPack C exchange table, if it has one of DLPack 1 with every function used here.
+    cdef const DLPackExchangeAPI* table
+    capsule = getattr(tensor_type, "__dlpack_c_exchange_api__", None)
+    if capsule is None:
+        return NULL
+    try:
+        table = <const DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, "dlpack_exchange_api")
+    except ValueError:  # not a capsule of that name
+        return NULL
+    if (table.version.major != 1 or table.dltensor_from_py_object_no_sync == NULL
+            or table.managed_tensor_allocator == NULL or table.managed_tensor_to_py_object_no_sync == NULL):
+        return NULL
+    return table
+
+
+def torch_reads_by_dlpack():
+    """True when registered tensors are read through DLPack's C exchange table (else attributes)."""
+    return _dlpack != NULL
 
 
 def torch_kernel_dtypes():
@@ -48,14 +137,55 @@ def torch_kernel_dtypes():
     return tuple(found[i] for i in range(POSENC_NUM_DTYPES))
 
 
+cdef inline int _log2_bytes(int bits) noexcept:
+    # DLPack's bits of an item as log2 of its bytes, or -1 for no NumPy item size.
+    return 0 if bits == 8 else 1 if bits == 16 else 2 if bits == 32 else 3 if bits == 64 else -1
+
+
 cdef object _tensor_array(object t, bint grad, bint floats_only):
     # The ndarray over `t`'s memory, or None (see above).
+    if type(t) is not _Tensor:
+        return None
+    return _dlpack_view(t, grad, floats_only) if _dlpack != NULL else _attribute_view(t, grad, floats_only)
+
+
+cdef object _dlpack_view(object t, bint grad, bint floats_only):
+    # _tensor_array by one call of DLPack's table; the negative bit and requires_grad it does not say.
+    cdef cnp.dtype descr
+    cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
+    cdef cnp.npy_intp steps[cnp.NPY_MAXDIMS]
+    cdef int k
+    cdef DLTensor view
+    try:
+        if (grad and t.requires_grad) or _is_neg(t):
+            return None
+    except Exception:
+        return None
+    if _dlpack.dltensor_from_py_object_no_sync(<void*>t, &view) != 0:
+        PyErr_Clear()  # e.g. a functorch wrapper or a sparse tensor: no strided memory
+        return None
+    k = _log2_bytes(view.dtype.bits)
+    if (view.device.device_type != DL_CPU or view.dtype.lanes != 1 or view.data == NULL
+            or view.dtype.code > DL_BOOL or k < 0 or view.ndim > 32):  # 32: NumPy 1's limit
+        return None
+    found = _dl_descrs[4 * view.dtype.code + k]
+    if found is None:
+        return None
+    descr = <cnp.dtype>found
+    if floats_only and posenc_dtype_index(descr.type_num) < 0:
+        return None
+    for k in range(view.ndim):
+        dims[k] = view.shape[k]
+        steps[k] = view.strides[k] * descr.itemsize
+    return _array_over(descr, view.ndim, dims, steps, <char*>view.data + view.byte_offset, True, t)
+
+
+cdef object _attribute_view(object t, bint grad, bint floats_only):
+    # _tensor_array by the tensor's attributes.
     cdef cnp.dtype descr
     cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
     cdef cnp.npy_intp steps[cnp.NPY_MAXDIMS]
     cdef Py_ssize_t nd, k, address
-    if type(t) is not _Tensor:
-        return None
     try:
         if not t.is_cpu or t.layout is not _strided or (grad and t.requires_grad) or _is_neg(t):
             return None
@@ -112,15 +242,54 @@ def tensor_arrays(tuple args, unsigned int optional, unsigned int integers):
     return tuple(arrays)
 
 
+cdef void _allocation_failed(void* failed, const char* kind, const char* message) noexcept:
+    (<int*>failed)[0] = 1
+
+
+cdef object _dlpack_output(cnp.ndarray x, DLDataType dtype):
+    # A new C-contiguous tensor of x's shape and `dtype`, allocated by torch through its
+    # DLPack table, as (the tensor, the ndarray over its memory); None if that failed.
+    cdef DLTensor prototype
+    cdef DLManagedTensorVersioned* made = NULL
+    cdef void* tensor = NULL
+    cdef int failed = 0
+    cdef char* data
+    cdef int64_t shape[cnp.NPY_MAXDIMS]
+    cdef int k, nd = cnp.PyArray_NDIM(x)
+    for k in range(nd):
+        shape[k] = cnp.PyArray_DIMS(x)[k]
+    prototype.data, prototype.ndim, prototype.dtype, prototype.shape = NULL, nd, dtype, shape
+    prototype.strides, prototype.byte_offset = NULL, 0
+    prototype.device.device_type, prototype.device.device_id = DL_CPU, 0
+    if _dlpack.managed_tensor_allocator(&prototype, &made, &failed, _allocation_failed) != 0 or failed or made == NULL:
+        PyErr_Clear()
+        return None
+    data = <char*>made.dl_tensor.data + made.dl_tensor.byte_offset
+    if _dlpack.managed_tensor_to_py_object_no_sync(made, &tensor) != 0 or tensor == NULL:  # takes `made`
+        PyErr_Clear()
+        return None
+    t = <object>tensor
+    Py_DECREF(t)  # the new reference the table returned, now held by `t`
+    return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL, data, True, t)
+
+
 cdef tuple _new_output(cnp.ndarray x):
-    # (a new C-contiguous tensor of x's shape and dtype, the ndarray over its memory).
-    # torch.from_numpy of a new array, but for bfloat16 (NumPy has none for torch to
-    # map; .view(torch.bfloat16) of an int16 tensor costs more than the allocation).
+    # (a new C-contiguous tensor of x's shape and dtype, the ndarray over its memory):
+    # allocated by torch through its DLPack table where it has one, else torch.from_numpy
+    # of a new array, but for bfloat16 (NumPy has none for torch to map; .view(torch.bfloat16)
+    # of an int16 tensor costs more than the allocation).
     cdef int nd = cnp.PyArray_NDIM(x), k
     cdef cnp.ndarray a
-    if posenc_dtype_index(cnp.PyArray_TYPE(x)) != POSENC_BF16:
+    cdef DLDataType dtype
+    cdef bint bf16 = posenc_dtype_index(cnp.PyArray_TYPE(x)) == POSENC_BF16
+    if not bf16:
         a = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
         return _from_numpy(a), a
+    if _dlpack != NULL:
+        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT, 16, 1
+        made = _dlpack_output(x, dtype)
+        if made is not None:
+            return made
     shape = tuple([cnp.PyArray_DIMS(x)[k] for k in range(nd)])
     t = _empty(shape, dtype=_bfloat16, device="cpu")  # never the default device
     return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL,

@@ -181,14 +181,14 @@ def numpy_view(torch, t):
 _REGISTERED = []
 
 
-def _register(torch):
-    # The compiled glue reads tensors from now on (_core_torch.pxi).
+def _register(torch, by_dlpack=True):
+    # The compiled glue reads tensors from now on (_core_torch.pxi); `by_dlpack` for tests.
     descrs = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
               torch.float16: np.dtype(np.float16), torch.bfloat16: np.dtype(v.BFLOAT16),
               torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32),
               torch.int16: np.dtype(np.int16), torch.int8: np.dtype(np.int8),
               torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.bool_)}
-    kernels.register_torch(torch, descrs)
+    kernels.register_torch(torch, descrs, by_dlpack)
     _REGISTERED.append(True)
 
 
