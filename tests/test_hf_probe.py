@@ -56,6 +56,8 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     print(f"{len(agreed)} of {len(_hf_models.MODEL_RULES)} rules probed and agreeing; refused: {dict(refused)}")
     assert len(agreed) >= 150  # the probe reads most families: a broken probe refuses them all
     assert {"llama", "cohere", "phi", "gpt_neox", "nanochat", "stablelm", "glm", "deepseek_v3", "deepseek_v32"} <= set(agreed)
+    # keys their configuration classes rename (attribute_map): d_model, kv_channels, decoder heads
+    assert {"dbrx", "jetmoe", "moonshine", "zamba2"} <= set(agreed)
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [

@@ -140,9 +140,22 @@ def probed_rule(model_type: str) -> ModelRule | None:
     indexer, indexer_trailing = _indexer(module, config_class, mla, where)
     rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
                      trailing=indexer_trailing if mla else found["start"] > 0, reversed=found["reversed"],
-                     mla=mla, reads_rope_interleave=len(functions) == 2, indexer=indexer)
+                     mla=mla, reads_rope_interleave=len(functions) == 2, indexer=indexer,
+                     **_renamed_keys(type(config_class().get_text_config(decoder=True))))
     _check_frequencies(config_class(), rule, found, where)
     return rule
+
+
+# ModelRule's key fields -> the standard name a configuration class's attribute_map may rename
+_KEYS = {"hidden_key": "hidden_size", "heads_key": "num_attention_heads", "head_dim_key": "head_dim",
+         "layers_key": "num_hidden_layers"}
+
+
+def _renamed_keys(text_class) -> dict:
+    """The ModelRule key fields where the text configuration class stores a standard name under its
+    own (``attribute_map``: DBRX's ``d_model``, JetMoE's ``kv_channels``, Moonshine's decoder keys)."""
+    renamed = getattr(text_class, "attribute_map", None) or {}
+    return {field: renamed[name] for field, name in _KEYS.items() if isinstance(renamed.get(name), str)}
 
 
 def _same_rotation(a: dict, b: dict) -> bool:
