@@ -30,6 +30,14 @@ def _without_rule(monkeypatch, model_type):
     monkeypatch.setattr("posenc_fast._hf_config.MODEL_RULES", rules)
 
 
+def _rope_or_error(model_type, layer_type):
+    # refused with the table's rule: refused without it too
+    try:
+        return repr(pf.RotaryEmbedding.from_hf_config(_default(model_type), layer_type=layer_type))
+    except ValueError as error:
+        return type(error)
+
+
 def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     agreed, refused = [], collections.Counter()
     with warnings.catch_warnings():
@@ -41,23 +49,22 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
                 reason = re.sub(r"model_type '[^']*', probed in transformers [0-9.]*:? ?", "", str(error))
                 refused[re.sub(r"\d+|\[.*?\]|'.*?'", "_", reason)[:60]] += 1
                 continue
+            # the default call, and each layer type's where the config names them
+            layer_types = [None] + sorted(set(_default(model_type).get("layer_types") or ()))
             with monkeypatch.context() as patch:
-                try:
-                    want = repr(pf.RotaryEmbedding.from_hf_config(_default(model_type)))
-                except ValueError as error:  # refused with the table's rule: refused without it too
-                    want = type(error)
+                want = [_rope_or_error(model_type, layer_type) for layer_type in layer_types]
                 _without_rule(patch, model_type)
-                try:
-                    got = repr(pf.RotaryEmbedding.from_hf_config(_default(model_type)))
-                except ValueError as error:
-                    got = type(error)
-            assert got == want, f"{model_type}: probed {rule} gives {got}, the table {want}"
+                got = [_rope_or_error(model_type, layer_type) for layer_type in layer_types]
+            assert got == want, f"{model_type}: probed {rule} gives {got}, the table {want} ({layer_types})"
             agreed.append(model_type)
     print(f"{len(agreed)} of {len(_hf_models.MODEL_RULES)} rules probed and agreeing; refused: {dict(refused)}")
     assert len(agreed) >= 150  # the probe reads most families: a broken probe refuses them all
     assert {"llama", "cohere", "phi", "gpt_neox", "nanochat", "stablelm", "glm", "deepseek_v3", "deepseek_v32"} <= set(agreed)
     # keys their configuration classes rename (attribute_map): d_model, kv_channels, decoder heads
     assert {"dbrx", "jetmoe", "moonshine", "zamba2"} <= set(agreed)
+    # one RoPE per layer type, probed on the first layer type that has one: LFM3's (after convolutions)
+    # is proportional RoPE, pairs (i, i + dim/2) of which the last turn at angle 0
+    assert "lfm3" in agreed
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [

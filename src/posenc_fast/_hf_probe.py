@@ -244,7 +244,7 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
         far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
         extra = {}
         if "layer_type" in forward:
-            extra = {"layer_type": (getattr(text, "layer_types", None) or [None])[0]}
+            extra = {"layer_type": _probed_layer_type(text.to_dict(), where)}
         with torch.no_grad():
             cos, sin = rotary_class(config=text)(basis, torch.tensor([[0, 1, far]]), **extra)
             # the whole head, or the leading features its attention cuts out for the call (Phi, GPT-J)
@@ -290,6 +290,13 @@ def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
         elif max(abs(m[h, h] - 1.0), abs(far[h, h] - 1.0)) > _TOLERANCE:
             raise ValueError(f"{where}: its rotation scales feature {h} by {m[h, h]!r} without a partner")
     rotated = sorted(partner)
+    half = dim // 2
+    if (rotated and dim % 2 == 0 and len(rotated) < dim and rotated[:len(rotated) // 2] == list(range(len(rotated) // 2))
+            and all(partner[h] == h + half for h in rotated[:len(rotated) // 2])):
+        # pairs (i, i + dim/2) of a prefix of i: the half layout over the whole head, the other pairs
+        # at angle 0 (proportional RoPE's zero frequencies)
+        partner.update({h: h + half for h in range(half)} | {h + half: h for h in range(half)})
+        rotated = sorted(partner)
     if not rotated or any(partner[partner[h]] != h for h in rotated) or rotated != list(
             range(rotated[0], rotated[0] + len(rotated))):
         raise ValueError(f"{where}: its rotated features {rotated} are not contiguous pairs")
@@ -311,16 +318,29 @@ def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
             "angles": np.abs(angles), "factor": float(np.hypot(cos[0], sin[0]))}
 
 
+def _probed_layer_type(text: dict, where: str):
+    """The layer type probed: the first of ``layer_types``, or with one RoPE per layer type in
+    ``rope_parameters``, the first of ``layer_types`` that has one (LFM3's first layers are convolutions)."""
+    names = text.get("layer_types") or [None]
+    params = text.get("rope_parameters")
+    if not (isinstance(params, dict) and any(isinstance(value, dict) for value in params.values())):
+        return names[0]
+    for name in names:
+        if isinstance(params.get(name), dict):
+            return name
+    raise ValueError(f"{where}: no layer type of layer_types {sorted(set(names))} names a RoPE of rope_parameters "
+                     f"{sorted(params)}: not probed")
+
+
 def _check_frequencies(config, rule: ModelRule, found: dict, where: str) -> None:
     """The default config read by `rule` gives the module's own angles at position 1 and its factor."""
     from ._hf_config import _text_part, kwargs_by_rule
     from .rotary import RotaryEmbedding
 
     cfg, _ = _text_part(config.to_dict(), where)
-    names = cfg.get("layer_types") or [None]
-    layer_type = names[0] if isinstance(cfg.get("rope_parameters"), dict) and any(
-        isinstance(value, dict) for value in cfg["rope_parameters"].values()) else None
-    kwargs = kwargs_by_rule(cfg, where, rule, layer_type, "main")
+    params = cfg.get("rope_parameters")
+    per_type = isinstance(params, dict) and any(isinstance(value, dict) for value in params.values())
+    kwargs = kwargs_by_rule(cfg, where, rule, _probed_layer_type(cfg, where) if per_type else None, "main")
     rope = RotaryEmbedding(kwargs.pop("dim"), **kwargs)
     ours = np.abs(rope.inv_freq_for(2))
     if (rope.rotary_dim, rope.rotary_start) != (found["rotary_dim"], found["start"]) or not (
