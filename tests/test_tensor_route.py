@@ -6,6 +6,7 @@ results of the Python route (`_rotate_tensors`) wherever it answers, declining e
 """
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -237,6 +238,29 @@ def test_results_are_cpu_tensors_whatever_the_default_device(dtype, reader):
         with torch.device("meta"):  # torch.empty's default device: never where the kernel writes
             got = rotation(xs, cos, sin, axis)
     assert all(g.device.type == "cpu" for g in got) and same_tensors(got, want)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's resident set size")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_results_memory_is_freed(dtype, reader):
+    # Results handed to torch as blocks of our own (DLPack's table) or from NumPy: freed with them.
+    xs, cos, sin, axis = llama_decode(dtype)
+    xs = tuple(x.repeat(1, 1, 64, 1) for x in xs)  # 64 KiB of results a call
+    cos, sin = cos.repeat(1, 64, 1), sin.repeat(1, 64, 1)
+    rotation = _hf_drop_in.compiled(torch, ROTARY_FUNCTIONS["llama"])
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    with torch.no_grad():
+        for _ in range(200):
+            assert rotation(xs, cos, sin, axis) is not None
+        before = rss()
+        for _ in range(3000):  # a leak: 190 MiB
+            rotation(xs, cos, sin, axis)
+        gc.collect()
+    assert rss() - before < 32 * 1024 * 1024
 
 
 @pytest.mark.parametrize("case", ["float64 cache", "cache halves differ", "grad mode", "unsqueeze last",

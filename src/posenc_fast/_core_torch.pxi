@@ -6,18 +6,20 @@
 # its memory (the tensor its base) from its data pointer, sizes and strides,
 # read through DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack
 # 1.3; torch 2.13 has it: one C call a tensor) where torch has one, else
-# through the tensor's attributes (seven reads a tensor); new bfloat16
-# tensors are allocated through the same table.  Anything else (a subclass
-# such as a compiler's fake tensor, another device or layout, a negated
-# view, data needing a gradient in grad mode, an error reading it) gives
-# None: the Python layer then checks fully and raises the documented
-# errors.  torch is never imported here: the Python layer registers it once
-# it has seen a tensor (`register_torch`).
+# through the tensor's attributes (seven reads a tensor); new tensors are
+# handed to torch through the same table (a block of our own: cheaper than
+# torch.from_numpy, and NumPy has no bfloat16 for torch to map).  Anything
+# else (a subclass such as a compiler's fake tensor, another device or
+# layout, a negated view, data needing a gradient in grad mode, an error
+# reading it) gives None: the Python layer then checks fully and raises the
+# documented errors.  torch is never imported here: the Python layer
+# registers it once it has seen a tensor (`register_torch`).
 
 import numpy as np
 from cpython.exc cimport PyErr_Clear
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 
 cdef extern from "numpy/arrayobject.h":
     # Takes a reference to `descr`; `data` not NULL: the array's memory.
@@ -50,17 +52,14 @@ ctypedef struct DLPackVersion:
 ctypedef struct DLManagedTensorVersioned:
     DLPackVersion version
     void* manager_ctx
-    void* deleter
+    void (*deleter)(DLManagedTensorVersioned* self) noexcept nogil
     uint64_t flags
     DLTensor dl_tensor
-
-ctypedef void (*DLSetError)(void* error_ctx, const char* kind, const char* message) noexcept
 
 ctypedef struct DLPackExchangeAPI:
     DLPackVersion version
     void* prev_api
-    int (*managed_tensor_allocator)(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
-                                    DLSetError set_error) noexcept
+    void* managed_tensor_allocator
     void* managed_tensor_from_py_object_no_sync
     int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned* tensor, void** out) noexcept
     int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept
@@ -121,7 +120,7 @@ cdef const DLPackExchangeAPI* _exchange_table(object tensor_type):
     except ValueError:  # not a capsule of that name
         return NULL
     if (table.version.major != 1 or table.dltensor_from_py_object_no_sync == NULL
-            or table.managed_tensor_allocator == NULL or table.managed_tensor_to_py_object_no_sync == NULL):
+            or table.managed_tensor_to_py_object_no_sync == NULL):
         return NULL
     return table
 
@@ -242,54 +241,67 @@ def tensor_arrays(tuple args, unsigned int optional, unsigned int integers):
     return tuple(arrays)
 
 
-cdef void _allocation_failed(void* failed, const char* kind, const char* message) noexcept:
-    (<int*>failed)[0] = 1
+cdef struct OwnedBlock:
+    # One malloc'd block: the managed tensor torch takes, its shape and strides, then the data.
+    DLManagedTensorVersioned managed
+    int64_t shape[32]
+    int64_t strides[32]
 
 
-cdef object _dlpack_output(cnp.ndarray x, DLDataType dtype):
-    # A new C-contiguous tensor of x's shape and `dtype`, allocated by torch through its
-    # DLPack table, as (the tensor, the ndarray over its memory); None if that failed.
-    cdef DLTensor prototype
-    cdef DLManagedTensorVersioned* made = NULL
-    cdef void* tensor = NULL
-    cdef int failed = 0
-    cdef char* data
-    cdef int64_t shape[cnp.NPY_MAXDIMS]
+cdef void _free_block(DLManagedTensorVersioned* managed) noexcept nogil:
+    # The deleter torch calls when the tensor's memory is freed (any thread, perhaps without the GIL).
+    free(managed.manager_ctx)
+
+
+cdef object _owned_output(cnp.ndarray x, DLDataType dtype):
+    # A new C-contiguous tensor of x's shape and `dtype` over one malloc'd block handed to torch
+    # through its DLPack table, as (the tensor, the ndarray over its memory); None if that failed.
     cdef int k, nd = cnp.PyArray_NDIM(x)
-    for k in range(nd):
-        shape[k] = cnp.PyArray_DIMS(x)[k]
-    prototype.data, prototype.ndim, prototype.dtype, prototype.shape = NULL, nd, dtype, shape
-    prototype.strides, prototype.byte_offset = NULL, 0
-    prototype.device.device_type, prototype.device.device_id = DL_CPU, 0
-    if _dlpack.managed_tensor_allocator(&prototype, &made, &failed, _allocation_failed) != 0 or failed or made == NULL:
-        PyErr_Clear()
+    cdef Py_ssize_t nbytes = cnp.PyArray_NBYTES(x), head = (sizeof(OwnedBlock) + 63) // 64 * 64
+    cdef void* tensor = NULL
+    cdef char* base
+    cdef OwnedBlock* block
+    cdef int64_t step = 1
+    if nd > 32:
         return None
-    data = <char*>made.dl_tensor.data + made.dl_tensor.byte_offset
-    if _dlpack.managed_tensor_to_py_object_no_sync(made, &tensor) != 0 or tensor == NULL:  # takes `made`
-        PyErr_Clear()
+    base = <char*>malloc(head + nbytes + 64)
+    if base == NULL:
+        return None
+    block = <OwnedBlock*>(base + (-<Py_ssize_t>base & 63))  # data 64-byte aligned: head is a multiple of 64
+    for k in range(nd - 1, -1, -1):
+        block.shape[k], block.strides[k] = cnp.PyArray_DIMS(x)[k], step
+        step *= cnp.PyArray_DIMS(x)[k]
+    block.managed.version.major, block.managed.version.minor = 1, 0
+    block.managed.manager_ctx, block.managed.deleter, block.managed.flags = base, _free_block, 0
+    view = &block.managed.dl_tensor
+    view.data, view.ndim, view.dtype, view.byte_offset = <char*>block + head, nd, dtype, 0
+    view.shape, view.strides = block.shape, block.strides
+    view.device.device_type, view.device.device_id = DL_CPU, 0
+    if _dlpack.managed_tensor_to_py_object_no_sync(&block.managed, &tensor) != 0 or tensor == NULL:
+        PyErr_Clear()  # torch called the deleter or never took the block: which is not said
         return None
     t = <object>tensor
     Py_DECREF(t)  # the new reference the table returned, now held by `t`
-    return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL, data, True, t)
+    return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL, <char*>block + head, True, t)
 
 
 cdef tuple _new_output(cnp.ndarray x):
-    # (a new C-contiguous tensor of x's shape and dtype, the ndarray over its memory):
-    # allocated by torch through its DLPack table where it has one, else torch.from_numpy
-    # of a new array, but for bfloat16 (NumPy has none for torch to map; .view(torch.bfloat16)
-    # of an int16 tensor costs more than the allocation).
+    # (a new C-contiguous tensor of x's shape and dtype, the ndarray over its memory): a block
+    # handed to torch through its DLPack table where it has one, else torch.from_numpy of a new
+    # array, but for bfloat16 (NumPy has none for torch to map; .view(torch.bfloat16) of an int16
+    # tensor costs more than the allocation).
     cdef int nd = cnp.PyArray_NDIM(x), k
     cdef cnp.ndarray a
     cdef DLDataType dtype
     cdef bint bf16 = posenc_dtype_index(cnp.PyArray_TYPE(x)) == POSENC_BF16
+    if _dlpack != NULL:
+        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT if bf16 else DL_FLOAT, 8 * cnp.PyArray_ITEMSIZE(x), 1
+        made = _owned_output(x, dtype)
+        if made is not None:
+            return made
     if not bf16:
         a = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
         return _from_numpy(a), a
-    if _dlpack != NULL:
-        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT, 16, 1
-        made = _dlpack_output(x, dtype)
-        if made is not None:
-            return made
     shape = tuple([cnp.PyArray_DIMS(x)[k] for k in range(nd)])
     t = _empty(shape, dtype=_bfloat16, device="cpu")  # never the default device
     return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL,
