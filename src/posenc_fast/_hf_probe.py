@@ -215,7 +215,7 @@ def _text_config(config, partial):
     text = config.get_text_config(decoder=True)
     if partial is not None:
         params = getattr(text, "rope_parameters", None)
-        if not isinstance(params, dict) or any(isinstance(value, dict) for value in params.values()):
+        if not isinstance(params, dict) or _per_layer_type(params):
             return None  # one RoPE per layer type: the factor is not probed
         text.rope_parameters = {**params, "partial_rotary_factor": partial}
     return text
@@ -290,9 +290,9 @@ def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
         elif max(abs(m[h, h] - 1.0), abs(far[h, h] - 1.0)) > _TOLERANCE:
             raise ValueError(f"{where}: its rotation scales feature {h} by {m[h, h]!r} without a partner")
     rotated = sorted(partner)
-    half = dim // 2
-    if (rotated and dim % 2 == 0 and len(rotated) < dim and rotated[:len(rotated) // 2] == list(range(len(rotated) // 2))
-            and all(partner[h] == h + half for h in rotated[:len(rotated) // 2])):
+    half, leading = dim // 2, rotated[:len(rotated) // 2]
+    if (rotated and dim % 2 == 0 and len(rotated) < dim and leading == list(range(len(leading)))
+            and all(partner[h] == h + half for h in leading)):
         # pairs (i, i + dim/2) of a prefix of i: the half layout over the whole head, the other pairs
         # at angle 0 (proportional RoPE's zero frequencies)
         partner.update({h: h + half for h in range(half)} | {h + half: h for h in range(half)})
@@ -318,12 +318,17 @@ def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
             "angles": np.abs(angles), "factor": float(np.hypot(cos[0], sin[0]))}
 
 
+def _per_layer_type(params) -> bool:
+    """Rope parameters holding one RoPE per layer type (a dict of dicts)."""
+    return isinstance(params, dict) and any(isinstance(value, dict) for value in params.values())
+
+
 def _probed_layer_type(text: dict, where: str):
     """The layer type probed: the first of ``layer_types``, or with one RoPE per layer type in
     ``rope_parameters``, the first of ``layer_types`` that has one (LFM3's first layers are convolutions)."""
     names = text.get("layer_types") or [None]
     params = text.get("rope_parameters")
-    if not (isinstance(params, dict) and any(isinstance(value, dict) for value in params.values())):
+    if not _per_layer_type(params):
         return names[0]
     for name in names:
         if isinstance(params.get(name), dict):
@@ -338,9 +343,8 @@ def _check_frequencies(config, rule: ModelRule, found: dict, where: str) -> None
     from .rotary import RotaryEmbedding
 
     cfg, _ = _text_part(config.to_dict(), where)
-    params = cfg.get("rope_parameters")
-    per_type = isinstance(params, dict) and any(isinstance(value, dict) for value in params.values())
-    kwargs = kwargs_by_rule(cfg, where, rule, _probed_layer_type(cfg, where) if per_type else None, "main")
+    layer_type = _probed_layer_type(cfg, where) if _per_layer_type(cfg.get("rope_parameters")) else None
+    kwargs = kwargs_by_rule(cfg, where, rule, layer_type, "main")
     rope = RotaryEmbedding(kwargs.pop("dim"), **kwargs)
     ours = np.abs(rope.inv_freq_for(2))
     if (rope.rotary_dim, rope.rotary_start) != (found["rotary_dim"], found["start"]) or not (

@@ -156,7 +156,7 @@ MUTANTS = [
            PKG + "_hf_probe.py", "    return _read_matrix(matrices[1] @ order.T, matrices[2] @ order.T, where)",
            "    return _read_matrix(matrices[1], matrices[2], where)", ("tests/test_hf_probe.py",)),
     Mutant("the probe refuses proportional RoPE's zero-angle pairs", "model rules, scalings", PKG + "_hf_probe.py",
-           "            and all(partner[h] == h + half for h in rotated[:len(rotated) // 2])):",
+           "            and all(partner[h] == h + half for h in leading)):",
            "            and False):", ("tests/test_hf_probe.py", "-k", "every_probed")),
     Mutant("the probe ignores the keys a configuration class renames", "model rules, scalings",
            PKG + "_hf_probe.py",
