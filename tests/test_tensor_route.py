@@ -1,7 +1,8 @@
 """The compiled route of CPU torch tensors (``_core_torch.pxi``) against the Python route it shortens.
 
 `kernels.tensor_arrays` must give exactly the views `numpy_view` gives (or None, for whatever the
-Python layer has to judge), and `TensorRotation`, hf's drop-ins checked and rotated in C, exactly the
+Python layer has to judge), through DLPack's C exchange table and through the tensors' attributes alike
+(the `reader` fixture), and `TensorRotation`, hf's drop-ins checked and rotated in C, exactly the
 results of the Python route (`_rotate_tensors`) wherever it answers, declining everything else.
 """
 
