@@ -119,7 +119,8 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    loses 30-70% on the 64M rows out of place (W1 f32 1.48/1.12 against
    0.87/0.87, quiet/hog); streaming from 4 MiB loses 20-45% on the 4M rows
    (W1 oop 2.17/2.24 against 1.61/1.56); 16M and 32M differ only in
-   apply_qk's 16 MiB k, mixed.  Kept at 16 MiB. */
+   apply_qk's 16 MiB k, mixed.  Kept at 16 MiB.  On the Intel Xeon (2026-12-02,
+   bench/sweeps.md) 16 MiB and never streaming run every 64M row alike. */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
