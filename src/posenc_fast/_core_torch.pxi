@@ -341,8 +341,8 @@ cdef class TensorRotation:
 
     def __call__(self, tuple xs, cos, sin, unsqueeze_dim):
         cdef Py_ssize_t n = len(xs), j, cnd, axis, k, width, dim, rotated
-        cdef list arrays = []
-        cdef cnp.ndarray c, s, x
+        cdef tuple arrays
+        cdef cnp.ndarray c, s, first, last
         cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
         cdef cnp.npy_intp cos_steps[cnp.NPY_MAXDIMS]
         cdef cnp.npy_intp sin_steps[cnp.NPY_MAXDIMS]
@@ -351,18 +351,18 @@ cdef class TensorRotation:
         if _Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int:
             return None
         grad = _grad_enabled() is True
-        for j in range(n):
-            a = _tensor_array(xs[j], grad, True)
-            if a is None or cnp.PyArray_NDIM(<cnp.ndarray>a) < 1:
-                return None
-            arrays.append(a)
+        first = _tensor_array(xs[0], grad, True)
+        last = first if n == 1 else _tensor_array(xs[1], grad, True)
+        if first is None or last is None or cnp.PyArray_NDIM(first) < 1 or cnp.PyArray_NDIM(last) < 1:
+            return None
+        arrays = (first,) if n == 1 else (first, last)  # no list: a decode step's few objects
         found_c, found_s = _tensor_array(cos, grad, True), _tensor_array(sin, grad, True)
         if found_c is None or found_s is None:
             return None
         c, s = found_c, found_s
         table = posenc_dtype_index(cnp.PyArray_TYPE(c))
-        d0 = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>arrays[0]))
-        d1 = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>arrays[n - 1]))
+        d0 = posenc_dtype_index(cnp.PyArray_TYPE(first))
+        d1 = posenc_dtype_index(cnp.PyArray_TYPE(last))
         if (cnp.PyArray_TYPE(s) != cnp.PyArray_TYPE(c) or not cnp.PyArray_SAMESHAPE(c, s)
                 or not self.dtypes[(d0 * POSENC_NUM_DTYPES + d1) * POSENC_NUM_DTYPES + table]):
             return None
@@ -374,11 +374,9 @@ cdef class TensorRotation:
         if axis == cnd:  # the heads axis last: cos's last axis is then no longer its pairs
             return None
         width = cnp.PyArray_DIMS(c)[cnd - 1]
-        x = arrays[0]
-        dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
+        dim = cnp.PyArray_DIMS(first)[cnp.PyArray_NDIM(first) - 1]
         rotated = 2 * width if self.cache == CACHE_HALF_WIDTH else width
-        if (dim < 2 or dim % 2 or rotated % 2 or (n == 2 and cnp.PyArray_DIMS(
-                <cnp.ndarray>arrays[1])[cnp.PyArray_NDIM(<cnp.ndarray>arrays[1]) - 1] != dim)
+        if (dim < 2 or dim % 2 or rotated % 2 or cnp.PyArray_DIMS(last)[cnp.PyArray_NDIM(last) - 1] != dim
                 or not (rotated == dim or self.partial and 2 <= rotated <= dim)):
             return None
         if self.cache == CACHE_HALVES and self.half and (
@@ -395,11 +393,14 @@ cdef class TensorRotation:
                                False, c)
         sin_view = _array_over(<object>cnp.PyArray_DESCR(s), cnd + 1, dims, sin_steps, cnp.PyArray_DATA(s),
                                False, s)
-        outputs = [_new_output(<cnp.ndarray>a) for a in arrays]
-        results = _rotate_cos_sin(tuple(arrays), cos_view, sin_view, self.half, self.inverse,
-                                  tuple([o[1] for o in outputs]),
-                                  dim - 2 * dims[cnd] if self.trailing else 0)
-        if results is None:
+        made = _new_output(first)
+        if n == 2:
+            other = _new_output(last)
+            outs, tensors = (made[1], other[1]), (made[0], other[0])
+        else:
+            outs, tensors = (made[1],), (made[0],)
+        if _rotate_cos_sin(arrays, cos_view, sin_view, self.half, self.inverse, outs,
+                           dim - 2 * dims[cnd] if self.trailing else 0) is None:
             return None
-        return tuple([o[0] for o in outputs])
+        return tensors
 
