@@ -121,7 +121,8 @@ def probed_rule(model_type: str) -> ModelRule | None:
     where = f"model_type {model_type!r}, probed in transformers {transformers.__version__}"
     module = modeling_module(model_type)
     config_class = configuration_auto.CONFIG_MAPPING[model_type]
-    defaults = config_class().get_text_config(decoder=True).to_dict()
+    text_defaults = config_class().get_text_config(decoder=True)
+    defaults = text_defaults.to_dict()
     mla = _is_mla(defaults)
     functions = _main_rotations(module, mla, where)
     found = [_probe(module, function, config_class(), None, where, mla) for function in functions]
@@ -141,7 +142,7 @@ def probed_rule(model_type: str) -> ModelRule | None:
     rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
                      trailing=indexer_trailing if mla else found["start"] > 0, reversed=found["reversed"],
                      mla=mla, reads_rope_interleave=len(functions) == 2, indexer=indexer,
-                     **_renamed_keys(type(config_class().get_text_config(decoder=True))))
+                     **_renamed_keys(type(text_defaults)))
     _check_frequencies(config_class(), rule, found, where)
     return rule
 
