@@ -112,6 +112,8 @@ def check(model_type, partial_rotary_factor=None, seed=0, rope_interleave=None):
         text.rope_parameters = changed
     if text.model_type in _hf_models.NO_ROPE:
         raise Skip("its text attention has no RoPE (from_hf_config refuses it with that reason)")
+    if text.model_type in _hf_models.REFUSED_MODELS:
+        raise Skip("refused with its reason and recipe (test_hf_models.py checks both)")
     rotary_class = text_rotary_class(module, text)
     if rotary_class is None:
         raise Skip("no text rotary embedding (vision/audio only)")

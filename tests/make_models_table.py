@@ -20,7 +20,7 @@ from test_hf_models import OUT_OF_SCOPE, _agrees  # noqa: E402
 
 from posenc_fast._hf_functions import (  # noqa: E402
     INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS)
-from posenc_fast._hf_models import MODEL_RULES, NO_ROPE  # noqa: E402
+from posenc_fast._hf_models import MODEL_RULES, NO_ROPE, REFUSED_MODELS  # noqa: E402
 from posenc_fast._hf_probe import probed_rule  # noqa: E402
 
 
@@ -71,6 +71,9 @@ def table() -> str:
         if text_type in NO_ROPE:
             refused.append(f"| `{model_type}` | its text attention has no RoPE ({NO_ROPE[text_type]}) | "
                            f"{_install_text(model_type)} |")
+            continue
+        if text_type in REFUSED_MODELS:
+            refused.append(f"| `{model_type}` | refused: {REFUSED_MODELS[text_type]} | {_install_text(model_type)} |")
             continue
         try:
             agrees, results = _agrees(model_type)

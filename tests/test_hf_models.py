@@ -6,6 +6,10 @@ agrees through the attention scores or is listed in OUT_OF_SCOPE with the
 reason, and a listed one must still fail (so the list cannot go stale).
 """
 
+import collections
+import re
+
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -30,7 +34,6 @@ OUT_OF_SCOPE = {
                       "test_hf_towers.py checks it",
     "eomt_dinov3": "vision (DINOv3's 2-D rotary at patch centres normalised to [-1, 1]): from_hf_config refuses "
                    "it naming the recipe, test_hf_towers.py checks both",
-    "qwen2_5_omni_dit": "speech DiT rotary, not a text model",
     # (the pe_* audio/video towers and pocket_tts' codec transformers: read by the probe, _hf_probe.py)
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
@@ -125,6 +128,40 @@ def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():
     assert not hf_walk.torch.allclose(pairs(rotated)[..., 1:, :], pairs(q)[..., 1:, :], rtol=1e-3)
     with pytest.raises(ValueError, match="not a rotation of pairs"):
         pf.RotaryEmbedding.from_hf_config(config.to_dict())
+
+
+def test_qwen2_5_omni_dit_refused_and_the_recipe_it_names(monkeypatch):
+    # its DiTAttention rotates the first head only, deinterleaved then rotate_half: the interleaved pairs' scores
+    torch = hf_walk.torch
+    heads, dim, seq = 4, 16, 40
+    config = hf_walk.configuration_auto.CONFIG_MAPPING["qwen2_5_omni_dit"](
+        hidden_size=heads * dim, num_attention_heads=heads, head_dim=dim)
+    reason = pf._hf_models.REFUSED_MODELS["qwen2_5_omni_dit"]
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    module = hf_walk.modeling_module("qwen2_5_omni")
+    seen = {}
+
+    def attend(attention, query, key, value, **kwargs):  # what the attention function is handed
+        seen.update(q=query.double().numpy(), k=key.double().numpy())
+        return value.transpose(1, 2), None
+
+    monkeypatch.setattr(module, "ALL_ATTENTION_FUNCTIONS", collections.defaultdict(lambda: attend))
+    torch.manual_seed(0)
+    attention = module.DiTAttention(config).eval()
+    rotary = module.Qwen2_5OmniDiTRotaryEmbedding(config)
+    hidden = torch.randn(1, seq, heads * dim)
+    with torch.no_grad():
+        attention(hidden, rotary(hidden, torch.arange(seq)[None]))
+        q, k = (proj(hidden).view(1, seq, heads, dim).transpose(1, 2).double().numpy()
+                for proj in (attention.to_q, attention.to_k))
+    np.testing.assert_array_equal(seen["q"][:, 1:], q[:, 1:])  # the other heads pass through
+    np.testing.assert_array_equal(seen["k"][:, 1:], k[:, 1:])
+    rope = pf.RotaryEmbedding(dim, base=config.rope_parameters["rope_theta"], layout="interleaved")
+    q0, k0 = rope.apply_qk(q[:, :1], k[:, :1])
+    scale = np.linalg.norm(q[:, :1], axis=-1)[..., :, None] * np.linalg.norm(k[:, :1], axis=-1)[..., None, :]
+    error = np.abs(q0 @ k0.swapaxes(-1, -2) - seen["q"][:, :1] @ seen["k"][:, :1].swapaxes(-1, -2)) / scale
+    assert error.max() <= 1e-5  # its float32 cos/sin and rotation
 
 
 @pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4_unified_text", "diffusion_gemma_text",

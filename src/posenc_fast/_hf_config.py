@@ -21,7 +21,7 @@ from ._frequencies import ROPE_TYPES
 from ._hf_layers import (canonical_config, class_default, class_layer_types, class_rope, layer_config,
                          layer_of_index, own_indexer, layer_type_params)
 from ._hf_functions import ROTARY_FUNCTIONS
-from ._hf_models import MODEL_RULES, NO_ROPE, ModelRule
+from ._hf_models import MODEL_RULES, NO_ROPE, REFUSED_MODELS, ModelRule
 from ._hf_probe import probed_rule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
@@ -254,6 +254,8 @@ def _rule(model_type, layout, where: str) -> ModelRule:
     if no_rope is not None:
         raise ValueError(f"{where}: this model's text attention has no RoPE ({no_rope}); only its vision tower "
                          f"rotates")
+    if model_type in REFUSED_MODELS:
+        raise ValueError(f"{where}: model_type {model_type!r} is refused: {REFUSED_MODELS[model_type]}")
     if rule is None:
         if layout is not None:
             return ModelRule(source="", layout=layout, whole_head=False)  # the config's partial_rotary_factor holds

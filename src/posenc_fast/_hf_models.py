@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE"]
+__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "REFUSED_MODELS"]
 
 
 class ModelRule(NamedTuple):
@@ -303,3 +303,11 @@ NO_ROPE: dict[str, str] = {
 }
 
 
+# Model types whose attention rotates in a way no RotaryEmbedding states: why, and what gives it instead.
+REFUSED_MODELS: dict[str, str] = {
+    "qwen2_5_omni_dit": (
+        "qwen2_5_omni/modeling_qwen2_5_omni.py: its DiTAttention rotates only the first attention head "
+        "(q[:, :1], k[:, :1]; the other heads pass through), by the interleaved pairs (deinterleave_head_dim, "
+        "then rotate_half: the same scores); RotaryEmbedding(head_dim, base=rope_theta, layout='interleaved')"
+        ".apply_qk on the first head's q and k gives its attention"),
+}

@@ -126,6 +126,9 @@ MUTANTS = [
            "        streams = np.asarray(self.order, dtype=np.intp)[self._blocks(npairs)[0]]",
            "        streams = self._blocks(npairs)[0].astype(np.intp)", ("tests/test_axial.py",)),
     # model rules
+    Mutant("the DiT that rotates one head read as a RoPE of every head", "model rules, scalings",
+           PKG + "_hf_config.py", "    if model_type in REFUSED_MODELS:\n", "    if False:\n",
+           ("tests/test_hf_models.py", "-k", "omni_dit")),
     Mutant("DeepSeek-V4 rotates its leading features", "model rules, scalings", PKG + "_hf_models.py",
            'whole_head=False, trailing=True,', 'whole_head=False, trailing=False,',
            ("tests/test_hf_models.py", "-k", "deepseek_v4")),
