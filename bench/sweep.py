@@ -6,7 +6,8 @@
 
 NAME is a macro of ``csrc/posenc_config.h`` or ``posenc_trig.h`` guarded by
 ``#ifndef NAME`` (e.g. POSENC_PREFETCH_DISTANCE).  Each value is built once,
-with ``CFLAGS=-DNAME=VALUE`` (setuptools adds CFLAGS to every compile), into
+with ``-DNAME=VALUE`` added to CFLAGS (`build_cflags`: setuptools takes CFLAGS from the
+environment in place of the flags Python was built with, so they are passed too), into
 its own copy of the tree in a temporary directory (removed at the end), so
 the checkout is not touched.  Then each pass runs ``report.py --json --only
 REGEX`` once per value and mode (quiet, and with ``--hog``), each in its own
@@ -22,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 from statistics import median
@@ -50,12 +52,23 @@ def check_overridable(name):
                          f"{HEADERS}; -D{name}=... would not take effect")
 
 
+def build_cflags(name, value, environ=os.environ):
+    """CFLAGS for a build with -Dname=value that is otherwise the build pip makes.
+
+    setuptools compiles with ``environ["CFLAGS"]`` where it is set, in place of the flags
+    Python was built with (``-fwrapv``, ``-DNDEBUG``, ...), so those are kept here: without
+    them the sweeps measured other code than the package's (W1 float64 in place 1.30x
+    against 1.52x its limit on an AMD EPYC Zen 3, bench/sweeps.md).
+    """
+    base = environ.get("CFLAGS", sysconfig.get_config_var("CFLAGS") or "")
+    return f"{base} -D{name}={value}".strip()
+
+
 def build(name, value, workdir, variants):
     """Copy the tree to workdir/NAME=VALUE and build it there with -DNAME=VALUE; its src dir."""
     dest = workdir / f"{name}={value}"
     shutil.copytree(TREE, dest, ignore=COPY_IGNORE)
-    env = dict(os.environ, CFLAGS=f"{os.environ.get('CFLAGS', '')} -D{name}={value}".strip(),
-               POSENC_FAST_ISA_VARIANTS=variants)
+    env = dict(os.environ, CFLAGS=build_cflags(name, value), POSENC_FAST_ISA_VARIANTS=variants)
     print(f"building {dest.name} ...", file=sys.stderr, flush=True)
     done = run(["nice", "-n", "10", sys.executable, "setup.py", "build_ext", "--inplace", "-j",
                 "2"], cwd=dest, env=env)

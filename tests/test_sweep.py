@@ -1,6 +1,7 @@
 """bench/sweep.py can set every tuning constant: each is defined under #ifndef."""
 
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,11 @@ def test_a_constant_without_a_guard_is_refused():
 def test_values_with_spaces_are_refused():
     with pytest.raises(SystemExit):
         sweep.main(["POSENC_ROW_CHUNK", "1 + 1", "--only", "x"])
+
+
+def test_a_sweep_build_keeps_the_flags_python_was_built_with():
+    # setuptools takes CFLAGS from the environment in place of Python's own (-fwrapv, -DNDEBUG, ...):
+    # a sweep's build must be the package's build but for the one -D
+    python_flags = sysconfig.get_config_var("CFLAGS") or ""
+    assert sweep.build_cflags("POSENC_ROW_CHUNK", 64, {}) == f"{python_flags} -DPOSENC_ROW_CHUNK=64".strip()
+    assert sweep.build_cflags("POSENC_ROW_CHUNK", 64, {"CFLAGS": "-O1"}) == "-O1 -DPOSENC_ROW_CHUNK=64"
