@@ -168,3 +168,14 @@ def test_without_transformers_the_table_alone(monkeypatch):
             pf.RotaryEmbedding.from_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2})
     finally:
         _hf_probe.probed_rule.cache_clear()
+
+
+def test_a_config_whose_model_builds_a_non_text_rotary_is_not_probed_with_another_configs():
+    # Qwen2.5-Omni's module holds the thinker's text rotary (multimodal) and the DiT's: the DiT's config
+    # is refused naming its own class, not probed (or refused) as the thinker's
+    _hf_probe.probed_rule.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="its model builds Qwen2_5OmniDiTRotaryEmbedding, a vision, audio"):
+            _hf_probe.probed_rule("qwen2_5_omni_dit")
+    finally:
+        _hf_probe.probed_rule.cache_clear()

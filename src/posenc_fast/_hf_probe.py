@@ -62,8 +62,8 @@ def rotary_classes(module):
             if n.endswith("RotaryEmbedding") and inspect.isclass(c) and c.__module__ == module.__name__]
 
 
-def _built_rotary_class(module, config):
-    """The rotary class the module's model for `config`'s class builds (`self.rotary_emb = X(...)`), or None."""
+def _built_rotary_classes(module, config):
+    """The rotary classes the module's models for `config`'s class build (`self.rotary_emb = X(...)`)."""
     built = set()
     for cls in vars(module).values():
         if not (inspect.isclass(cls) and cls.__module__ == module.__name__ and "__init__" in vars(cls)):
@@ -72,8 +72,7 @@ def _built_rotary_class(module, config):
         annotation = getattr(annotation, "annotation", None)
         if getattr(annotation, "__name__", annotation) == type(config).__name__:
             built |= set(re.findall(r"=\s*(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
-    built = [getattr(module, name) for name in built if hasattr(module, name)]
-    return built[0] if len(built) == 1 and not _not_text(module, built[0].__name__) else None
+    return [getattr(module, name) for name in sorted(built) if hasattr(module, name)]
 
 
 def text_rotary_class(module, config=None):
@@ -81,8 +80,9 @@ def text_rotary_class(module, config=None):
 
     With `config`, the one the model of its configuration class builds, where the module says.
     """
-    if config is not None and (built := _built_rotary_class(module, config)) is not None:
-        return built
+    built = _built_rotary_classes(module, config) if config is not None else []
+    if len(built) == 1 and not _not_text(module, built[0].__name__):
+        return built[0]
     classes = rotary_classes(module)
     text = [c for c in classes if not _not_text(module, c.__name__)]
     if len(text) > 1:
@@ -230,6 +230,10 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
     text = _text_config(config, partial)
     if text is None:
         return {"rotary_dim": None}
+    own = [c.__name__ for c in _built_rotary_classes(module, text)]
+    if own and all(_not_text(module, name) for name in own):  # not another configuration's text rotary
+        raise ValueError(f"{where}: its model builds {', '.join(own)}, a vision, audio, talker or DiT "
+                         f"rotary: not probed")
     rotary_class = text_rotary_class(module, text)
     if rotary_class is None:
         raise ValueError(f"{where}: no single text rotary embedding class to probe")

@@ -126,6 +126,9 @@ MUTANTS = [
            "        streams = np.asarray(self.order, dtype=np.intp)[self._blocks(npairs)[0]]",
            "        streams = self._blocks(npairs)[0].astype(np.intp)", ("tests/test_axial.py",)),
     # model rules
+    Mutant("the probe reads another configuration's text rotary", "model rules, scalings",
+           PKG + "_hf_probe.py", "    if own and all(_not_text(module, name) for name in own):",
+           "    if False:", ("tests/test_hf_probe.py", "-k", "non_text")),
     Mutant("the DiT that rotates one head read as a RoPE of every head", "model rules, scalings",
            PKG + "_hf_config.py", "    if model_type in REFUSED_MODELS:\n", "    if False:\n",
            ("tests/test_hf_models.py", "-k", "omni_dit")),
