@@ -8,7 +8,8 @@ NAME is a macro of ``csrc/posenc_config.h`` or ``posenc_trig.h`` guarded by
 ``#ifndef NAME`` (e.g. POSENC_PREFETCH_DISTANCE).  Each value is built once,
 with ``-DNAME=VALUE`` added to CFLAGS (`build_cflags`: setuptools takes CFLAGS from the
 environment in place of the flags Python was built with, so they are passed too), into
-its own copy of the tree in a temporary directory (removed at the end), so
+its own copy of the tree in a temporary directory (removed at the end; folder names of one length,
+`build_dirs`, so that every value's process has its stack at one place), so
 the checkout is not touched.  Then each pass runs ``report.py --json --only
 REGEX`` once per value and mode (quiet, and with ``--hog``), each in its own
 process on that value's build, the values in a rotated order, so that
@@ -58,18 +59,24 @@ def build_cflags(name, value, environ=os.environ):
     setuptools compiles with ``environ["CFLAGS"]`` where it is set, in place of the flags
     Python was built with (``-fwrapv``, ``-DNDEBUG``, ...), so those are kept here: without
     them the sweeps measured other code than the package's (W1 float64 in place 1.30x
-    against 1.52x its limit on an AMD EPYC Zen 3, bench/sweeps.md).
+    against 1.43x its limit on an AMD EPYC Zen 3, bench/sweeps.md).
     """
     base = environ.get("CFLAGS", sysconfig.get_config_var("CFLAGS") or "")
     return f"{base} -D{name}={value}".strip()
 
 
-def build(name, value, workdir, variants):
-    """Copy the tree to workdir/NAME=VALUE and build it there with -DNAME=VALUE; its src dir."""
-    dest = workdir / f"{name}={value}"
+def build_dirs(workdir, values):
+    """{value: the folder its build goes to}: names of one length, so that every value's process has an
+    environment (PYTHONPATH) of one size and its stack where the others' is: on an AMD Zen 3 the stack's
+    position alone moved rows by up to 0.4x (bench/sweeps.md, 2026-12-05)."""
+    return {value: workdir / f"build{i:03d}" for i, value in enumerate(values)}
+
+
+def build(name, value, dest, variants):
+    """Copy the tree to dest and build it there with -DNAME=VALUE; its src dir."""
     shutil.copytree(TREE, dest, ignore=COPY_IGNORE)
     env = dict(os.environ, CFLAGS=build_cflags(name, value), POSENC_FAST_ISA_VARIANTS=variants)
-    print(f"building {dest.name} ...", file=sys.stderr, flush=True)
+    print(f"building {name}={value} in {dest.name} ...", file=sys.stderr, flush=True)
     done = run(["nice", "-n", "10", sys.executable, "setup.py", "build_ext", "--inplace", "-j",
                 "2"], cwd=dest, env=env)
     if f"-D{name}={value}" not in done.stdout + done.stderr:
@@ -100,7 +107,7 @@ def row_label(row):
 
 def sweep(name, values, regex, *, passes, rounds, modes, workdir, variants, isa):
     """{mode: {row label: {value: [measured ratio per pass]}}}, and the ISA the builds ran."""
-    sources = {v: build(name, v, workdir, variants) for v in values}
+    sources = {v: build(name, v, dest, variants) for v, dest in build_dirs(workdir, values).items()}
     ratios = {mode: {} for mode in modes}
     isa_in_use = set()
     for p in range(passes):

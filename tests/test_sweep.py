@@ -36,3 +36,10 @@ def test_a_sweep_build_keeps_the_flags_python_was_built_with():
     python_flags = sysconfig.get_config_var("CFLAGS") or ""
     assert sweep.build_cflags("POSENC_ROW_CHUNK", 64, {}) == f"{python_flags} -DPOSENC_ROW_CHUNK=64".strip()
     assert sweep.build_cflags("POSENC_ROW_CHUNK", 64, {"CFLAGS": "-O1"}) == "-O1 -DPOSENC_ROW_CHUNK=64"
+
+
+def test_every_value_builds_in_a_folder_of_one_name_length(tmp_path):
+    # the folder is in PYTHONPATH: a longer name moves the measuring process's stack
+    dirs = sweep.build_dirs(tmp_path, ["8", "16384", "(1<<20)"])
+    assert len({len(str(path)) for path in dirs.values()}) == 1
+    assert len(set(dirs.values())) == 3

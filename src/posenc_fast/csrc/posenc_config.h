@@ -191,9 +191,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    it.  Integer arithmetic: the address may lie past the array, and a
    prefetch never faults.  An unsigned address runs the loop, not a signed
    count: under the -fwrapv that Python's CFLAGS add, the counted loop
-   compiled so that on an AMD EPYC Zen 3 W1 float64 in place ran 1.46x its
-   limit against 1.26x (head_dim 256 float32 1.48x / 1.30x; A/B of two builds,
-   5 passes, bench/sweeps.md 2026-12-05). */
+   compiled so that on an AMD EPYC Zen 3 W1 float64 in place ran 1.54x its
+   limit against 1.38x (medians over 32 stack positions of the process, which
+   move it by up to 0.4x; bench/sweeps.md 2026-12-05). */
 static inline void posenc_prefetch_ahead(const void* p, Py_ssize_t nbytes) {
     uintptr_t ahead = (uintptr_t)p + POSENC_PREFETCH_DISTANCE, end = ahead + (uintptr_t)nbytes;
     for (; ahead < end; ahead += 64) POSENC_PREFETCH_LINE(ahead);
