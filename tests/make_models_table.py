@@ -64,16 +64,12 @@ def _install_text(model_type):
 def table() -> str:
     supported, refused = [], []
     for model_type in hf_walk.model_types():
-        if model_type in OUT_OF_SCOPE:
-            refused.append(f"| `{model_type}` | {OUT_OF_SCOPE[model_type]} | {_install_text(model_type)} |")
-            continue
         text_type = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().get_text_config(decoder=True).model_type
-        if text_type in NO_ROPE:
-            refused.append(f"| `{model_type}` | its text attention has no RoPE ({NO_ROPE[text_type]}) | "
-                           f"{_install_text(model_type)} |")
-            continue
-        if text_type in REFUSED_MODELS:
-            refused.append(f"| `{model_type}` | refused: {REFUSED_MODELS[text_type]} | {_install_text(model_type)} |")
+        reason = (OUT_OF_SCOPE.get(model_type)
+                  or (f"its text attention has no RoPE ({NO_ROPE[text_type]})" if text_type in NO_ROPE else None)
+                  or (f"refused: {REFUSED_MODELS[text_type]}" if text_type in REFUSED_MODELS else None))
+        if reason is not None:
+            refused.append(f"| `{model_type}` | {reason} | {_install_text(model_type)} |")
             continue
         try:
             agrees, results = _agrees(model_type)
