@@ -20,7 +20,7 @@ import torch
 from transformers.models.auto import configuration_auto
 
 import posenc_fast as pf
-from posenc_fast import _hf_models
+from posenc_fast import _hf_models, _hf_towers
 from posenc_fast._hf_probe import (  # noqa: F401  (the walk's names for them)
     _not_text, attention_rotations, modeling_module, rotary_classes, text_rotary_class)
 
@@ -114,9 +114,17 @@ def check(model_type, partial_rotary_factor=None, seed=0, rope_interleave=None):
         raise Skip("its text attention has no RoPE (from_hf_config refuses it with that reason)")
     if text.model_type in _hf_models.REFUSED_MODELS:
         raise Skip("refused with its reason and recipe (test_hf_models.py checks both)")
+    if text.model_type in _hf_towers.TOWER_RULES or text.model_type in _hf_towers.REFUSED_TOWERS \
+            or text.model_type in _hf_towers.NAMED_TOWERS:
+        raise Skip("a vision tower's 2-D RoPE (test_hf_towers.py runs its own rotary module against it)")
     rotary_class = text_rotary_class(module, text)
     if rotary_class is None:
         raise Skip("no text rotary embedding (vision/audio only)")
+    if _not_text(module, rotary_class.__name__):  # its own audio/vision/talker rotary: walked where accepted
+        try:
+            pf.RotaryEmbedding.from_hf_config(config.to_dict())
+        except ValueError as error:
+            raise Skip(f"its own rotary is {rotary_class.__name__}, which from_hf_config refuses: {error}") from None
     try:
         rotary = rotary_class(config=text)
     except Exception as error:  # a vision/audio sub-config: the text rotary module does not take it

@@ -26,15 +26,8 @@ _FULL_WIDTH = ("cannot be a RoPE of pairs: its recomposition splits the full-wid
                "pair); its default config has no mrope_section (its own rotary module fails)")
 
 OUT_OF_SCOPE = {
-    # from_hf_config gives these towers' axial 2-D RoPE (tests/test_hf_towers.py checks it against each tower's
-    # own rotary module); the text walk here gives no (h, w) positions
-    "mlcd": "vision tower (2-D rotary): see test_hf_towers.py",
-    "mlcd_vision_model": "vision tower (2-D rotary): see test_hf_towers.py",
-    "efficientloftr": "vision (2-D rotary of the whole hidden vector): from_hf_config gives its axial RoPE, "
-                      "test_hf_towers.py checks it",
-    "eomt_dinov3": "vision (DINOv3's 2-D rotary at patch centres normalised to [-1, 1]): from_hf_config refuses "
-                   "it naming the recipe, test_hf_towers.py checks both",
-    # (the pe_* audio/video towers and pocket_tts' codec transformers: read by the probe, _hf_probe.py)
+    # (the vision towers are skipped here, their 2-D RoPE checked in test_hf_towers.py; the pe_* audio/video
+    # towers and pocket_tts' codec transformers are read by the probe, _hf_probe.py)
     "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
 }
 
@@ -66,6 +59,9 @@ def test_rope_matches_the_model(model_type):
         text_type = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().get_text_config(decoder=True).model_type
         if text_type in pf._hf_models.MODEL_RULES:  # a rule the walk does not check: it could be wrong unseen
             pytest.fail(f"{model_type} has a rule ({text_type}) but the walk skips it: {skip}")
+        if "test_hf_towers.py" not in str(skip):  # nor an answer the walk does not check
+            with pytest.raises(ValueError):
+                pf.RotaryEmbedding.from_hf_config(hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().to_dict())
         pytest.skip(str(skip))
     assert agrees, results
     for flag in (False, True):  # MLA: the attention's code reads rope_interleave, or ignores what it says
@@ -110,6 +106,20 @@ def test_text_models_without_rope_are_refused_with_that_reason(model_type):
     for data in (config.to_dict(), {"model_type": model_type.removesuffix("_text"), "text_config": config.to_dict()}):
         with pytest.raises(ValueError, match="this model's text attention has no RoPE"):
             pf.RotaryEmbedding.from_hf_config(data)
+
+
+def test_a_config_of_several_transformers_with_differing_ropes_is_refused():
+    # BLT's patcher, local encoder, global transformer and local decoder each rotate by their own RoPE (each part's
+    # model type is walked on its own); its top config names none of them as the text model
+    blt = hf_walk.configuration_auto.CONFIG_MAPPING["blt"]().to_dict()
+    parts = ("patcher_config", "encoder_config", "decoder_config", "global_config")
+    ropes = {part: pf.RotaryEmbedding.from_hf_config(blt[part]) for part in parts}
+    assert len({(rope.dim, rope.base) for rope in ropes.values()}) == 3
+    with pytest.raises(ValueError, match=re.escape(f"holds 4 transformers whose RoPEs differ ({', '.join(parts)})")):
+        pf.RotaryEmbedding.from_hf_config(blt)
+    # Dia's encoder and decoder rotate alike: its decoder's RoPE, as for any composite config
+    dia = hf_walk.configuration_auto.CONFIG_MAPPING["dia"]().to_dict()
+    assert repr(pf.RotaryEmbedding.from_hf_config(dia)) == repr(pf.RotaryEmbedding.from_hf_config(dia["encoder_config"]))
 
 
 def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():
@@ -360,7 +370,11 @@ def test_layer_is_its_layer_type_in_every_model_with_layer_types():
         if model_type in OUT_OF_SCOPE:
             continue
         config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type](**hf_walk.CONFIG_OVERRIDES.get(model_type, {}))
-        data, _ = _text_part(config.to_dict(), "config")
+        try:
+            data, _ = _text_part(config.to_dict(), "config")
+        except ValueError as error:  # BLT: its parts are walked as their own model types
+            assert "transformers whose RoPEs differ" in str(error)
+            continue
         layer_types = data.get("layer_types")
         if not layer_types or data.get("model_type") in pf._hf_models.NO_ROPE:
             continue

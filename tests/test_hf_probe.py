@@ -179,3 +179,16 @@ def test_a_config_whose_model_builds_a_non_text_rotary_is_not_probed_with_anothe
             _hf_probe.probed_rule("qwen2_5_omni_dit")
     finally:
         _hf_probe.probed_rule.cache_clear()
+
+
+@pytest.mark.parametrize("model_type, own", [
+    ("qwen3_omni_moe_talker_text", "Qwen3OmniMoeTalkerRotaryEmbedding"),
+    ("deepseek_ocr2_encoder", "DeepseekOcr2VisionRotaryEmbedding"),
+    ("qwen2_vl_text", "Qwen2VLRotaryEmbedding"),
+])
+def test_a_configs_rotary_class_is_the_one_its_model_builds_whatever_its_name(model_type, own):
+    # the walk runs these against their own classes, not the module's text class of another configuration
+    from transformers.models.auto import configuration_auto
+
+    config = configuration_auto.CONFIG_MAPPING[model_type]()
+    assert _hf_probe.text_rotary_class(_hf_probe.modeling_module(model_type), config).__name__ == own

@@ -15,6 +15,7 @@ import functools
 import json
 import numbers
 import os
+import re
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
@@ -235,14 +236,33 @@ _TEXT_CONFIG_KEYS = ("thinker_config", "text_config", "decoder_config", "decoder
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
+_OTHER_MODALITY = re.compile(r"vision|audio|video|image|codec|speech")
+
+
 def _text_part(cfg: dict, where: str) -> tuple[dict, str]:
     # a top level without its own attention heads holds no text model (VoxtralRealtime keeps a hidden_size)
     while "num_attention_heads" not in cfg or "hidden_size" not in cfg:
         key = next((key for key in _TEXT_CONFIG_KEYS if isinstance(cfg.get(key), Mapping)), None)
         if key is None:
             break
+        _one_rope_among_parts(cfg, where)
         cfg, where = dict(cfg[key]), f"{where}[{key!r}]"
     return cfg, where
+
+
+def _one_rope_among_parts(cfg: dict, where: str) -> None:
+    """Refuse a config of several text transformers whose RoPEs differ (BLT's patcher, local encoder, global
+    transformer and local decoder): which one is rotated is the caller's to say."""
+    ropes = {}
+    for key, part in cfg.items():
+        if isinstance(part, Mapping) and "num_attention_heads" in part and not _OTHER_MODALITY.search(key):
+            try:
+                ropes[key] = rotary_kwargs_from_hf_config(part)
+            except ValueError:  # a part without a RoPE posenc_fast reads: it cannot be the one meant
+                continue
+    if len({repr(rope) for rope in ropes.values()}) > 1:
+        raise ValueError(f"{where} holds {len(ropes)} transformers whose RoPEs differ ({', '.join(ropes)}): pass "
+                         f"the config of the one whose attention is rotated, e.g. config[{next(iter(ropes))!r}]")
 
 
 def _rule(model_type, layout, where: str) -> ModelRule:
@@ -347,6 +367,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         missing (named in the message), a value is invalid, the RoPE type is
         unsupported, the model's text attention has no RoPE (GLM-5-next,
         Inkling2), the model type has no rule and no ``layout`` was given,
+        a composite config holds several text transformers whose RoPEs
+        differ (BLT: pass the part's config),
         ``attention="indexer"`` names an indexer the model lacks,
         the model rotates in a way ``RotaryEmbedding`` does not (an unread
         assignment of pairs to position streams; Gemma 4's vision tower), a

@@ -78,10 +78,11 @@ def _built_rotary_classes(module, config):
 def text_rotary_class(module, config=None):
     """The module's text rotary embedding (None when it only has vision/audio ones).
 
-    With `config`, the one the model of its configuration class builds, where the module says.
+    With `config`, the one the model of its configuration class builds, where the module says, whatever
+    its name (Qwen3-Omni's talker builds a ``...TalkerRotaryEmbedding``).
     """
     built = _built_rotary_classes(module, config) if config is not None else []
-    if len(built) == 1 and not _not_text(module, built[0].__name__):
+    if len(built) == 1:
         return built[0]
     classes = rotary_classes(module)
     text = [c for c in classes if not _not_text(module, c.__name__)]
