@@ -157,9 +157,7 @@ cdef struct TableJob:
     Py_ssize_t nrows
     const char* x
     char* out
-    const char* cos
-    const char* sin
-    Py_ssize_t table_row_bytes
+    const CosSinTable* table
     const RowPlan* plan
     const RowCall* call
 
@@ -173,8 +171,7 @@ cdef void _rotate_table_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept n
     for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
         s = (r // plan.inner) % plan.seq
         t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
-        _rotate_row(job.x + r * row_bytes, job.out + r * row_bytes, job.cos + t * job.table_row_bytes,
-                    job.sin + t * job.table_row_bytes, job.call)
+        _rotate_row_by(job.x + r * row_bytes, job.out + r * row_bytes, job.table, t, job.call)
     if job.call.stream:
         posenc_sfence()
 
@@ -214,9 +211,10 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
                      layout == POSENC_FAST_HALF, inverse, rows.x == rows.out, nbytes)
     if call.rotate == NULL:  # no kernel for this (data, table) pair
         return POSENC_FAST_ERR_DTYPE
-    cdef TableJob job = TableJob(nrows, <const char*>rows.x, <char*>rows.out,
-                                 <const char*>table.cos, <const char*>table.sin,
-                                 table.stride * table_itemsize, &plan, &call)
+    cdef CosSinTable cos_sin = CosSinTable(<const char*>table.cos, <const char*>table.sin,
+                                           table.stride * table_itemsize, table.stride * table_itemsize,
+                                           table.npairs, table_itemsize, t)
+    cdef TableJob job = TableJob(nrows, <const char*>rows.x, <char*>rows.out, &cos_sin, &plan, &call)
     posenc_parallel_for((nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK,
                         _threads_for(nrows * rows.dim), _rotate_table_chunk, &job)
     return POSENC_FAST_OK
@@ -249,10 +247,12 @@ cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rot
     if nbytes == 0:
         return POSENC_FAST_OK
     # The cache is float32 for half data (posenc_table_dtype).
-    call = _row_call(d, posenc_table_dtype(d), itemsize,
-                     8 if posenc_table_dtype(d) == POSENC_F64 else 4, table.npairs, table.dim,
+    cdef CosSinTable cos_sin = _stacked_table(table.table, table.npairs,
+                                              8 if posenc_table_dtype(d) == POSENC_F64 else 4,
+                                              posenc_table_dtype(d))
+    call = _row_call(d, cos_sin.dtype, itemsize, cos_sin.itemsize, table.npairs, table.dim,
                      table.half, inverse, rows.x == rows.out, nbytes, table.start)
-    _rotate_planned(<const char*>rows.x, <char*>rows.out, table.table, &plan, &call,
+    _rotate_planned(<const char*>rows.x, <char*>rows.out, &cos_sin, &plan, &call,
                     _threads_for(nbytes // itemsize))
     return POSENC_FAST_OK
 

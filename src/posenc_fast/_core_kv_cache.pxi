@@ -85,17 +85,6 @@ cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char*
             w.narrow(v_row + h * w.row_bytes, v_slot + h * w.v_layout.head_stride, w.dim)
 
 
-cdef struct CacheTable:
-    # The cos/sin rows of a call: row r at cos + r * cos_stride, sin + r * sin_stride.
-    const char* cos
-    const char* sin
-    Py_ssize_t cos_stride
-    Py_ssize_t sin_stride
-    Py_ssize_t npairs
-    Py_ssize_t itemsize
-    int dtype
-
-
 cdef struct CacheJob:
     # _write_all's call, for the pool.
     const long long* slot_of
@@ -106,7 +95,7 @@ cdef struct CacheJob:
     const char* v
     char* k_cache
     char* v_cache
-    const CacheTable* table
+    const CosSinTable* table
     float* scratch          # a float32 row (w.dim) per thread, or NULL
     Py_ssize_t ntokens
     const CacheWrite* w
@@ -116,7 +105,7 @@ cdef struct CacheJob:
 
 cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     cdef const CacheJob* job = <const CacheJob*>job_
-    cdef const CacheTable* table = job.table
+    cdef const CosSinTable* table = job.table
     cdef Py_ssize_t t
     for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.ntokens)):
         _write_token(t, job.slot_of[t], job.q, job.out_q, job.k, job.v, job.k_cache, job.v_cache,
@@ -130,7 +119,7 @@ cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
 
 cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
                     cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
-                    const long long* row_of, const CacheTable* table, bint half,
+                    const long long* row_of, const CosSinTable* table, bint half,
                     Py_ssize_t start) except -1:
     cdef Py_ssize_t ntokens = q.shape[0], dim = q.shape[2]
     cdef Py_ssize_t size = cnp.PyArray_SIZE(q) + 2 * cnp.PyArray_SIZE(k)
@@ -197,14 +186,7 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     features [start, start + 2*npairs) rotate.  Each token is written by one
     thread: bitwise the same for any count.
     """
-    cdef CacheTable table
-    table.cos = _data(cos_table)
-    table.sin = _data(sin_table)
-    table.cos_stride = cnp.PyArray_STRIDE(cos_table, 0)
-    table.sin_stride = cnp.PyArray_STRIDE(sin_table, 0)
-    table.npairs = cos_table.shape[1]
-    table.itemsize = cnp.PyArray_ITEMSIZE(cos_table)
-    table.dtype = _dtype(cos_table)
+    cdef CosSinTable table = _table_from(cos_table, sin_table)
     _write_all(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
                <const long long*>_data(rows), &table, half_layout, start)
 
@@ -297,7 +279,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     cdef Py_ssize_t n, i
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
-    cdef CacheTable table
+    cdef CosSinTable table
     if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
         return None
     qa, ka, va = <cnp.ndarray>q, <cnp.ndarray>k, <cnp.ndarray>v
@@ -338,12 +320,8 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     cache = fast._cache_for(_table_of(qa), highest)
     if cache is None:
         return None
-    table.cos = _data(<cnp.ndarray>cache)
-    table.npairs = fast.npairs
-    table.itemsize = cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache)
-    table.sin = table.cos + table.npairs * table.itemsize
-    table.cos_stride = table.sin_stride = 2 * table.npairs * table.itemsize
-    table.dtype = _table_of(qa)
+    table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs, cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache),
+                           _table_of(qa))
     _write_all(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
                fast.half, fast.start)
     return result

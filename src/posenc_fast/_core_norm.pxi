@@ -12,10 +12,7 @@ cdef struct NormJob:
     const Py_ssize_t* rows   # the cos/sin table row of each row of x
     const char* x
     char* out
-    const char* cos
-    const char* sin
-    Py_ssize_t cos_stride
-    Py_ssize_t sin_stride
+    CosSinTable table
     Py_ssize_t nrows
     Py_ssize_t dim
     Py_ssize_t itemsize
@@ -64,11 +61,9 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             row = normed
         K.norm_scale[compute](row, normed, weight, dim, job.eps)
         if job.store == compute:
-            _rotate_row(normed, out_row, job.cos + t * job.cos_stride, job.sin + t * job.sin_stride,
-                        job.call)
+            _rotate_row_by(normed, out_row, &job.table, t, job.call)
         else:
-            _rotate_row(normed, rotated, job.cos + t * job.cos_stride, job.sin + t * job.sin_stride,
-                        job.call)
+            _rotate_row_by(normed, rotated, &job.table, t, job.call)
             K.from_f32[job.store](rotated, out_row, dim)
 
 
@@ -111,9 +106,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * 2 * _scratch_row_bytes(dim, compute_size) + 64],
                                 cnp.NPY_UINT8, 0)
     cdef NormJob job = NormJob(<const Py_ssize_t*>_data(row_table), _data(x), _data(out),
-                               _data(cos_table), _data(sin_table),
-                               cnp.PyArray_STRIDE(cos_table, 0), cnp.PyArray_STRIDE(sin_table, 0),
-                               nrows, dim, cnp.PyArray_ITEMSIZE(x),
+                               _table_from(cos_table, sin_table), nrows, dim, cnp.PyArray_ITEMSIZE(x),
                                at, store,
                                <const double*>_data(weight), <const float*>_data(weight32), eps,
                                data, _data(scratch) + ((64 - (<size_t>_data(scratch) & 63)) & 63), &call)

@@ -32,10 +32,9 @@ cdef struct RowPlan:
 
 
 cdef inline void _rotate_position(const char* x, char* out, Py_ssize_t nrows, long long t,
-                                  const char* table, const RowCall* call) noexcept nogil:
-    # nrows consecutive rows by the cos/sin rows of position t.
-    cdef Py_ssize_t cos_row_bytes = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
-    _rotate_position_rows(x, out, nrows, table + 2 * t * cos_row_bytes, table + (2 * t + 1) * cos_row_bytes,
+                                  const CosSinTable* table, const RowCall* call) noexcept nogil:
+    # nrows consecutive rows by table row t.
+    _rotate_position_rows(x, out, nrows, table.cos + t * table.cos_stride, table.sin + t * table.sin_stride,
                           call)
 
 
@@ -44,7 +43,7 @@ cdef struct PlannedJob:
     Py_ssize_t block_size
     const char* x
     char* out
-    const char* table
+    const CosSinTable* table
     const RowPlan* plan
     const RowCall* call
 
@@ -73,7 +72,7 @@ cdef struct BlockJob:
     Py_ssize_t ngroups
     const char* x
     char* out
-    const char* table
+    const CosSinTable* table
     const RowPlan* plan
     const RowCall* call
 
@@ -87,15 +86,16 @@ cdef void _rotate_block_item(void* job_, Py_ssize_t item, int slot) noexcept nog
     cdef const RowCall* call = job.call
     cdef Py_ssize_t group = item % job.ngroups, first = item // job.ngroups * job.block_size
     cdef Py_ssize_t rows = min(job.block_size, plan.seq - first), o, r
-    cdef Py_ssize_t cos_row_bytes = call.npairs * call.table_itemsize  # bytes of a cos (or sin) row
-    cdef const char* c = job.table + 2 * (plan.base + first) * cos_row_bytes
+    cdef const CosSinTable* table = job.table  # cos and sin rows one stride apart (_stacked_table)
+    cdef const char* c = table.cos + (plan.base + first) * table.cos_stride
+    cdef const char* s = table.sin + (plan.base + first) * table.sin_stride
     for o in range(group * job.group, min((group + 1) * job.group, plan.outer)):
         r = o * plan.seq + first
-        _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, rows, c,
-                      c + cos_row_bytes, 2 * call.npairs, call)
+        _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, rows, c, s,
+                      table.cos_stride // table.itemsize, call)
 
 
-cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowPlan* plan,
+cdef void _rotate_blocks(const char* x, char* out, const CosSinTable* table, const RowPlan* plan,
                          const RowCall* call, int num_threads) noexcept nogil:
     # Rows (outer, seq) of consecutive positions (plan.inner 1, no positions
     # array): blocks of POSENC_ROW_BLOCK_BYTES of cache rows, each serving
@@ -112,9 +112,9 @@ cdef void _rotate_blocks(const char* x, char* out, const char* table, const RowP
                         _rotate_block_item, &job)
 
 
-cdef void _rotate_planned(const char* x, char* out, const char* table, const RowPlan* plan,
+cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, const RowPlan* plan,
                           const RowCall* call, int num_threads) noexcept nogil:
-    # table: (rows, 2, npairs), the cos then the sin row of each position.
+    # table: a _stacked_table (the blocked walk steps its cos and sin rows by one stride).
     cdef Py_ssize_t block
     cdef PlannedJob job
     if num_threads == 1 and plan.seq == 1:  # one position (decode): one call for all its rows
@@ -449,17 +449,17 @@ cdef class RotaryBase:
         cdef Py_ssize_t size = cnp.PyArray_SIZE(x)
         cdef int d = posenc_dtype_index(cnp.PyArray_TYPE(x))
         cdef int threads = _threads_for(size)
-        cdef RowCall call = _row_call(d, posenc_table_dtype(d), cnp.PyArray_ITEMSIZE(x),
-                                      cnp.PyArray_ITEMSIZE(table), self.npairs, self.dim,
-                                      self.half, inverse, _data(x) == _data(out),
+        cdef CosSinTable rows = _stacked_table(_data(table), self.npairs, cnp.PyArray_ITEMSIZE(table),
+                                               posenc_table_dtype(d))
+        cdef RowCall call = _row_call(d, rows.dtype, cnp.PyArray_ITEMSIZE(x), rows.itemsize, self.npairs,
+                                      self.dim, self.half, inverse, _data(x) == _data(out),
                                       cnp.PyArray_NBYTES(x), self.start)
         cdef const char* xp = _data(x)
         cdef char* op = _data(out)
-        cdef const char* tp = _data(table)
         if size == 0:
             return
         with nogil:
-            _rotate_planned(xp, op, tp, &plan, &call, threads)
+            _rotate_planned(xp, op, &rows, &plan, &call, threads)
 
     cdef bint _usable(self, RowPlan* plan):
         return plan.lowest >= 0 and plan.highest < self.valid_below

@@ -58,6 +58,32 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     return call
 
 
+cdef struct CosSinTable:
+    # The cos/sin table every rotation reads: the cos row of table row t at cos + t * cos_stride,
+    # its sin row at sin + t * sin_stride (bytes), each npairs entries of one dtype.
+    const char* cos
+    const char* sin
+    Py_ssize_t cos_stride
+    Py_ssize_t sin_stride
+    Py_ssize_t npairs
+    Py_ssize_t itemsize
+    int dtype
+
+
+cdef inline CosSinTable _table_from(cnp.ndarray cos_table, cnp.ndarray sin_table) noexcept:
+    # Two 2-D arrays of one dtype, unit stride along their last axis.
+    return CosSinTable(_data(cos_table), _data(sin_table), cnp.PyArray_STRIDE(cos_table, 0),
+                       cnp.PyArray_STRIDE(sin_table, 0), cos_table.shape[1],
+                       cnp.PyArray_ITEMSIZE(cos_table), _dtype(cos_table))
+
+
+cdef inline CosSinTable _stacked_table(const char* table, Py_ssize_t npairs, Py_ssize_t itemsize,
+                                       int dtype) noexcept nogil:
+    # (rows, 2, npairs): each position's cos row, then its sin row (RotaryBase's and the C API's).
+    cdef Py_ssize_t row = npairs * itemsize
+    return CosSinTable(table, table + row, 2 * row, 2 * row, npairs, itemsize, dtype)
+
+
 cdef inline void _rotate_row(const char* x, char* out, const void* c, const void* s,
                              const RowCall* call) noexcept nogil:
     # One row: the rotary pairs, then the features before and past them copied.
@@ -70,6 +96,12 @@ cdef inline void _rotate_row(const char* x, char* out, const void* c, const void
     if call.tail_bytes > 0:
         memcpy(out + call.row_bytes - call.tail_bytes, x + call.row_bytes - call.tail_bytes,
                call.tail_bytes)
+
+
+cdef inline void _rotate_row_by(const char* x, char* out, const CosSinTable* table, Py_ssize_t t,
+                                const RowCall* call) noexcept nogil:
+    # One row, by table row t.
+    _rotate_row(x, out, table.cos + t * table.cos_stride, table.sin + t * table.sin_stride, call)
 
 
 cdef inline void _rotate_block(const char* x, char* out, Py_ssize_t nrows, const char* c,
@@ -108,10 +140,7 @@ cdef struct RowsJob:
     const Py_ssize_t* rows
     const char* x
     char* out
-    const char* cos
-    const char* sin
-    Py_ssize_t cos_stride
-    Py_ssize_t sin_stride
+    const CosSinTable* table
     Py_ssize_t nrows
     const RowCall* call
 
@@ -121,8 +150,7 @@ cdef void _rotate_rows_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
     cdef Py_ssize_t r, t, row_bytes = job.call.row_bytes
     for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
         t = job.rows[r]
-        _rotate_row(job.x + r * row_bytes, job.out + r * row_bytes,
-                    job.cos + t * job.cos_stride, job.sin + t * job.sin_stride, job.call)
+        _rotate_row_by(job.x + r * row_bytes, job.out + r * row_bytes, job.table, t, job.call)
     if job.call.stream:
         posenc_sfence()
 
@@ -138,22 +166,19 @@ def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     `half_layout`), the rest are copied.  cos/sin tables (2-D, one dtype)
     need unit stride along their last axis; their row stride is free.
     """
-    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], npairs = cos_table.shape[1]
+    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef Py_ssize_t cstride = cnp.PyArray_STRIDE(cos_table, 0)
-    cdef Py_ssize_t sstride = cnp.PyArray_STRIDE(sin_table, 0)
     cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
     cdef char* xp = _data(x)
     cdef char* op = _data(out)
-    cdef const char* cbase = _data(cos_table)
-    cdef const char* sbase = _data(sin_table)
-    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x),
-                                  cnp.PyArray_ITEMSIZE(cos_table), npairs, dim, half_layout,
-                                  inverse, xp == op, cnp.PyArray_NBYTES(x), start)
+    cdef CosSinTable table = _table_from(cos_table, sin_table)
+    cdef RowCall call = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
+                                  table.npairs, dim, half_layout, inverse, xp == op,
+                                  cnp.PyArray_NBYTES(x), start)
     if call.rotate == NULL:
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:
         return
-    cdef RowsJob job = RowsJob(rows, xp, op, cbase, sbase, cstride, sstride, nrows, &call)
+    cdef RowsJob job = RowsJob(rows, xp, op, &table, nrows, &call)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _rotate_rows_chunk, &job)

@@ -39,14 +39,9 @@ cdef struct StreamsJob:
     const Py_ssize_t* streams
     const Py_ssize_t* pairs
     Py_ssize_t nstreams
-    Py_ssize_t npairs
-    Py_ssize_t itemsize
     const char* x
     char* out
-    const char* cos
-    const char* sin
-    Py_ssize_t cos_stride
-    Py_ssize_t sin_stride
+    const CosSinTable* table
     char* scratch           # a (cos row, sin row) per thread
     Py_ssize_t nrows
     const RowCall* call
@@ -54,7 +49,8 @@ cdef struct StreamsJob:
 
 cdef void _streams_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     cdef const StreamsJob* job = <const StreamsJob*>job_
-    cdef Py_ssize_t r, token, last = -1, half = job.npairs * job.itemsize
+    cdef const CosSinTable* table = job.table
+    cdef Py_ssize_t r, token, last = -1, half = table.npairs * table.itemsize
     cdef char* row = job.scratch + slot * 2 * half
     cdef Py_ssize_t row_bytes = job.call.row_bytes
     cdef const Py_ssize_t* token_streams
@@ -62,10 +58,10 @@ cdef void _streams_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
         token = job.tokens[r]
         if token != last:  # rows of one token (its heads) share the gathered row
             token_streams = job.streams + token * job.nstreams
-            _gather_pairs(row, job.cos, job.cos_stride, token_streams, job.pairs, job.npairs,
-                          job.itemsize)
-            _gather_pairs(row + half, job.sin, job.sin_stride, token_streams, job.pairs,
-                          job.npairs, job.itemsize)
+            _gather_pairs(row, table.cos, table.cos_stride, token_streams, job.pairs, table.npairs,
+                          table.itemsize)
+            _gather_pairs(row + half, table.sin, table.sin_stride, token_streams, job.pairs,
+                          table.npairs, table.itemsize)
             last = token
         _rotate_row(job.x + r * row_bytes, job.out + r * row_bytes, row, row + half, job.call)
     if job.call.stream:
@@ -87,22 +83,18 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     (npairs,).  Features [start, start + 2*npairs) rotate, the rest are
     copied.
     """
-    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1], npairs = cos_table.shape[1]
+    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
     cdef Py_ssize_t nstreams = token_rows.shape[1]
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef Py_ssize_t cstride = cnp.PyArray_STRIDE(cos_table, 0)
-    cdef Py_ssize_t sstride = cnp.PyArray_STRIDE(sin_table, 0)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_table)
-    cdef Py_ssize_t scratch_bytes = 2 * npairs * itemsize
+    cdef CosSinTable table = _table_from(cos_table, sin_table)
+    cdef Py_ssize_t scratch_bytes = 2 * table.npairs * table.itemsize
     cdef const Py_ssize_t* tokens = <const Py_ssize_t*>_data(row_token)
     cdef const Py_ssize_t* streams = <const Py_ssize_t*>_data(token_rows)
     cdef const Py_ssize_t* pairs = <const Py_ssize_t*>_data(pair_streams)
     cdef char* xp = _data(x)
     cdef char* op = _data(out)
-    cdef const char* cbase = _data(cos_table)
-    cdef const char* sbase = _data(sin_table)
-    cdef RowCall call = _row_call(_dtype(x), _dtype(cos_table), cnp.PyArray_ITEMSIZE(x), itemsize,
-                                  npairs, dim, half_layout, inverse, xp == op,
+    cdef RowCall call = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
+                                  table.npairs, dim, half_layout, inverse, xp == op,
                                   cnp.PyArray_NBYTES(x), start)
     if call.rotate == NULL:
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
@@ -111,8 +103,7 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     num_threads = max(1, min(num_threads, <int>nchunks))
     # One (cos row, sin row) per thread; the pool's slot picks it.
     scratch = cnp.PyArray_EMPTY(1, [num_threads * scratch_bytes], cnp.NPY_UINT8, 0)
-    cdef StreamsJob job = StreamsJob(tokens, streams, pairs, nstreams, npairs, itemsize, xp, op,
-                                     cbase, sbase, cstride, sstride, _data(scratch), nrows,
-                                     &call)
+    cdef StreamsJob job = StreamsJob(tokens, streams, pairs, nstreams, xp, op, &table,
+                                     _data(scratch), nrows, &call)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _streams_chunk, &job)
