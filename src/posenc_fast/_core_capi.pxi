@@ -152,30 +152,6 @@ cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* item
     return POSENC_FAST_OK
 
 
-cdef struct TableJob:
-    # A caller's-table rotation (_capi_rotate), for the pool.
-    Py_ssize_t nrows
-    const char* x
-    char* out
-    const CosSinTable* table
-    const RowPlan* plan
-    const RowCall* call
-
-
-cdef void _rotate_table_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
-    # Rows chunk*POSENC_ROW_CHUNK ... of a caller's-table rotation.
-    cdef const TableJob* job = <const TableJob*>job_
-    cdef const RowPlan* plan = job.plan
-    cdef Py_ssize_t r, s, row_bytes = job.call.row_bytes
-    cdef long long t
-    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
-        s = (r // plan.inner) % plan.seq
-        t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
-        _rotate_row_by(job.x + r * row_bytes, job.out + r * row_bytes, job.table, t, job.call)
-    if job.call.stream:
-        posenc_sfence()
-
-
 cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* table,
                       posenc_fast_layout layout, int inverse) noexcept nogil:
     cdef int d, t, status
@@ -211,12 +187,12 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
                      layout == POSENC_FAST_HALF, inverse, rows.x == rows.out, nbytes)
     if call.rotate == NULL:  # no kernel for this (data, table) pair
         return POSENC_FAST_ERR_DTYPE
+    # cos and sin rows one stride apart, as the blocked walk steps them
     cdef CosSinTable cos_sin = CosSinTable(<const char*>table.cos, <const char*>table.sin,
                                            table.stride * table_itemsize, table.stride * table_itemsize,
                                            table.npairs, table_itemsize, t)
-    cdef TableJob job = TableJob(nrows, <const char*>rows.x, <char*>rows.out, &cos_sin, &plan, &call)
-    posenc_parallel_for((nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK,
-                        _threads_for(nrows * rows.dim), _rotate_table_chunk, &job)
+    _rotate_planned(<const char*>rows.x, <char*>rows.out, &cos_sin, &plan, &call,
+                    _threads_for(nrows * rows.dim))
     return POSENC_FAST_OK
 
 
