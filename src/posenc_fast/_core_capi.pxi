@@ -112,7 +112,7 @@ cdef inline bint _finite_angles(const double* positions, int64_t n, const double
 cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* itemsize,
                      int64_t* nbytes, RowPlan* plan) noexcept nogil:
     # Sizes and overlap of the rows of a rotation, and the positions they use.
-    cdef int64_t count, s
+    cdef int64_t count
     kernel[0] = _kernel_dtype(rows.dtype, itemsize)
     if kernel[0] < 0:
         return POSENC_FAST_ERR_DTYPE
@@ -141,10 +141,7 @@ cdef int _check_rows(const posenc_fast_rows* rows, int* kernel, Py_ssize_t* item
         return POSENC_FAST_OK
     if _overlap(rows.out, nbytes[0], rows.positions, rows.seq * <int64_t>sizeof(long long)):
         return POSENC_FAST_ERR_OVERLAP  # the kernels read positions while they write out
-    plan.lowest = plan.highest = rows.positions[0]
-    for s in range(rows.seq):
-        plan.lowest = min(plan.lowest, rows.positions[s])
-        plan.highest = max(plan.highest, rows.positions[s])
+    _position_range(<const long long*>rows.positions, rows.seq, &plan.lowest, &plan.highest)
     if not (_fits(plan.lowest, rows.offset) and _fits(plan.highest, rows.offset)):
         return POSENC_FAST_ERR_RANGE
     plan.lowest += rows.offset

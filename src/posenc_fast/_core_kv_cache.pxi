@@ -38,6 +38,11 @@ cdef inline SlotLayout _slot_layout(cnp.ndarray cache) noexcept:
     return layout
 
 
+cdef inline bint _cache_takes(int data, int cache) noexcept nogil:
+    # A KV cache of dtype index `cache` takes rows of `data`: its own dtype, or a half type for float32.
+    return cache == data or (data == POSENC_F32 and K.from_f32[cache] != NULL)
+
+
 cdef inline char* _slot_row(char* cache, const SlotLayout* layout, long long slot) noexcept nogil:
     return (cache + (slot // layout.block_size) * layout.block_stride
             + (slot % layout.block_size) * layout.offset_stride)
@@ -144,7 +149,7 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     w.narrow = NULL if cache == data else K.from_f32[cache]
     w.k_layout = _slot_layout(k_cache)
     w.v_layout = _slot_layout(v_cache)
-    if cache != data and (data != POSENC_F32 or w.narrow == NULL):
+    if not _cache_takes(data, cache):
         raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
     q_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(q), table.itemsize,
                        table.npairs, dim, half, False, qp == op, cnp.PyArray_NBYTES(q), start)
@@ -276,7 +281,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     microseconds of checks here.
     """
     cdef cnp.ndarray qa, ka, va, kc, vc, pa, sa
-    cdef Py_ssize_t n, i
+    cdef Py_ssize_t n
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef CosSinTable table
@@ -296,8 +301,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     if (cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc) or vc.shape[0] != kc.shape[0]
             or vc.shape[1] != kc.shape[1]):
         return None
-    if cnp.PyArray_TYPE(kc) != cnp.PyArray_TYPE(qa) and not (
-            cnp.PyArray_TYPE(qa) == cnp.NPY_FLOAT32 and K.from_f32[_dtype(kc)] != NULL):
+    if not _cache_takes(_dtype(qa), _dtype(kc)):
         return None
     for cache in (kc, vc):
         for other in (qa, ka, va, pa, sa):
@@ -307,11 +311,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
                                                  <long long>kc.shape[0] * kc.shape[1]):
         return None
     pos = <const long long*>_data(pa)
-    if n:
-        lowest = highest = pos[0]
-        for i in range(n):
-            lowest = min(lowest, pos[i])
-            highest = max(highest, pos[i])
+    _position_range(pos, n, &lowest, &highest)
     if lowest < 0 or highest >= fast.valid_below:
         return None
     result = _fast_out(qa, out_q, (ka, va, kc, vc))

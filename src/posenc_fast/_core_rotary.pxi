@@ -209,11 +209,7 @@ cdef bint _plan_rows(cnp.ndarray x, object positions, object seq_axis, long long
         plan.lowest = plan.base
         plan.highest = plan.base + plan.seq - 1
     else:
-        plan.lowest = plan.positions[0]
-        plan.highest = plan.positions[0]
-        for j in range(plan.seq):
-            plan.lowest = min(plan.lowest, plan.positions[j])
-            plan.highest = max(plan.highest, plan.positions[j])
+        _position_range(plan.positions, plan.seq, &plan.lowest, &plan.highest)
         if not (_fits(plan.lowest, offset) and _fits(plan.highest, offset)):
             return False
         plan.lowest += offset

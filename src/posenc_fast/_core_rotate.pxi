@@ -84,6 +84,16 @@ cdef inline CosSinTable _stacked_table(const char* table, Py_ssize_t npairs, Py_
     return CosSinTable(table, table + row, 2 * row, 2 * row, npairs, itemsize, dtype)
 
 
+cdef inline void _position_range(const long long* positions, Py_ssize_t n, long long* lowest,
+                                 long long* highest) noexcept nogil:
+    # The least and the greatest of n positions (0 and 0 for none): the table rows a call needs.
+    cdef Py_ssize_t i
+    lowest[0] = highest[0] = positions[0] if n > 0 else 0
+    for i in range(1, n):
+        lowest[0] = min(lowest[0], positions[i])
+        highest[0] = max(highest[0], positions[i])
+
+
 cdef inline void _rotate_row(const char* x, char* out, const void* c, const void* s,
                              const RowCall* call) noexcept nogil:
     # One row: the rotary pairs, then the features before and past them copied.

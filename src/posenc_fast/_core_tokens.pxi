@@ -122,9 +122,7 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
     tokens = cnp.PyArray_DIMS(p)[0]
     table = posenc_dtype_index(cnp.PyArray_TYPE(c))
     pos = <const long long*>_data(p)
-    for t in range(tokens):
-        lowest = pos[t] if t == 0 or pos[t] < lowest else lowest
-        highest = pos[t] if t == 0 or pos[t] > highest else highest
+    _position_range(pos, tokens, &lowest, &highest)
     if tokens and (lowest < 0 or highest >= cnp.PyArray_DIMS(c)[0]):
         return False
     for j in range(n):
