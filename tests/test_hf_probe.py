@@ -65,6 +65,9 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     # one RoPE per layer type, probed on the first layer type that has one: LFM3's (after convolutions)
     # is proportional RoPE, pairs (i, i + dim/2) of which the last turn at angle 0
     assert "lfm3" in agreed
+    # per-layer head_dim (a heterogeneous config: Gemma 4's full layers have their own), read for the layer
+    # type probed
+    assert {"gemma4_text", "gemma4_unified_text", "diffusion_gemma_text", "embedding_gemma2_text"} <= set(agreed)
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [

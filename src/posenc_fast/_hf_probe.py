@@ -244,13 +244,17 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
                          f"not probed; build the RotaryEmbedding with pair_streams=")
     pairwise = list(inspect.signature(function).parameters)[1] in ("k", "xk", "key", "k_embed")
     try:
-        dim = (text.to_dict()["qk_rope_head_dim"] if mla else
-               getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-        basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 3, dim).contiguous()
-        far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
         extra = {}
         if "layer_type" in forward:
             extra = {"layer_type": _probed_layer_type(text.to_dict(), where)}
+        # a heterogeneous config's head_dim is its layers' (Gemma 4): the probed layer type's
+        heads = (text.per_layer_config[text.layer_types.index(extra["layer_type"])]
+                 if getattr(text, "is_heterogeneous", False) and extra.get("layer_type") in text.layer_types
+                 else text)
+        dim = (text.to_dict()["qk_rope_head_dim"] if mla else
+               getattr(heads, "head_dim", None) or heads.hidden_size // heads.num_attention_heads)
+        basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 3, dim).contiguous()
+        far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
         with torch.no_grad():
             cos, sin = rotary_class(config=text)(basis, torch.tensor([[0, 1, far]]), **extra)
             # the whole head, or the leading features its attention cuts out for the call (Phi, GPT-J)
