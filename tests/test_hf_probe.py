@@ -68,6 +68,9 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     # per-layer head_dim (a heterogeneous config: Gemma 4's full layers have their own), read for the layer
     # type probed
     assert {"gemma4_text", "gemma4_unified_text", "diffusion_gemma_text", "embedding_gemma2_text"} <= set(agreed)
+    # GPT-J's (batch, seq, heads, head_dim) rotation given (sin, cos); complex freqs_cis (DeepSeek-V2, Llama 4,
+    # whose full_attention layers are NoPE by no_rope_layers)
+    assert {"gptj", "codegen", "deepseek_v2", "llama4_text"} <= set(agreed)
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [
@@ -133,7 +136,8 @@ def test_the_rotation_a_class_picks_by_default_is_the_rules_layout(monkeypatch):
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("deepseek_v2", "apply_rotary_emb cannot be run on a probe"),  # complex freqs_cis, not cos and sin
+    # its rotary module names no layer type of its default config's layer_types
+    ("deepseek_v4", "apply_rotary_pos_emb cannot be run on a probe"),
     ("qwen2_vl_text", "several position streams"),
 ])
 def test_what_the_probe_cannot_state_is_refused_with_the_reason(monkeypatch, model_type, reason):

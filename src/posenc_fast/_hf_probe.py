@@ -2,7 +2,9 @@
 
 `probed_rule` builds the model type's rotary module from its default config,
 finds the one rotation function its attention classes call (read from their
-source), and runs it on the basis vectors of a head at positions 0 and 1: the
+source), and runs it on the basis vectors of a head at positions 0 and 1 (with
+whatever its rotary module returns: cos and sin, GPT-J's sin and cos on
+(batch, seq, heads, head_dim), a complex ``freqs_cis``): the
 map from one to the other (what the attention scores see: a function that
 also permutes the features, as q and k alike, such as DeepSeek's
 ``apply_rotary_pos_emb_interleave``, shows the rotation in the features' own
@@ -26,6 +28,7 @@ torch and transformers are imported only here, and only when asked.
 import functools
 import importlib
 import inspect
+import itertools
 import re
 
 import numpy as np
@@ -143,7 +146,7 @@ def probed_rule(model_type: str) -> ModelRule | None:
     rule = ModelRule(source=f"{source} (probed)", layout=found["layout"], whole_head=whole_head,
                      trailing=indexer_trailing if mla else found["start"] > 0, reversed=found["reversed"],
                      mla=mla, reads_rope_interleave=len(functions) == 2, indexer=indexer,
-                     **_renamed_keys(type(text_defaults)))
+                     rope_layers=_rope_layers(module), **_renamed_keys(type(text_defaults)))
     _check_frequencies(config_class(), rule, found, where)
     return rule
 
@@ -158,6 +161,15 @@ def _renamed_keys(text_class) -> dict:
     own (``attribute_map``: DBRX's ``d_model``, JetMoE's ``kv_channels``, Moonshine's decoder keys)."""
     renamed = getattr(text_class, "attribute_map", None) or {}
     return {field: renamed[name] for field, name in _KEYS.items() if isinstance(renamed.get(name), str)}
+
+
+def _rope_layers(module) -> str | None:
+    """``ModelRule.rope_layers``: the config list by which the module's layers choose their RoPE or none
+    (``self.use_rope = config.no_rope_layers[layer_idx]``; Molmo2's ``layer_idx in config.rope_scaling_layers``)."""
+    source = inspect.getsource(module)
+    if re.search(r"config\.no_rope_layers\[", source):
+        return "no_rope_layers"
+    return "rope_scaling_layers" if re.search(r"\bin config\.rope_scaling_layers\b", source) else None
 
 
 def _same_rotation(a: dict, b: dict) -> bool:
@@ -256,16 +268,23 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
         basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 3, dim).contiguous()
         far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
         with torch.no_grad():
-            cos, sin = rotary_class(config=text)(basis, torch.tensor([[0, 1, far]]), **extra)
+            # (cos, sin); GPT-J's (sin, cos), which its rotation takes in that order; DeepSeek-V2's and
+            # Llama 4's complex freqs_cis
+            tables = rotary_class(config=text)(basis, torch.tensor([[0, 1, far]]), **extra)
+            tables = (tables,) if isinstance(tables, torch.Tensor) else tuple(tables)
             # the whole head, or the leading features its attention cuts out for the call (Phi, GPT-J)
             errors = []
-            for width in dict.fromkeys(w for w in (dim, cos.shape[-1], 2 * cos.shape[-1]) if w <= dim):
+            for width, seq_axis in itertools.product(dict.fromkeys(
+                    w for w in (dim, tables[0].shape[-1], 2 * tables[0].shape[-1]) if w <= dim), (2, 1)):
+                # (batch, heads, seq, head_dim), or GPT-J's (batch, seq, heads, head_dim)
                 part = basis[:, :width, :, :width]
+                part = part if seq_axis == 2 else part.transpose(1, 2)
                 try:
-                    rotated = function(part, part.clone(), cos, sin)[0] if pairwise else function(part, cos, sin)
+                    rotated = function(part, part.clone(), *tables)[0] if pairwise else function(part, *tables)
                 except RuntimeError as error:
                     errors.append(error)
                     continue
+                rotated = rotated if seq_axis == 2 else rotated.transpose(1, 2)
                 break
             else:
                 raise errors[-1]
