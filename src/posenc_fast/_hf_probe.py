@@ -164,9 +164,10 @@ def _renamed_keys(text_class) -> dict:
 
 
 def _rope_layers(module) -> str | None:
-    """``ModelRule.rope_layers``: the config list by which the module's layers choose their RoPE or none
+    """``ModelRule.rope_layers``: the config list by which the module's text layers choose their RoPE or none
     (``self.use_rope = config.no_rope_layers[layer_idx]``; Molmo2's ``layer_idx in config.rope_scaling_layers``)."""
-    source = inspect.getsource(module)
+    source = "\n".join(inspect.getsource(cls) for name, cls in vars(module).items()
+                       if inspect.isclass(cls) and cls.__module__ == module.__name__ and not _not_text(module, name))
     if re.search(r"config\.no_rope_layers\[", source):
         return "no_rope_layers"
     return "rope_scaling_layers" if re.search(r"\bin config\.rope_scaling_layers\b", source) else None
