@@ -70,7 +70,7 @@ cdef struct CosSinTable:
     int dtype
 
 
-cdef inline CosSinTable _table_from(cnp.ndarray cos_table, cnp.ndarray sin_table) noexcept:
+cdef inline CosSinTable _table_from(cnp.ndarray cos_table, cnp.ndarray sin_table):
     # Two 2-D arrays of one dtype, unit stride along their last axis.
     return CosSinTable(_data(cos_table), _data(sin_table), cnp.PyArray_STRIDE(cos_table, 0),
                        cnp.PyArray_STRIDE(sin_table, 0), cos_table.shape[1],

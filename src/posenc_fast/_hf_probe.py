@@ -164,13 +164,11 @@ def _renamed_keys(text_class) -> dict:
 
 
 def _rope_layers(module) -> str | None:
-    """``ModelRule.rope_layers``: the config list by which the module's text layers choose their RoPE or none
-    (``self.use_rope = config.no_rope_layers[layer_idx]``; Molmo2's ``layer_idx in config.rope_scaling_layers``)."""
+    """``ModelRule.rope_layers``: ``"no_rope_layers"`` where the module's text layers rotate or not by it
+    (``self.use_rope = config.no_rope_layers[layer_idx]``: SmolLM3, Llama 4, Mistral-Large-4)."""
     source = "\n".join(inspect.getsource(cls) for name, cls in vars(module).items()
                        if inspect.isclass(cls) and cls.__module__ == module.__name__ and not _not_text(module, name))
-    if re.search(r"config\.no_rope_layers\[", source):
-        return "no_rope_layers"
-    return "rope_scaling_layers" if re.search(r"\bin config\.rope_scaling_layers\b", source) else None
+    return "no_rope_layers" if re.search(r"config\.no_rope_layers\[", source) else None
 
 
 def _same_rotation(a: dict, b: dict) -> bool:

@@ -162,7 +162,7 @@ MUTANTS = [
            PKG + "_hf_probe.py", "                 if getattr(text, \"is_heterogeneous\", False)",
            "                 if False", ("tests/test_hf_probe.py", "-k", "every_probed")),
     Mutant("the probe misses the layers a config's no_rope_layers leaves unrotated", "model rules, scalings",
-           PKG + "_hf_probe.py", "    if re.search(r\"config\\.no_rope_layers\\[\", source):", "    if False:",
+           PKG + "_hf_probe.py", "    return \"no_rope_layers\" if re.search(", "    return None if re.search(",
            ("tests/test_hf_probe.py", "-k", "every_probed")),
     Mutant("the probe tries only the (batch, heads, seq, head_dim) order", "model rules, scalings",
            PKG + "_hf_probe.py", "if w <= dim), (2, 1)):", "if w <= dim), (2,)):",
