@@ -106,8 +106,6 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
     cdef int table, d
     cdef RowCall calls[2]
     cdef TokenRows rows[2]
-    cdef const char* cp
-    cdef Py_ssize_t row_stride, sin_at
     cdef char* head
     if (not _fast_paths_on or n < 1 or n > 2 or head_size < 1 or offset < 0
             or not _fast_cache(cos_sin_cache) or not cnp.PyArray_CheckExact(positions)):
@@ -145,19 +143,18 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
         return False
     if _threads_for(size) > 1:
         return False  # a large call: the general path's threads
-    cp = _data(c)
-    row_stride = cnp.PyArray_STRIDE(c, 0)
-    sin_at = npairs * cnp.PyArray_ITEMSIZE(c)
+    # vLLM's cache row: a position's cos entries, then its sin entries
+    cdef CosSinTable cos_sin = CosSinTable(_data(c), _data(c) + npairs * cnp.PyArray_ITEMSIZE(c),
+                                           cnp.PyArray_STRIDE(c, 0), cnp.PyArray_STRIDE(c, 0), npairs,
+                                           cnp.PyArray_ITEMSIZE(c), table)
     with nogil:
         for j in range(n):
             for t in range(tokens):
                 head = rows[j].data + t * rows[j].token_stride
                 if rows[j].head_stride == calls[j].row_bytes:  # consecutive rows
-                    _rotate_position_rows(head, head, rows[j].heads, cp + pos[t] * row_stride,
-                                          cp + pos[t] * row_stride + sin_at, &calls[j])
+                    _rotate_position(head, head, rows[j].heads, pos[t], &cos_sin, &calls[j])
                 else:
                     for h in range(rows[j].heads):
-                        _rotate_row(head + h * rows[j].head_stride, head + h * rows[j].head_stride,
-                                    cp + pos[t] * row_stride, cp + pos[t] * row_stride + sin_at,
-                                    &calls[j])
+                        _rotate_row_by(head + h * rows[j].head_stride, head + h * rows[j].head_stride,
+                                       &cos_sin, pos[t], &calls[j])
     return True
