@@ -119,7 +119,8 @@ def test_a_config_of_several_transformers_with_differing_ropes_is_refused():
         pf.RotaryEmbedding.from_hf_config(blt)
     # Dia's encoder and decoder rotate alike: its decoder's RoPE, as for any composite config
     dia = hf_walk.configuration_auto.CONFIG_MAPPING["dia"]().to_dict()
-    assert repr(pf.RotaryEmbedding.from_hf_config(dia)) == repr(pf.RotaryEmbedding.from_hf_config(dia["encoder_config"]))
+    decoder_rope = pf.RotaryEmbedding.from_hf_config(dia)
+    assert repr(decoder_rope) == repr(pf.RotaryEmbedding.from_hf_config(dia["encoder_config"]))
 
 
 def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():

@@ -251,8 +251,8 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
         raise ValueError(f"{where}: no single text rotary embedding class to probe")
     forward = inspect.signature(rotary_class.forward).parameters
     if re.search(r"position_ids\.expand\(", inspect.getsource(rotary_class.forward)):
-        raise ValueError(f"{where}: its rotary module takes several position streams (multimodal RoPE): "
-                         f"not probed; build the RotaryEmbedding with pair_streams=")
+        raise ValueError(f"{where}: its rotary module ({rotary_class.__name__}) takes several position streams "
+                         f"(multimodal RoPE): not probed; build the RotaryEmbedding with pair_streams=")
     pairwise = list(inspect.signature(function).parameters)[1] in ("k", "xk", "key", "k_embed")
     try:
         extra = {}
@@ -288,8 +288,8 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
             else:
                 raise errors[-1]
     except Exception as error:  # its module fails on the default config or the probe's shapes
-        raise ValueError(f"{where}: its rotary module or {function.__name__} cannot be run on a probe "
-                         f"({type(error).__name__}: {str(error)[:120]})") from None
+        raise ValueError(f"{where}: its rotary module ({rotary_class.__name__}) or {function.__name__} cannot be "
+                         f"run on a probe ({type(error).__name__}: {str(error)[:120]})") from None
     matrices = np.tile(np.eye(dim), (3, 1, 1))
     matrices[:, :width, :width] = rotated.double().numpy()[0].transpose(1, 0, 2)
     # at position 0: the identity or a permutation it applies to q and k alike, each row times its factor
