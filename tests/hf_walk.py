@@ -22,7 +22,7 @@ from transformers.models.auto import configuration_auto
 import posenc_fast as pf
 from posenc_fast import _hf_models, _hf_towers
 from posenc_fast._hf_probe import (  # noqa: F401  (the walk's names for them)
-    _not_text, attention_rotations, modeling_module, rotary_classes, text_rotary_class)
+    _not_text, attention_rotations, layer_config, modeling_module, rotary_classes, text_rotary_class)
 
 SEQ = 12
 HEADS = 2
@@ -55,14 +55,6 @@ def head_dim(config, kind="main"):
 def _mla(config):
     # DeepSeek-V4's qk_rope_head_dim is not MLA's: its heads hold [nope | rope] (no qk_nope_head_dim)
     return bool(getattr(config, "qk_rope_head_dim", None) and getattr(config, "qk_nope_head_dim", None))
-
-
-def layer_config(config, layer_type):
-    """The config of `layer_type`'s layers (a heterogeneous config's per_layer_config), else `config`."""
-    if layer_type is None or not getattr(config, "is_heterogeneous", False):
-        return config
-    # its first layer's: from_hf_config refuses a layer type whose layers differ in what a RoPE reads
-    return config.per_layer_config[config.layer_types.index(layer_type)]
 
 
 def attention_kinds(module):
@@ -114,8 +106,7 @@ def check(model_type, partial_rotary_factor=None, seed=0, rope_interleave=None):
         raise Skip("its text attention has no RoPE (from_hf_config refuses it with that reason)")
     if text.model_type in _hf_models.REFUSED_MODELS:
         raise Skip("refused with its reason and recipe (test_hf_models.py checks both)")
-    if text.model_type in _hf_towers.TOWER_RULES or text.model_type in _hf_towers.REFUSED_TOWERS \
-            or text.model_type in _hf_towers.NAMED_TOWERS:
+    if text.model_type in _hf_towers.TOWER_RULES or text.model_type in _hf_towers.REFUSED_TOWERS:
         raise Skip("a vision tower's 2-D RoPE (test_hf_towers.py runs its own rotary module against it)")
     rotary_class = text_rotary_class(module, text)
     if rotary_class is None:

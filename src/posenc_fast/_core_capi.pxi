@@ -220,9 +220,8 @@ cdef int _capi_rotate_rotary(const posenc_fast_rows* rows, const posenc_fast_rot
     if nbytes == 0:
         return POSENC_FAST_OK
     # The cache is float32 for half data (posenc_table_dtype).
-    cdef CosSinTable cos_sin = _stacked_table(table.table, table.npairs,
-                                              8 if posenc_table_dtype(d) == POSENC_F64 else 4,
-                                              posenc_table_dtype(d))
+    cdef int cache = posenc_table_dtype(d)
+    cdef CosSinTable cos_sin = _stacked_table(table.table, table.npairs, 8 if cache == POSENC_F64 else 4, cache)
     call = _row_call(d, cos_sin.dtype, itemsize, cos_sin.itemsize, table.npairs, table.dim,
                      table.half, inverse, rows.x == rows.out, nbytes, table.start)
     _rotate_planned(<const char*>rows.x, <char*>rows.out, &cos_sin, &plan, &call,

@@ -94,6 +94,15 @@ def text_rotary_class(module, config=None):
     return text[0] if len(text) == 1 else None
 
 
+def layer_config(config, layer_type):
+    """The config of `layer_type`'s layers (a heterogeneous config's per_layer_config), else `config`."""
+    if (layer_type is None or not getattr(config, "is_heterogeneous", False)
+            or layer_type not in config.layer_types):
+        return config
+    # its first layer's: from_hf_config refuses a layer type whose layers differ in what a RoPE reads
+    return config.per_layer_config[config.layer_types.index(layer_type)]
+
+
 def attention_rotations(module, kind="main"):
     """{function name: [class names]}: the rotations the module's text attention (or indexer) classes call."""
     suffixes = ("Indexer",) if kind == "indexer" else ("Attention", "MLA")
@@ -258,10 +267,7 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
         extra = {}
         if "layer_type" in forward:
             extra = {"layer_type": _probed_layer_type(text.to_dict(), where)}
-        # a heterogeneous config's head_dim is its layers' (Gemma 4): the probed layer type's
-        heads = (text.per_layer_config[text.layer_types.index(extra["layer_type"])]
-                 if getattr(text, "is_heterogeneous", False) and extra.get("layer_type") in text.layer_types
-                 else text)
+        heads = layer_config(text, extra.get("layer_type"))  # Gemma 4's head_dim is its layers'
         dim = (text.to_dict()["qk_rope_head_dim"] if mla else
                getattr(heads, "head_dim", None) or heads.hidden_size // heads.num_attention_heads)
         basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 3, dim).contiguous()
