@@ -13,9 +13,10 @@ What each modeling module's rotation function computes, for ``hf.install``
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
-__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "REFUSED_MODELS"]
+__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "REFUSED_MODELS", "pair_streams"]
 
 
 class ModelRule(NamedTuple):
@@ -40,7 +41,7 @@ class ModelRule(NamedTuple):
     ``rope_interleave`` says."""
     streams: str | None = None
     """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
-    (``_hf_config._pair_streams``): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
+    (`pair_streams`): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
     ``"hw_interleaved_t"`` (ERNIE-4.5-VL), ``"row_col"`` (NeoMME), ``"full_width"`` (HunYuan-VL, not
     read)."""
     default_section: tuple[int, ...] | None = None
@@ -96,6 +97,51 @@ class ModelRule(NamedTuple):
 
 
 # Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
+def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:
+    """The position stream of each pair, as the model's ``recomposition_frequencies`` assigns them."""
+    if section is None:
+        section = rule.default_section
+    if rule.streams == "row_col":
+        # NeoMME: freq[0][..., 0::2] (rows) and freq[1][..., 1::2] (columns), stacked pair by pair
+        return [j % 2 for j in range(npairs)]
+    if section is None:
+        raise ValueError(f"{where}: the config has no mrope_section, which this model's rotary module needs")
+    if (isinstance(section, (str, bytes)) or not isinstance(section, (list, tuple))
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in section)):
+        raise ValueError(f"{where}: mrope_section must be a list of ints >= 0, got {section!r}")
+    section = [int(n) for n in section]
+    if rule.streams == "thw_interleaved":
+        # Qwen3-VL: h takes pairs slice(1, 3*section[1], 3), w slice(2, 3*section[2], 3), t the rest
+        if len(section) != 3:
+            raise ValueError(f"{where}: mrope_section must have 3 entries (t, h, w), got {section}")
+        return [1 if j % 3 == 1 and j < 3 * section[1] else 2 if j % 3 == 2 and j < 3 * section[2] else 0
+                for j in range(npairs)]
+    if sum(section) != npairs:
+        raise ValueError(f"{where}: mrope_section {section} must sum to the {npairs} rotated pairs (its rotary "
+                         f"module splits the frequencies by it)")
+    if rule.streams == "chunked":
+        # Qwen2-VL: torch.cat([m[i % 3] for i, m in enumerate(freq.split(mrope_section, dim=-1))])
+        return [i % 3 for i, n in enumerate(section) for _ in range(n)]
+    if rule.streams == "full_width":
+        # HunYuan-VL: cat((freq, freq)) split by 2 * mrope_section, chunk i taking stream i: feature j's stream.
+        # A rotate_half pair (j, j + npairs) rotates only where both features take one stream's angle.
+        feature = [i for i, n in enumerate(section) for _ in range(2 * n)]
+        streams = feature[:npairs]
+        if streams != feature[npairs:]:
+            pair = next(j for j in range(npairs) if feature[j] != feature[j + npairs])
+            raise ValueError(
+                f"{where}: mrope_section {section} gives the two features of pair {pair} the angles of streams "
+                f"{feature[pair]} and {feature[pair + npairs]} (its rotary module splits cat(freqs, freqs) by "
+                f"2 * mrope_section): not a rotation of pairs wherever those positions differ, which "
+                f"RotaryEmbedding cannot express ({rule.source})")
+        return streams
+    if rule.streams == "hw_interleaved_t" and len(section) == 3:
+        # ERNIE-4.5-VL: pre-rotated frequencies, h and w pair by pair over section[0] + section[1] pairs, then t
+        return [(1 if j % 2 == 0 else 2) if j < section[0] + section[1] else 0 for j in range(npairs)]
+    raise ValueError(f"{where}: its rotary module assigns pairs to position streams in a way posenc_fast does not "
+                     f"read ({rule.streams!r}, {rule.source}); build the RotaryEmbedding with pair_streams=")
+
+
 MODEL_RULES: dict[str, ModelRule] = {
     "afmoe": ModelRule("afmoe/modeling_afmoe.py"),
     "apertus": ModelRule("apertus/modeling_apertus.py"),
