@@ -81,7 +81,7 @@ GOALS = [
     Goal("tables", "w5_sinusoidal_131072x128", "float32"),
     Goal("tables", "w5_sinusoidal_8192x1024", "float32"),
     Goal("scores", "alibi", "float32"),
-    Goal("scores", "alibi", "float32", (32, 256, 256), 1.5),
+    Goal("scores", "alibi_exact", "float32"),  # issue 29: in cache, bound by its conversions
     Goal("scores", "position_table", "float32"),
     # issue 29: the half types, and head sizes of the model zoo (64 MiB of float32 each)
     Goal("half types", "w1_oop", "bfloat16"),

@@ -26,7 +26,7 @@ def test_a_value_off_in_the_last_row_is_caught(key):
     assert not case.check(results).ok
 
 
-@pytest.mark.parametrize("key", ["w1_oop", "w1_inplace", "w4_cos_sin", "position_table"])
+@pytest.mark.parametrize("key", ["w1_oop", "w1_inplace", "w4_cos_sin", "position_table", "alibi_exact"])
 def test_every_limit_checks_its_own_result(key):
     assert cases.build_case(key, "float32", small=True).impl("limit").verify() is None
 

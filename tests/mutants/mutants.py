@@ -325,4 +325,8 @@ MUTANTS = [
     Mutant("bench --compare accepts another CPU's file", "bench, CLI", PKG + "_cli_bench.py",
            "    for key, want in (machine or {}).items():", "    for key, want in {}.items():",
            ("tests/test_cli_bench.py", "-k", "cpu")),
+    Mutant("the exact-loop limit adds in float32", "bench, CLI", PKG + "_bench/cases.py",
+           "kernels.add_table_rows(rows, rows, bias[None], row_zero, 1)",
+           "kernels.add_table_rows(rows, rows, bias[None].astype(np.float32), row_zero, 1)",
+           ("tests/test_bench_cases.py", "-k", "limit")),
 ]

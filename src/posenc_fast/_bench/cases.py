@@ -1,7 +1,7 @@
 """The standard workloads as data, and the one builder that makes a `Case` of each.
 
-A `Workload` (W1-W5 of issue 6, ``apply_qk``, ``add_alibi``,
-``add_position_table``) names its
+A `Workload` (W1-W5 of issue 6, ``apply_qk``, ``add_alibi`` against an
+in-place pass and against the exact loop, ``add_position_table``) names its
 shapes, goal and limit; its ``make`` function allocates the arrays once and
 returns the calls bound to them (`Parts`).  `Case` turns those into `Impl`
 objects by kind:
@@ -11,8 +11,10 @@ objects by kind:
                     (``"copy"``: ``np.copyto``, ``"multiply"``:
                     ``np.multiply(x, 1, out=x)``, ``"fill"``: ``out.fill(1.0)``,
                     ``"alloc_fill"``: ``np.empty`` then ``fill`` for a call
-                    that allocates its results): the physical limit the goals
-                    are stated against;
+                    that allocates its results), or for a call bound by its
+                    arithmetic the cheapest exact loop (``"exact_add"``: each
+                    float32 value plus a float64 one, rounded once): the limit
+                    the goals are stated against;
 ``"numpy"``         the NumPy expression a user would write (cos/sin formed in
                     float64, then cast);
 ``"torch"``, ``"torch.compile"``  the same expression in PyTorch (`torch_rows`).
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _tolerance
+from .._dispatch import kernels
 from .. import reference as ref
 from .torch_rows import (Unavailable, alibi_expression, apply_qk_expression,
                          cos_sin_expression, rope_half_expression, sinusoidal_expression,
@@ -121,7 +124,7 @@ class Workload:
     shape: tuple
     small_shape: tuple
     goal: float                 # time / limit time
-    limit: str                  # "copy", "multiply", "fill" or "alloc_fill"
+    limit: str                  # "copy", "multiply", "exact_add", "fill" or "alloc_fill"
     limit_label: str
     make: Callable[[np.dtype, tuple], Parts]
     big: bool = False           # the CI-sized (--benchmark-disable) run uses small_shape
@@ -239,6 +242,21 @@ class Case:
             def run():
                 return np.multiply(out, 1, out=out)
             expected = self.parts.initial
+        elif limit == "exact_add":
+            (out,) = outputs  # in place: one array, as rows
+            rows = out.reshape(-1, out.shape[-1])
+            bias, row_zero = _exact_add_row(out.shape), np.zeros(len(rows), np.intp)
+
+            def run():
+                return kernels.add_table_rows(rows, rows, bias[None], row_zero, 1)
+
+            def verify():  # from -row rounded: each exact sum is the row's rounding error, float32's 0
+                rows[...] = -bias.astype(out.dtype)
+                expected = (rows.astype(np.float64) + bias).astype(out.dtype)
+                run()
+                assert np.array_equal(rows, expected), self.limit_label
+                self.reset()
+            return Impl("limit", self.limit_label, run, verify)
         elif limit == "fill":
             def run():
                 for out in outputs:
@@ -255,7 +273,7 @@ class Case:
                 return made
             expected, written = (1.0,) * len(outputs), None
         else:
-            raise ValueError("limit must be 'copy', 'multiply', 'fill' or 'alloc_fill', "
+            raise ValueError("limit must be 'copy', 'multiply', 'exact_add', 'fill' or 'alloc_fill', "
                              f"got {limit!r}")
 
         def verify():
@@ -496,6 +514,13 @@ def numpy_add_alibi(scores, slopes, offset):
     return scores
 
 
+def _exact_add_row(shape) -> np.ndarray:
+    """The float64 row the ``"exact_add"`` limit adds to every row: an ALiBi bias of the last query, with a
+    slope (1/3) whose biases float32 does not hold."""
+    k_len = shape[-1]
+    return (np.arange(k_len, dtype=np.float64) - (k_len - 1)) / 3.0
+
+
 def _alibi(dtype, shape, offset=ALIBI_OFFSET) -> Parts:
     """add_alibi(scores, out=scores) on scores of `shape` (heads, q, k), starting from zeros."""
     import posenc_fast as pf
@@ -572,6 +597,9 @@ WORKLOADS: dict[str, Workload] = {w.key: w for w in [
     Workload("alibi", "add_alibi in place", (32, 4096, 4096), (32, 256, 256),
              1.3, "multiply", "np.multiply(s, 1, out=s)", _alibi, big=True, dtypes=("float32",),
              kinds=("posenc_fast", "limit", "numpy", "torch")),
+    Workload("alibi_exact", "add_alibi in place, against the exact loop", (32, 256, 256), (8, 64, 64),
+             1.15, "exact_add", "x += a float64 row, rounded once (posenc_fast's add loop)", _alibi,
+             dtypes=("float32",), kinds=("posenc_fast", "limit")),
     Workload("position_table", "add_position_table in place", (8, 2048, 1024), (8, 256, 1024),
              1.3, "multiply", "np.multiply(x, 1, out=x)", _position_table,
              kinds=("posenc_fast", "limit", "numpy")),
