@@ -77,8 +77,11 @@ def test_every_built_variant_gives_bitwise_equal_results():
             "                             inverse=inverse).tobytes()\n"
             "     for layout in ('interleaved', 'half') for inverse in (False, True)]\n"
             "a = pf.add_alibi(x[:, :, :50].copy(), offset=3, causal=False)\n"
+            "n = [pf.RotaryEmbedding(d).apply_qk_norm(q, q, np.linspace(-2, 2, d), np.ones(d))[0].tobytes()\n"
+            "     for d in (2, 6, 30, 32, 34, 62, 100) for q in\n"  # below, at and past the 32 running sums
+            "     (np.random.default_rng(d).standard_normal((1, 3, 5, d)).astype(t) for t in ('f4', 'f8'))]\n"
             "sys.stdout.buffer.write(r.tobytes() + t.tobytes() + i.tobytes() + b''.join(m)\n"
-            "                        + a.tobytes())\n"
+            "                        + a.tobytes() + b''.join(n))\n"
             "print(pf.build_info()['isa_in_use'], file=sys.stderr)\n")
     outputs = {}
     info = pf.build_info()
