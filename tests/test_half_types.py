@@ -237,3 +237,24 @@ def test_several_position_streams_compute_in_float32(dtype):
     cos, sin = rope.cos_sin(positions, dtype=np.float32)  # (5, 1, 8): gathered per token
     assert got.dtype == dtype
     assert np.array_equal(bits(got), bits(model_rotate(x, cos, sin, "half")))
+
+
+def test_float32_narrowed_into_a_bfloat16_cache_is_rounded_once_for_every_pattern():
+    # The KV write's narrowing of v (the variant's vectors, then a scalar rest): every bfloat16
+    # pattern with low halves below, at and past its tie, bitwise NumPy's rounding to nearest even
+    # (overflow to inf, subnormals), NaN a NaN.
+    high = np.arange(1 << 16, dtype=np.uint32) << 16
+    low = np.array([0, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
+    values = (high[:, None] | low).view(F32).ravel()
+    dim = 80  # four vectors of 16 and a scalar rest of 16 (AVX2), one of 32 and 16 (AVX-512)
+    tokens = values.size // dim
+    v = values.reshape(tokens, 1, dim)
+    q = k = np.zeros((tokens, 1, dim), F32)
+    k_cache, v_cache = (np.zeros((tokens, 1, 1, dim), BF16) for _ in range(2))
+    pf.RotaryEmbedding(dim).apply_qk_to_cache(q, k.copy(), v, np.zeros(tokens, np.int64), k_cache, v_cache,
+                                              np.arange(tokens))
+    nan = np.isnan(values)
+    with np.errstate(invalid="ignore", over="ignore"):
+        got, want = v_cache.ravel(), values.astype(BF16)
+    assert np.array_equal(bits(got)[~nan], bits(want)[~nan])
+    assert np.isnan(got[nan].astype(F32)).all()
