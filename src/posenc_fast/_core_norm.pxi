@@ -2,11 +2,16 @@
 # (posenc_fast._qk_norm: RotaryEmbedding.apply_qk_norm and vLLM-style calls).
 #
 # A row is widened to float32 (float64 for float64 data) in a per-thread
-# scratch row, scaled by 1 / sqrt(mean(x**2) + eps) and by its weight
-# (K.norm_scale: the mean of squares in float64, eight running sums in a fixed
-# order, the same in every variant), rotated by the float32 (float64) row
-# kernel, and stored, a half type rounded once: to the next row of `out`, or
-# (a paged KV cache) to the byte offset of its own row.
+# scratch row, its sum of squares taken (K.sum_squares: in float64, 32 running
+# sums in a fixed order, the same in every variant), scaled by
+# 1 / sqrt(sum / dim + eps) and by its weight (K.scale_row), rotated by the
+# float32 (float64) row kernel, and stored, a half type rounded once: to the
+# next row of `out`, or (a paged KV cache) to the byte offset of its own row.
+# A row's scale (two divisions and a square root, each waiting on the last)
+# is formed before the next row's sum, which runs meanwhile.
+
+from libc.math cimport sqrt
+
 
 cdef struct NormJob:
     const Py_ssize_t* rows   # the cos/sin table row of each row of x
@@ -22,8 +27,12 @@ cdef struct NormJob:
     const float* weight32    # the same rounded to float32 (float32 arithmetic)
     double eps
     int data                 # x's dtype index
-    char* scratch            # 2 * dim compute items per thread
+    char* scratch            # NORM_SCRATCH_ROWS * dim compute items per thread
     const RowCall* call      # the compute dtype's rotation of one row
+
+
+cdef enum:
+    NORM_SCRATCH_ROWS = 3  # two rows in the compute type (this one, the next), one rotated
 
 
 cdef inline Py_ssize_t _scratch_row_bytes(Py_ssize_t dim, Py_ssize_t size) noexcept nogil:
@@ -32,38 +41,56 @@ cdef inline Py_ssize_t _scratch_row_bytes(Py_ssize_t dim, Py_ssize_t size) noexc
     return (dim * size + 63) // 64 * 64
 
 
+cdef inline const char* _norm_input(const NormJob* job, Py_ssize_t r, char* widened) noexcept nogil:
+    # Row r in the compute type: x's own row, or (a half type) widened into `widened`.
+    cdef const char* row = job.x + r * job.dim * job.itemsize
+    if job.data == POSENC_F64 or job.data == POSENC_F32:
+        return row
+    K.to_f32[job.data](row, widened, job.dim)
+    return widened
+
+
+@cython.cdivision(True)
 cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
-    # Each row: widened (a half type) into a scratch row, normalized there
-    # (K.norm_scale: the variant's vectors), rotated into its output row, or
-    # into a second scratch row narrowed on store (a half type).
+    # Each row: in the compute type (widened into a scratch row: a half type), its sum
+    # of squares taken while the row before is scaled, normalized into a scratch row,
+    # rotated into its output row, or into a scratch row narrowed on store (a half type).
     cdef const NormJob* job = <const NormJob*>job_
-    cdef Py_ssize_t r, t, dim = job.dim
+    cdef Py_ssize_t r, dim = job.dim
+    cdef Py_ssize_t first = chunk * POSENC_ROW_CHUNK, stop = min(first + POSENC_ROW_CHUNK, job.nrows)
     cdef int compute = POSENC_F64 if job.data == POSENC_F64 else POSENC_F32
-    cdef Py_ssize_t size = 8 if compute == POSENC_F64 else 4
-    cdef Py_ssize_t row_bytes = _scratch_row_bytes(dim, size)
-    cdef char* normed = job.scratch + slot * 2 * row_bytes
-    cdef char* rotated = normed + row_bytes
+    cdef Py_ssize_t row_bytes = _scratch_row_bytes(dim, 8 if compute == POSENC_F64 else 4)
+    cdef char* buffers = job.scratch + slot * NORM_SCRATCH_ROWS * row_bytes
+    cdef char* rotated = buffers + 2 * row_bytes
     cdef const void* weight = (<const void*>job.weight if compute == POSENC_F64
                                else <const void*>job.weight32)
     cdef const char* row
+    cdef const char* next_row = NULL
+    cdef char* normed
     cdef char* out_row
-    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
-        t = job.rows[r]
-        row = job.x + r * dim * job.itemsize
+    cdef double total, next_total = 0.0, scale
+    if first < stop:
+        next_row = _norm_input(job, first, buffers)
+        next_total = K.sum_squares[compute](next_row, dim)
+    for r in range(first, stop):
+        row, total = next_row, next_total
+        scale = 1.0 / sqrt(total / <double>dim + job.eps)
+        if r + 1 < stop:
+            next_row = _norm_input(job, r + 1, buffers + ((r + 1 - first) & 1) * row_bytes)
+            next_total = K.sum_squares[compute](next_row, dim)
         if job.out_at == NULL:
             out_row = job.out + r * dim * job.itemsize
         elif job.out_at[r] < 0:
             continue
         else:
             out_row = job.out + job.out_at[r]
-        if job.data != compute:
-            K.to_f32[job.data](row, normed, dim)
-            row = normed
-        K.norm_scale[compute](row, normed, weight, dim, job.eps)
+        # a widened row is normalized where it lies; x's own row into the scratch row not holding the next
+        normed = <char*>row if job.data != compute else buffers + ((r - first + 1) & 1) * row_bytes
+        K.scale_row[compute](row, normed, weight, dim, scale)
         if job.store == compute:
-            _rotate_row_by(normed, out_row, &job.table, t, job.call)
+            _rotate_row_by(normed, out_row, &job.table, job.rows[r], job.call)
         else:
-            _rotate_row_by(normed, rotated, &job.table, t, job.call)
+            _rotate_row_by(normed, rotated, &job.table, job.rows[r], job.call)
             K.from_f32[job.store](rotated, out_row, dim)
 
 
@@ -103,7 +130,7 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
         return
     import numpy
     weight32 = weight.astype(numpy.float32)
-    scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * 2 * _scratch_row_bytes(dim, compute_size) + 64],
+    scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size) + 64],
                                 cnp.NPY_UINT8, 0)
     cdef NormJob job = NormJob(<const Py_ssize_t*>_data(row_table), _data(x), _data(out),
                                _table_from(cos_table, sin_table), nrows, dim, cnp.PyArray_ITEMSIZE(x),

@@ -54,15 +54,16 @@ POSITION_KIND_ENUM = (["POSENC_POSITION_" + kind for kind in POSITION_KINDS]
 
 
 class FunctionType(NamedTuple):
-    """A type of kernel in the table: ``void (*posenc_<name>_fn)(params)``."""
+    """A type of kernel in the table: ``<result> (*posenc_<name>_fn)(params)``."""
 
     name: str
     comment: tuple[str, ...]  # the lines of its C comment
     params: tuple[str, ...]  # its parameters, as the lines they are wrapped in
+    result: str = "void"
 
     def declaration(self, keyword, indent=0):
-        # `keyword` void (*posenc_<name>_fn)(...), its lines aligned after the parenthesis.
-        head = "%s void (*posenc_%s_fn)(" % (keyword, self.name)
+        # `keyword` <result> (*posenc_<name>_fn)(...), its lines aligned after the parenthesis.
+        head = "%s %s (*posenc_%s_fn)(" % (keyword, self.result, self.name)
         return head + ("\n" + " " * (indent + len(head))).join(self.params) + ")"
 
 
@@ -101,9 +102,12 @@ FUNCTION_TYPES = [
                            "rounded once; x NULL: fill.",),
                  ("const void* x, void* out, double slope, double start,",
                   "double step, const double* ramp, Py_ssize_t n")),
-    FunctionType("norm_scale", ("out[i] = x[i] * (1 / sqrt(mean(x**2) + eps)) * weight[i], a float or double",
-                                "row (out may be x): the mean in double, eight sums in a fixed order.",),
-                 ("const void* x, void* out, const void* weight, Py_ssize_t n, double eps",)),
+    FunctionType("sum_squares", ("The sum of x[i]**2 over a float or double row, in double: 32 running sums",
+                                 "(x[i]**2 into sum i % 32) added pairwise (sum j + sum j + 16, + 8, + 4, + 2, + 1).",),
+                 ("const void* x, Py_ssize_t n",), "double"),
+    FunctionType("scale_row", ("out[i] = (x[i] * scale) * weight[i], scale rounded to the row's type, float or",
+                               "double (out may be x).",),
+                 ("const void* x, void* out, const void* weight, Py_ssize_t n, double scale",)),
 ]
 
 
@@ -136,7 +140,8 @@ TABLE_FIELDS = [
     TableField("posenc_alibi_fn", "alibi_add_in_place", _BY_DTYPE),
     TableField("posenc_convert_fn", "from_f32", _BY_DTYPE, "NULL: not a half type"),
     TableField("posenc_convert_fn", "to_f32", _BY_DTYPE),
-    TableField("posenc_norm_scale_fn", "norm_scale", _BY_DTYPE, "NULL: a half type (normed in float32)"),
+    TableField("posenc_sum_squares_fn", "sum_squares", _BY_DTYPE, "NULL: a half type (normed in float32)"),
+    TableField("posenc_scale_row_fn", "scale_row", _BY_DTYPE, "NULL: a half type"),
 ]
 
 
