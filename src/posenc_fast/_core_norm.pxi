@@ -130,8 +130,9 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
         return
     import numpy
     weight32 = weight.astype(numpy.float32)
-    scratch = cnp.PyArray_EMPTY(1, [max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size) + 64],
-                                cnp.NPY_UINT8, 0)
+    scratch = cnp.PyArray_EMPTY(
+        1, [max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size) + 64],
+        cnp.NPY_UINT8, 0)
     cdef NormJob job = NormJob(<const Py_ssize_t*>_data(row_table), _data(x), _data(out),
                                _table_from(cos_table, sin_table), nrows, dim, cnp.PyArray_ITEMSIZE(x),
                                at, store,
