@@ -41,10 +41,11 @@ cdef inline Py_ssize_t _scratch_row_bytes(Py_ssize_t dim, Py_ssize_t size) noexc
     return (dim * size + 63) // 64 * 64
 
 
-cdef inline const char* _norm_input(const NormJob* job, Py_ssize_t r, char* widened) noexcept nogil:
+cdef inline const char* _norm_input(const NormJob* job, int compute, Py_ssize_t r,
+                                    char* widened) noexcept nogil:
     # Row r in the compute type: x's own row, or (a half type) widened into `widened`.
     cdef const char* row = job.x + r * job.dim * job.itemsize
-    if job.data == POSENC_F64 or job.data == POSENC_F32:
+    if job.data == compute:
         return row
     K.to_f32[job.data](row, widened, job.dim)
     return widened
@@ -70,13 +71,13 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
     cdef char* out_row
     cdef double total, next_total = 0.0, scale
     if first < stop:
-        next_row = _norm_input(job, first, buffers)
+        next_row = _norm_input(job, compute, first, buffers)
         next_total = K.sum_squares[compute](next_row, dim)
     for r in range(first, stop):
         row, total = next_row, next_total
         scale = 1.0 / sqrt(total / <double>dim + job.eps)
         if r + 1 < stop:
-            next_row = _norm_input(job, r + 1, buffers + ((r + 1 - first) & 1) * row_bytes)
+            next_row = _norm_input(job, compute, r + 1, buffers + ((r + 1 - first) & 1) * row_bytes)
             next_total = K.sum_squares[compute](next_row, dim)
         if job.out_at == NULL:
             out_row = job.out + r * dim * job.itemsize

@@ -233,8 +233,7 @@ def _compiled_call(torch, function, xs, cos, sin, unsqueeze_dim):
     """The common call of `function` on CPU tensors, checked and rotated in C: the results, or None."""
     if torch is None or torch.compiler.is_compiling():  # no C call in a graph: _compiled_rotation
         return None
-    entry = _COMPILED.get(id(function))  # compiled()'s lookup, inline: this is the per-call path
-    rotation = entry[1] if entry is not None and entry[0] is function else compiled(torch, function)
+    rotation = compiled(torch, function)
     return None if rotation is None else rotation(xs, cos, sin, unsqueeze_dim)
 
 

@@ -96,7 +96,6 @@ class ModelRule(NamedTuple):
     its ``rotary_emb_unscaled``; default every layer)."""
 
 
-# Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
 def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:
     """The position stream of each pair, as the model's ``recomposition_frequencies`` assigns them."""
     if section is None:
@@ -142,6 +141,7 @@ def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]
                      f"read ({rule.streams!r}, {rule.source}); build the RotaryEmbedding with pair_streams=")
 
 
+# Rows found by running each family's own rotary module (see tests/hf_walk.py) and read back in its file.
 MODEL_RULES: dict[str, ModelRule] = {
     "afmoe": ModelRule("afmoe/modeling_afmoe.py"),
     "apertus": ModelRule("apertus/modeling_apertus.py"),

@@ -245,7 +245,7 @@ class Case:
         elif limit == "exact_add":
             (out,) = outputs  # in place: one array, as rows
             rows = out.reshape(-1, out.shape[-1])
-            bias, row_zero = _exact_add_row(out.shape), np.zeros(len(rows), np.intp)
+            bias, row_zero = _exact_add_row(out.shape[-1]), np.zeros(len(rows), np.intp)
 
             def run():
                 return kernels.add_table_rows(rows, rows, bias[None], row_zero, 1)
@@ -514,10 +514,9 @@ def numpy_add_alibi(scores, slopes, offset):
     return scores
 
 
-def _exact_add_row(shape) -> np.ndarray:
+def _exact_add_row(k_len: int) -> np.ndarray:
     """The float64 row the ``"exact_add"`` limit adds to every row: an ALiBi bias of the last query, with a
     slope (1/3) whose biases float32 does not hold."""
-    k_len = shape[-1]
     return (np.arange(k_len, dtype=np.float64) - (k_len - 1)) / 3.0
 
 
