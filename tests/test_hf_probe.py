@@ -71,6 +71,8 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     # GPT-J's (batch, seq, heads, head_dim) rotation given (sin, cos); complex freqs_cis (DeepSeek-V2, Llama 4,
     # whose full_attention layers are NoPE by no_rope_layers)
     assert {"gptj", "codegen", "deepseek_v2", "llama4_text"} <= set(agreed)
+    # multimodal RoPE, each form of dealing pairs to position streams
+    assert {"qwen2_vl_text", "qwen3_vl_text", "qwen3_5_text", "ernie4_5_vl_moe_text", "neomme", "hy_v4_vl_text"} <= set(agreed)
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [
@@ -138,12 +140,50 @@ def test_the_rotation_a_class_picks_by_default_is_the_rules_layout(monkeypatch):
 @pytest.mark.parametrize("model_type, reason", [
     # its rotary module names no layer type of its default config's layer_types
     ("deepseek_v4", "apply_rotary_pos_emb cannot be run on a probe"),
-    ("qwen2_vl_text", "several position streams"),
 ])
 def test_what_the_probe_cannot_state_is_refused_with_the_reason(monkeypatch, model_type, reason):
     _without_rule(monkeypatch, model_type)
     with pytest.raises(ValueError, match=f"no rule for model_type '{model_type}', and probing .*{reason}"):
         pf.RotaryEmbedding.from_hf_config(_default(model_type))
+
+
+@pytest.mark.parametrize("model_type, section, forms", [
+    ("qwen2_vl_text", [8, 28, 28], "chunked"), ("qwen3_vl_text", [16, 24, 24], "thw_interleaved"),
+    ("ernie4_5_vl_moe_text", [20, 20, 24], "hw_interleaved_t"), ("neomme", None, "row_col"),
+])
+def test_multimodal_rope_is_probed_by_how_it_deals_pairs_to_streams(monkeypatch, model_type, section, forms):
+    # the probe turns each position stream alone; the form found deals another mrope_section as the table does
+    config = _default(model_type)
+    if section is not None:
+        config["rope_parameters"] = {**config["rope_parameters"], "mrope_section": section}
+    want = [_readings(c, ["main"]) for c in (_default(model_type), config)]
+    assert section is None or want[0] != want[1]  # the section changes the RoPE
+    _without_rule(monkeypatch, model_type)
+    assert _hf_probe.probed_rule(model_type).streams == forms
+    assert [_readings(c, ["main"]) for c in (_default(model_type), config)] == want
+    assert all(isinstance(found, str) for found in want[0])
+
+
+def _probed_with_default(monkeypatch, model_type, **defaults):
+    """The probe of `model_type` whose configuration class defaults to `defaults`."""
+    config_class = configuration_auto.CONFIG_MAPPING[model_type]
+    monkeypatch.setitem(configuration_auto.CONFIG_MAPPING._extra_content, model_type,
+                        lambda **kwargs: config_class(**{**defaults, **kwargs}))
+    _hf_probe.probed_rule.cache_clear()
+    try:
+        return _hf_probe.probed_rule(model_type)
+    finally:
+        _hf_probe.probed_rule.cache_clear()
+
+
+def test_a_pair_whose_features_turn_with_two_streams_is_refused(monkeypatch):
+    # HunYuan-VL's rotary module splits cat(freqs, freqs) by 2 * mrope_section: features 0 and 64 of a
+    # rotate_half pair take streams 0 and 2; with one stream for all, two forms deal it so
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match=r"pair of features \[0, 64\] takes its angles from position streams \[0, 2\]"):
+        _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [16] * 4})
+    with pytest.raises(ValueError, match=r"chunked and full_width of posenc_fast's forms .* deal its default config"):
+        _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [0, 64, 0, 0]})
 
 
 def test_two_rotations_not_picked_by_rope_interleave_are_refused(monkeypatch):

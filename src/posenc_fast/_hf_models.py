@@ -16,7 +16,7 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
-__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "REFUSED_MODELS", "pair_streams"]
+__all__ = ["ModelRule", "MODEL_RULES", "NO_ROPE", "REFUSED_MODELS", "STREAM_FORMS", "pair_streams"]
 
 
 class ModelRule(NamedTuple):
@@ -94,6 +94,10 @@ class ModelRule(NamedTuple):
     range(num_hidden_layers)]``, interval 4 by default) or ``"rope_scaling_layers"`` (Molmo2: the listed layers
     rotate by the scaled RoPE of ``rope_parameters``, the others by an unscaled one of the same ``rope_theta``,
     its ``rotary_emb_unscaled``; default every layer)."""
+
+
+# The values of ModelRule.streams: the ways pair_streams deals pairs to position streams
+STREAM_FORMS = ("chunked", "thw_interleaved", "hw_interleaved_t", "row_col", "full_width")
 
 
 def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:

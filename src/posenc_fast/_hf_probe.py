@@ -17,14 +17,20 @@ Multi-head latent attention (a config with ``kv_lora_rank`` and
 ``qk_rope_head_dim``) is probed on its ``qk_rope_head_dim`` features: one
 rotation, or two its attention picks by ``config.rope_interleave`` (which must
 read as the interleaved and the half layout), and its DSA indexer's own.
-The rule found is then checked by reading the default config with it: the
-frequencies and attention factor must be the module's own (to float32
-rounding).  Anything else -- several rotation functions, a feature mixed
-with more than one other, position streams, a rotary module that cannot be
-built from the default config -- raises with what was found: never a guess.
+Multimodal RoPE (a rotary module that expands position_ids to several
+streams) is run once more per stream, that stream alone moving: each pair
+must turn with exactly one, as with all together, and the one form of
+``pair_streams`` (`STREAM_FORMS`) that deals the default config's pairs so
+is the rule's.  The rule found is then checked by reading the default config
+with it: the frequencies and attention factor must be the module's own (to
+float32 rounding).  Anything else -- several rotation functions, a feature
+mixed with more than one other, a pair turned by two streams, a rotary module
+that cannot be built from the default config -- raises with what was found:
+never a guess.
 torch and transformers are imported only here, and only when asked.
 """
 
+import copy
 import functools
 import importlib
 import inspect
@@ -33,7 +39,7 @@ import re
 
 import numpy as np
 
-from ._hf_models import ModelRule
+from ._hf_models import STREAM_FORMS, ModelRule
 
 _NOT_TEXT = re.compile(r"Vision|ViT|DiT|Talker|Audio|Video")
 _ROTATION_CALL = re.compile(r"\b(apply_rotary_pos_emb\w*|apply_rotary_emb\w*)\s*\(")
@@ -147,7 +153,7 @@ def probed_rule(model_type: str) -> ModelRule | None:
     # the rotation the default config's rope_interleave picks (a config without the key: the class's default)
     found = found[0] if len(found) == 1 or defaults.get("rope_interleave") else found[1]
     if found["rotary_dim"] == found["dim"] and not mla:
-        whole_head = _probe(module, functions[0], config_class(), 0.5, where)["rotary_dim"] in (found["dim"], None)
+        whole_head = _probe(module, functions[0], config_class(), 0.5, where)["rotary_dim"] == found["dim"]
     else:
         whole_head = mla  # latent attention rotates qk_rope_head_dim features whatever the factor
     source = module.__name__.split(".")[2] + "/" + module.__name__.split(".")[3] + ".py"
@@ -156,6 +162,8 @@ def probed_rule(model_type: str) -> ModelRule | None:
                      trailing=indexer_trailing if mla else found["start"] > 0, reversed=found["reversed"],
                      mla=mla, reads_rope_interleave=len(functions) == 2, indexer=indexer,
                      rope_layers=_rope_layers(module), **_renamed_keys(type(text_defaults)))
+    if "streams" in found:
+        rule = _stream_rule(config_class(), rule, found, where)
     _check_frequencies(config_class(), rule, found, where)
     return rule
 
@@ -233,13 +241,19 @@ def _indexer(module, config_class, mla, where) -> tuple[str | None, bool]:
     return found["layout"], splits == {"q_pass, q_rot"}
 
 
-def _text_config(config, partial):
+def _text_config(config, partial, where):
+    """The text config, with `partial` as the partial_rotary_factor of its RoPE (with one RoPE per layer
+    type: of the layer type probed; without rope_parameters, ESM's: the flat key)."""
     text = config.get_text_config(decoder=True)
     if partial is not None:
         params = getattr(text, "rope_parameters", None)
-        if not isinstance(params, dict) or _per_layer_type(params):
-            return None  # one RoPE per layer type: the factor is not probed
-        text.rope_parameters = {**params, "partial_rotary_factor": partial}
+        if not isinstance(params, dict):
+            text.partial_rotary_factor = partial
+        elif _per_layer_type(params):
+            name = _probed_layer_type(text.to_dict(), where)
+            text.rope_parameters = {**params, name: {**params[name], "partial_rotary_factor": partial}}
+        else:
+            text.rope_parameters = {**params, "partial_rotary_factor": partial}
     return text
 
 
@@ -248,9 +262,7 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
     docstring); `mla`: of its ``qk_rope_head_dim`` features."""
     import torch
 
-    text = _text_config(config, partial)
-    if text is None:
-        return {"rotary_dim": None}
+    text = _text_config(config, partial, where)
     own = [c.__name__ for c in _built_rotary_classes(module, text)]
     if own and all(_not_text(module, name) for name in own):  # not another configuration's text rotary
         raise ValueError(f"{where}: its model builds {', '.join(own)}, a vision, audio, talker or DiT "
@@ -259,9 +271,6 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
     if rotary_class is None:
         raise ValueError(f"{where}: no single text rotary embedding class to probe")
     forward = inspect.signature(rotary_class.forward).parameters
-    if re.search(r"position_ids\.expand\(", inspect.getsource(rotary_class.forward)):
-        raise ValueError(f"{where}: its rotary module ({rotary_class.__name__}) takes several position streams "
-                         f"(multimodal RoPE): not probed; build the RotaryEmbedding with pair_streams=")
     pairwise = list(inspect.signature(function).parameters)[1] in ("k", "xk", "key", "k_embed")
     try:
         extra = {}
@@ -272,40 +281,107 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
                getattr(heads, "head_dim", None) or heads.hidden_size // heads.num_attention_heads)
         basis = torch.eye(dim).reshape(1, dim, 1, dim).expand(1, dim, 3, dim).contiguous()
         far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
+        rotary = rotary_class(config=text)
+        streams = _position_streams(rotary)
+        # every stream at positions (0, 1, far), then (multimodal RoPE) each stream alone
+        moving = [[(0, 1, far)] * streams] + [
+            [(0, 1, far) if s == t else (0, 0, 0) for t in range(streams)] for s in range(streams if streams > 1 else 0)]
         with torch.no_grad():
             # (cos, sin); GPT-J's (sin, cos), which its rotation takes in that order; DeepSeek-V2's and
             # Llama 4's complex freqs_cis
-            tables = rotary_class(config=text)(basis, torch.tensor([[0, 1, far]]), **extra)
-            tables = (tables,) if isinstance(tables, torch.Tensor) else tuple(tables)
-            # the whole head, or the leading features its attention cuts out for the call (Phi, GPT-J)
-            errors = []
-            for width, seq_axis in itertools.product(dict.fromkeys(
-                    w for w in (dim, tables[0].shape[-1], 2 * tables[0].shape[-1]) if w <= dim), (2, 1)):
-                # (batch, heads, seq, head_dim), or GPT-J's (batch, seq, heads, head_dim)
+            runs = []
+            for positions in moving:
+                positions = torch.tensor(positions)[:, None] if streams > 1 else torch.tensor(positions)
+                tables = rotary(basis, positions, **extra)
+                tables = (tables,) if isinstance(tables, torch.Tensor) else tuple(tables)
+                if not runs:
+                    width, seq_axis = _call_shape(function, basis, dim, tables, pairwise)
                 part = basis[:, :width, :, :width]
                 part = part if seq_axis == 2 else part.transpose(1, 2)
-                try:
-                    rotated = function(part, part.clone(), *tables)[0] if pairwise else function(part, *tables)
-                except RuntimeError as error:
-                    errors.append(error)
-                    continue
-                rotated = rotated if seq_axis == 2 else rotated.transpose(1, 2)
-                break
-            else:
-                raise errors[-1]
+                rotated = function(part, part.clone(), *tables)[0] if pairwise else function(part, *tables)
+                runs.append(rotated if seq_axis == 2 else rotated.transpose(1, 2))
     except Exception as error:  # its module fails on the default config or the probe's shapes
         raise ValueError(f"{where}: its rotary module ({rotary_class.__name__}) or {function.__name__} cannot be "
                          f"run on a probe ({type(error).__name__}: {str(error)[:120]})") from None
-    matrices = np.tile(np.eye(dim), (3, 1, 1))
-    matrices[:, :width, :width] = rotated.double().numpy()[0].transpose(1, 0, 2)
+    matrices = []
+    for rotated in runs:
+        matrices.append(np.tile(np.eye(dim), (3, 1, 1)))
+        matrices[-1][:, :width, :width] = rotated.double().numpy()[0].transpose(1, 0, 2)
     # at position 0: the identity or a permutation it applies to q and k alike, each row times its factor
     # (the attention factor; 1 on the features passed through)
-    unit = matrices[0] / np.linalg.norm(matrices[0], axis=1, keepdims=True)
+    unit = matrices[0][0] / np.linalg.norm(matrices[0][0], axis=1, keepdims=True)
     order = np.round(unit)
     if not (np.abs(unit - order).max() < _TOLERANCE and set(order.flat) <= {0.0, 1.0}
             and (order.sum(axis=0) == 1).all() and (order.sum(axis=1) == 1).all()):
         raise ValueError(f"{where}: at position 0 its rotation is not a permutation of the features")
-    return _read_matrix(matrices[1] @ order.T, matrices[2] @ order.T, where)
+    matrices = [m @ order.T for m in matrices]
+    found = _read_matrix(matrices[0][1], matrices[0][2], where)
+    if streams > 1:
+        found["streams"] = _read_streams(found, matrices, where)
+        found["section"] = _own_section(rotary_class, text, extra)
+    return found
+
+
+def _position_streams(rotary) -> int:
+    """How many rows of positions the rotary module's forward expands position_ids to (1: one stream)."""
+    source = inspect.getsource(type(rotary).forward)
+    found = re.search(r"position_ids\.expand\((\d+|len\(self\.mrope_section\))", source)
+    if found is None:
+        return 1
+    return len(rotary.mrope_section) if found.group(1).startswith("len") else int(found.group(1))
+
+
+def _call_shape(function, basis, dim, tables, pairwise) -> tuple[int, int]:
+    """The width and sequence axis `function` takes: the whole head, or the leading features its attention
+    cuts out for the call (Phi, GPT-J); (batch, heads, seq, head_dim), or GPT-J's (batch, seq, heads, head_dim)."""
+    errors = []
+    for width, seq_axis in itertools.product(dict.fromkeys(
+            w for w in (dim, tables[0].shape[-1], 2 * tables[0].shape[-1]) if w <= dim), (2, 1)):
+        part = basis[:, :width, :, :width]
+        part = part if seq_axis == 2 else part.transpose(1, 2)
+        try:
+            function(part, part.clone(), *tables) if pairwise else function(part, *tables)
+        except RuntimeError as error:
+            errors.append(error)
+            continue
+        return width, seq_axis
+    raise errors[-1]
+
+
+def _read_streams(found: dict, matrices: list, where: str) -> list:
+    """The position stream of each pair (None: a pair at angle 0, which any stream leaves still): the one
+    stream whose positions alone turn it as all streams together do, the others leaving it as at position 0.
+    `matrices`: the maps at positions (0, 1, far) of every stream, then of each stream alone."""
+    whole, alone = matrices[0], matrices[1:]
+    assigned = []
+    for j, rows in enumerate(found["pairs"]):
+        rows = list(rows)
+        still = [np.allclose(m[1:, rows], m[0, rows], rtol=0, atol=_TOLERANCE) for m in alone]
+        turning = [s for s, st in enumerate(still) if not st]
+        if not turning and found["angles"][j] <= _TOLERANCE:
+            assigned.append(None)
+        elif len(turning) == 1 and np.allclose(alone[turning[0]][:, rows], whole[:, rows], rtol=0, atol=_TOLERANCE):
+            assigned.append(turning[0])
+        else:
+            raise ValueError(f"{where}: its pair of features {rows} takes its angles from position streams {turning}: "
+                             f"not a rotation of each pair by one stream")
+    return assigned
+
+
+def _own_section(rotary_class, text, extra) -> tuple | None:
+    """The ``mrope_section`` the rotary module takes where the config gives none (None: it takes none)."""
+    text = copy.deepcopy(text)
+    params = getattr(text, "rope_parameters", None)
+    key = extra.get("layer_type") if _per_layer_type(params) else None
+    own = params.get(key) if key is not None else params
+    if isinstance(own, dict) and "mrope_section" in own:
+        own = {name: value for name, value in own.items() if name != "mrope_section"}
+        text.rope_parameters = {**params, key: own} if key is not None else own
+    try:
+        section = rotary_class(config=text).mrope_section
+    except Exception:  # it needs one from the config
+        return None
+    return tuple(int(n) for n in section) if isinstance(section, (list, tuple)) else None
 
 
 def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
@@ -349,7 +425,8 @@ def _read_matrix(m: np.ndarray, far: np.ndarray, where: str) -> dict:
     sin = np.array([m[a, partner[a]] for a in firsts])
     angles = np.arctan2(sin, cos)
     return {"dim": dim, "rotary_dim": width, "start": start, "layout": layout, "reversed": bool(angles[0] < 0),
-            "angles": np.abs(angles), "factor": float(np.hypot(cos[0], sin[0]))}
+            "angles": np.abs(angles), "factor": float(np.hypot(cos[0], sin[0])),
+            "pairs": [(a, partner[a]) for a in firsts]}
 
 
 def _per_layer_type(params) -> bool:
@@ -371,14 +448,42 @@ def _probed_layer_type(text: dict, where: str):
                      f"{sorted(params)}: not probed")
 
 
-def _check_frequencies(config, rule: ModelRule, found: dict, where: str) -> None:
-    """The default config read by `rule` gives the module's own angles at position 1 and its factor."""
+def _kwargs(config, rule: ModelRule, where: str) -> dict:
+    """The RotaryEmbedding arguments of the default `config` read by `rule` (its first layer type with a RoPE)."""
     from ._hf_config import _text_part, kwargs_by_rule
-    from .rotary import RotaryEmbedding
 
     cfg, _ = _text_part(config.to_dict(), where)
     layer_type = _probed_layer_type(cfg, where) if _per_layer_type(cfg.get("rope_parameters")) else None
-    kwargs = kwargs_by_rule(cfg, where, rule, layer_type, "main")
+    return kwargs_by_rule(cfg, where, rule, layer_type, "main")
+
+
+def _stream_rule(config, rule: ModelRule, found: dict, where: str) -> ModelRule:
+    """`rule` with the one form of ``pair_streams`` that deals the default config's pairs to the position
+    streams found (a pair at angle 0 to any); refused where none does, or several do (the default config
+    then does not tell them apart)."""
+    matches = []
+    for form in STREAM_FORMS:
+        candidate = rule._replace(streams=form, default_section=found["section"])
+        try:
+            dealt = _kwargs(config, candidate, where)["pair_streams"]
+        except ValueError:  # the form does not take the config's mrope_section
+            continue
+        if len(dealt) == len(found["streams"]) and all(
+                stream is None or stream == d for stream, d in zip(found["streams"], dealt)):
+            matches.append(candidate)
+    if len(matches) != 1:
+        forms = " and ".join(m.streams for m in matches) or "none"
+        raise ValueError(f"{where}: its rotary module deals pairs to position streams {found['streams'][:12]}...: "
+                         f"{forms} of posenc_fast's forms ({', '.join(STREAM_FORMS)}) deal its default config so; "
+                         f"build the RotaryEmbedding with pair_streams=")
+    return matches[0]
+
+
+def _check_frequencies(config, rule: ModelRule, found: dict, where: str) -> None:
+    """The default config read by `rule` gives the module's own angles at position 1 and its factor."""
+    from .rotary import RotaryEmbedding
+
+    kwargs = _kwargs(config, rule, where)
     rope = RotaryEmbedding(kwargs.pop("dim"), **kwargs)
     ours = np.abs(rope.inv_freq_for(2))
     if (rope.rotary_dim, rope.rotary_start) != (found["rotary_dim"], found["start"]) or not (
