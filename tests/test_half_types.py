@@ -261,6 +261,22 @@ def test_several_position_streams_compute_in_float32(dtype):
     assert np.array_equal(bits(got), bits(model_rotate(x, cos, sin, "half")))
 
 
+def test_one_nan_in_any_lane_is_narrowed_to_a_nan():
+    # The vectors look for a NaN in two vectors at once and blend only then: a NaN whose rounding would carry
+    # into its exponent and sign (0x7fffffff -> -0.0, 0xffffffff -> +0.0) in each lane of a row of ones.
+    dim = 64
+    for pattern in (0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001):
+        v = np.ones((dim, 1, dim), F32)
+        v.reshape(dim, dim).view(np.uint32)[np.arange(dim), np.arange(dim)] = pattern
+        q = k = np.zeros((dim, 1, dim), F32)
+        k_cache, v_cache = (np.zeros((dim, 1, 1, dim), BF16) for _ in range(2))
+        pf.RotaryEmbedding(dim).apply_qk_to_cache(q, k.copy(), v, np.zeros(dim, np.int64), k_cache, v_cache,
+                                                  np.arange(dim))
+        got = v_cache.reshape(dim, dim).astype(F32)
+        assert np.isnan(np.diagonal(got)).all(), hex(pattern)
+        assert (got[~np.eye(dim, dtype=bool)] == 1).all()
+
+
 def test_float32_narrowed_into_a_bfloat16_cache_is_rounded_once_for_every_pattern():
     # The KV write's narrowing of v (the variant's vectors, then a scalar rest): every bfloat16
     # pattern with low halves below, at and past its tie, bitwise NumPy's rounding to nearest even
