@@ -9,11 +9,14 @@ call does: the same exception type and message and nothing written, or the
 same result bit for bit.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import general_path_only
 
 import posenc_fast as pf
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 DIM = 8
 
@@ -189,6 +192,92 @@ def test_apply_qk_ends_as_the_general_path(arrays_of):
 
 
 # ---------------------------------------------------------------------------
+# RotaryEmbedding.apply_qk_norm
+
+
+def norm_call_args(**change):
+    def make():
+        args = dict(q=data((2, 4, 5, DIM)), k=data((2, 2, 5, DIM), seed=1), q_weight=data(DIM, seed=2),
+                    k_weight=data(DIM, seed=3), positions=None, offset=0, seq_axis=-2, eps=1e-6,
+                    weight_offset=0.0, out_q=None, out_k=None)
+        for key, value in change.items():
+            args[key] = value(args) if callable(value) else value
+        return args
+    return make
+
+
+def weight_inside_out_q():
+    args = norm_call_args(out_q=lambda a: np.zeros_like(a["q"]))()
+    args["q_weight"] = args["out_q"].reshape(-1)[:DIM]
+    args["q_weight"][:] = data(DIM, seed=2)
+    return args
+
+
+NORM_TAKEN = {  # by the compiled path
+    "the common case": norm_call_args(),
+    "in place": norm_call_args(out_q=lambda a: a["q"], out_k=lambda a: a["k"]),
+    "into outputs": norm_call_args(out_q=lambda a: np.zeros_like(a["q"]), out_k=lambda a: np.zeros_like(a["k"])),
+    "positions reversed": norm_call_args(positions=np.arange(5)[::-1].copy()),
+    "positions an int": norm_call_args(positions=3),
+    "positions (seq, 1) along heads": norm_call_args(q=data((5, 4, DIM)), k=data((5, 2, DIM), seed=1),
+                                                     positions=np.arange(2, 7).reshape(5, 1)),
+    "offset": norm_call_args(offset=7),
+    "eps 0 and Gemma's weight_offset 1": norm_call_args(eps=0.0, weight_offset=1),
+    "weights float16 and float64": norm_call_args(q_weight=lambda a: a["q_weight"].astype(np.float16),
+                                                  k_weight=lambda a: a["k_weight"].astype(np.float64)),
+    "weight bfloat16": norm_call_args(q_weight=lambda a: a["q_weight"].astype(BF16)),
+    "q bfloat16, k float64": norm_call_args(q=lambda a: a["q"].astype(BF16), k=lambda a: a["k"].astype(np.float64)),
+    "q float16": norm_call_args(q=lambda a: a["q"].astype(np.float16)),
+    "a weight inside out_q": weight_inside_out_q,
+}
+NORM_DECLINED = {
+    "weight_offset an int float64 rounds": norm_call_args(weight_offset=2**60 + 1),
+    "weight a list": norm_call_args(q_weight=lambda a: a["q_weight"].tolist()),
+    "weight strided": norm_call_args(k_weight=data(2 * DIM)[::2]),
+    "weight 2-D": norm_call_args(q_weight=lambda a: a["q_weight"].reshape(1, DIM)),
+    "weight of the wrong length": norm_call_args(k_weight=data(DIM + 2)),
+    "weight of ints": norm_call_args(q_weight=np.ones(DIM, np.int32)),
+    "eps negative": norm_call_args(eps=-1e-6),
+    "eps nan": norm_call_args(eps=float("nan")),
+    "eps inf": norm_call_args(eps=float("inf")),
+    "eps a bool": norm_call_args(eps=True),
+    "eps a NumPy float": norm_call_args(eps=np.float32(1e-5)),
+    "weight_offset nan": norm_call_args(weight_offset=float("nan")),
+    "weight_offset a str": norm_call_args(weight_offset="1"),
+    "offset a bool": norm_call_args(offset=True),
+    "offset beyond the cache": norm_call_args(offset=2**40),
+    "k of another length": norm_call_args(k=data((2, 2, 6, DIM))),
+    "q and k overlapping": lambda: {**norm_call_args()(), **dict(zip("qk", overlapping_pair((2, 2, 5, DIM), DIM)))},
+    "out_k q itself": norm_call_args(k=data((2, 4, 5, DIM)), out_k=lambda a: a["q"]),
+    "out_q read-only": norm_call_args(out_q=lambda a: read_only(np.zeros_like(a["q"]))),
+    "out_q k reversed": norm_call_args(k=data((2, 4, 5, DIM)), out_q=lambda a: a["k"][::-1]),
+}
+NORM_CASES = {**NORM_TAKEN, **NORM_DECLINED}
+
+
+@pytest.mark.parametrize("arrays_of", NORM_CASES.values(), ids=NORM_CASES.keys())
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_apply_qk_norm_ends_as_the_general_path(arrays_of, layout):
+    from posenc_fast import _qk_norm
+
+    rope = pf.RotaryEmbedding(DIM, layout=layout, rotary_dim=DIM - 2, rotary_start=1)
+    assert_same_outcome(lambda q, k, q_weight, k_weight, **kw: rope.apply_qk_norm(
+                            q, k, q_weight, k_weight, kw.pop("positions"), **kw),
+                        lambda **kw: _qk_norm.apply_qk_norm_general(rope, **kw),
+                        arrays_of)
+
+
+@pytest.mark.parametrize("name", NORM_CASES)
+def test_the_norm_cases_compare_two_paths(name):
+    # the first group is taken by the compiled path, the second declined (then the general path decides)
+    from posenc_fast._dispatch import kernels
+
+    rope = pf.RotaryEmbedding(DIM, layout="half")
+    taken = kernels.apply_qk_norm_fast(rope, **NORM_CASES[name]()) is not None
+    assert taken == (name in NORM_TAKEN)
+
+
+# ---------------------------------------------------------------------------
 # apply_rotary_cos_sin(_qk) without positions
 
 
@@ -309,8 +398,10 @@ def test_the_switch_turns_every_fast_path_off(monkeypatch):
     cache_call = (rope, tokens, tokens.copy(), tokens.copy(), np.arange(2), cache, cache.copy(),
                   np.arange(2), None)
     assert kernels.apply_qk_to_cache_fast(*cache_call) is not None
+    assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is not None
     with general_path_only():
         assert not kernels.fast_paths_enabled()
+        assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is None
         assert kernels.rotate_cos_sin_fast((args["x"],), args["cos"], args["sin"], "half", False,
                                            (None,)) is None
         assert kernels.apply_qk_to_cache_fast(*cache_call) is None

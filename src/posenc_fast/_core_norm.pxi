@@ -10,7 +10,8 @@
 # A row's scale (two divisions and a square root, each waiting on the last)
 # is formed before the next row's sum, which runs meanwhile.
 
-from libc.math cimport sqrt
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from libc.math cimport isfinite, sqrt
 
 
 cdef struct NormJob:
@@ -95,6 +96,36 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             K.from_f32[job.store](rotated, out_row, dim)
 
 
+cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, int data,
+                     Py_ssize_t itemsize, int store, const double* weight, double eps, const CosSinTable* table, const Py_ssize_t* rows,
+                     bint half_layout, int num_threads, Py_ssize_t start, const long long* at) except -1:
+    # norm_rotate_rows on pointers; False (nothing done) where no kernel takes the dtypes.
+    cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
+    cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4, i
+    cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    cdef RowCall call = _row_call(compute, table.dtype, compute_size, table.itemsize, table.npairs, dim,
+                                  half_layout, False, False, 0, start)
+    cdef Py_ssize_t weight_bytes = _scratch_row_bytes(dim, 4)
+    cdef cnp.ndarray block  # the float32 weight, then the scratch rows, 64-byte aligned
+    cdef char* aligned
+    if (call.rotate == NULL or (data != compute and K.to_f32[data] == NULL)
+            or (store != data and (at == NULL or compute != POSENC_F32 or K.from_f32[store] == NULL))):
+        return False
+    if nrows == 0 or dim == 0:
+        return True
+    block = cnp.PyArray_EMPTY(
+        1, [weight_bytes + max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size) + 64],
+        cnp.NPY_UINT8, 0)
+    aligned = _data(block) + ((64 - (<size_t>_data(block) & 63)) & 63)
+    for i in range(dim):
+        (<float*>aligned)[i] = <float>weight[i]
+    cdef NormJob job = NormJob(rows, x, out, table[0], nrows, dim, itemsize, at, store,
+                               weight, <const float*>aligned, eps, data, aligned + weight_bytes, &call)
+    with nogil:
+        posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
+    return True
+
+
 def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
                      cnp.ndarray weight not None, double eps, cnp.ndarray cos_table not None,
                      cnp.ndarray sin_table not None, cnp.ndarray row_table not None,
@@ -112,32 +143,118 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     along their last axis; row_table: intp (rows,); features [start, start +
     2 * cos_table.shape[1]) rotate.
     """
-    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
-    cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef int data = _dtype(x), store = _dtype(out)
-    cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
-    cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4
-    cdef RowCall call = _row_call(compute, _dtype(cos_table), compute_size,
-                                  cnp.PyArray_ITEMSIZE(cos_table), cos_table.shape[1], dim,
-                                  half_layout, False, False, 0, start)
-    cdef cnp.ndarray scratch
-    cdef cnp.ndarray weight32
+    cdef CosSinTable table = _table_from(cos_table, sin_table)
     cdef const long long* at = NULL if out_at is None else <const long long*>cnp.PyArray_DATA(out_at)
-    if (call.rotate == NULL or (data != compute and K.to_f32[data] == NULL)
-            or (store != data and (out_at is None or compute != POSENC_F32 or K.from_f32[store] == NULL))):
+    if not _norm_rows(_data(x), _data(out), x.shape[0], x.shape[1], _dtype(x), cnp.PyArray_ITEMSIZE(x), _dtype(out),
+                      <const double*>_data(weight), eps, &table, <const Py_ssize_t*>_data(row_table),
+                      half_layout, num_threads, start, at):
         raise TypeError(f"no fused norm and rotation for {x.dtype} data with a "
                         f"{cos_table.dtype} table into {out.dtype}")
-    if nrows == 0 or dim == 0:
-        return
-    import numpy
-    weight32 = weight.astype(numpy.float32)
-    scratch = cnp.PyArray_EMPTY(
-        1, [max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size) + 64],
-        cnp.NPY_UINT8, 0)
-    cdef NormJob job = NormJob(<const Py_ssize_t*>_data(row_table), _data(x), _data(out),
-                               _table_from(cos_table, sin_table), nrows, dim, cnp.PyArray_ITEMSIZE(x),
-                               at, store,
-                               <const double*>_data(weight), <const float*>_data(weight32), eps,
-                               data, _data(scratch) + ((64 - (<size_t>_data(scratch) & 63)) & 63), &call)
-    with nogil:
-        posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
+
+
+cdef bint _finite_real(object value, double* result):
+    # A Python float that is finite, or an int float64 holds exactly (v.real's reading of either).
+    cdef long long n
+    cdef int overflow = 0
+    if PyFloat_CheckExact(value):
+        result[0] = PyFloat_AS_DOUBLE(value)
+        return isfinite(result[0])
+    if PyLong_CheckExact(value):
+        n = PyLong_AsLongLongAndOverflow(value, &overflow)
+        result[0] = <double>n
+        return not overflow and -(1LL << 53) <= n <= (1LL << 53)
+    return False
+
+
+cdef object _fast_weight(object weight, Py_ssize_t dim, double offset):
+    # _qk_norm.norm_weight's float64 factors offset + weight, for a C-contiguous (dim,) array of a
+    # kernel dtype; None for anything else.
+    cdef cnp.ndarray w, factors, widened
+    cdef const float* w32
+    cdef double* f
+    cdef Py_ssize_t i
+    cdef int d
+    if not _fast_array(weight, dim) or cnp.PyArray_NDIM(<cnp.ndarray>weight) != 1:
+        return None
+    w = <cnp.ndarray>weight
+    d = posenc_dtype_index(cnp.PyArray_TYPE(w))
+    factors = cnp.PyArray_EMPTY(1, [dim], cnp.NPY_FLOAT64, 0)
+    f = <double*>_data(factors)
+    if d == POSENC_F64:
+        for i in range(dim):
+            f[i] = (<const double*>_data(w))[i] + offset
+        return factors
+    w32 = <const float*>_data(w)
+    if d != POSENC_F32:  # a half type: widened to float32, exactly
+        widened = cnp.PyArray_EMPTY(1, [dim], cnp.NPY_FLOAT32, 0)
+        K.to_f32[d](_data(w), _data(widened), dim)
+        w32 = <const float*>_data(widened)
+    for i in range(dim):
+        f[i] = <double>w32[i] + offset
+    return factors
+
+
+cdef cnp.ndarray _planned_rows(const RowPlan* plan):
+    # The cos/sin table row of each row of a planned array, in C order.
+    cdef cnp.ndarray rows = cnp.PyArray_EMPTY(1, [plan.outer * plan.seq * plan.inner], cnp.NPY_INTP, 0)
+    cdef Py_ssize_t* row = <Py_ssize_t*>_data(rows)
+    cdef Py_ssize_t o, s, i, t
+    for o in range(plan.outer):
+        for s in range(plan.seq):
+            t = plan.base + (plan.positions[s] if plan.positions != NULL else s)
+            for i in range(plan.inner):
+                row[0] = t
+                row += 1
+    return rows
+
+
+cdef bint _norm_planned(RotaryBase fast, cnp.ndarray x, cnp.ndarray out, object cache, const RowPlan* plan,
+                        cnp.ndarray factors, double eps, bint run) except -1:
+    # The norm and rotation of x's planned rows by `fast`'s cache into out; `run` False: only
+    # whether a kernel takes x's dtype (nothing written).
+    cdef int d = _dtype(x)
+    cdef CosSinTable table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs,
+                                            cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache), _table_of(x))
+    cdef cnp.ndarray rows = _planned_rows(plan) if run else None
+    return _norm_rows(_data(x), _data(out), cnp.PyArray_SIZE(x) // fast.dim if run else 0, fast.dim, d,
+                      cnp.PyArray_ITEMSIZE(x), d, <const double*>_data(factors), eps, &table,
+                      <const Py_ssize_t*>_data(rows) if run else NULL, fast.half,
+                      _threads_for(cnp.PyArray_SIZE(x)), fast.start, NULL)
+
+
+def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, positions, offset, seq_axis,
+                       eps, weight_offset, out_q, out_k):
+    """RotaryEmbedding.apply_qk_norm on the fast path: (q_out, k_out), or None (nothing written) to
+    fall back.
+
+    apply_qk's fast-path rules; the weights C-contiguous (dim,) arrays of a
+    kernel dtype; eps and weight_offset Python floats (or ints float64 holds),
+    finite, eps >= 0.  A decode step is a few microseconds of checks here.
+    """
+    cdef RowPlan q_plan, k_plan
+    cdef long long offset_value = 0
+    cdef double e = 0.0, w_offset = 0.0
+    if (not _fast_paths_on or fast.streams or not _fast_array(q, fast.dim) or not _fast_array(k, fast.dim)
+            or not _offset_value(offset, &offset_value) or not _finite_real(eps, &e) or not e >= 0
+            or not _finite_real(weight_offset, &w_offset)):
+        return None
+    if (not _plan_rows(<cnp.ndarray>q, positions, seq_axis, offset_value, &q_plan)
+            or not _plan_rows(<cnp.ndarray>k, positions, seq_axis, offset_value, &k_plan)
+            or q_plan.seq != k_plan.seq or not fast._usable(&q_plan) or not fast._usable(&k_plan)
+            or not _disjoint(<cnp.ndarray>q, <cnp.ndarray>k)):
+        return None
+    q_factors = _fast_weight(q_weight, fast.dim, w_offset)
+    k_factors = _fast_weight(k_weight, fast.dim, w_offset)
+    q_out = _fast_out(<cnp.ndarray>q, out_q, (k,))
+    k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
+    if q_factors is None or k_factors is None or q_out is None or k_out is None:
+        return None
+    q_cache = fast._cache_for(_table_of(q), q_plan.highest, _table_offset(<cnp.ndarray>q, q_out is q))
+    k_cache = fast._cache_for(_table_of(k), k_plan.highest)
+    if (q_cache is None or k_cache is None
+            or not _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e, False)
+            or not _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e, False)):
+        return None
+    _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e, True)
+    _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e, True)
+    return q_out, k_out

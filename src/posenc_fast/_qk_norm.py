@@ -42,7 +42,16 @@ def norm_rotate(x: np.ndarray, out, in_place: bool, weight: np.ndarray, eps: flo
 
 def apply_qk_norm(rope, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
                   weight_offset, out_q, out_k):
-    """RotaryEmbedding.apply_qk_norm (see its docstring)."""
+    """RotaryEmbedding.apply_qk_norm (see its docstring): the compiled fast path (every check in C,
+    positions in the embedding's cos/sin cache), else `apply_qk_norm_general`."""
+    args = (q, k, q_weight, k_weight, positions, offset, seq_axis, eps, weight_offset, out_q, out_k)
+    result = kernels.apply_qk_norm_fast(rope, *args)
+    return result if result is not None else apply_qk_norm_general(rope, *args)
+
+
+def apply_qk_norm_general(rope, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
+                          weight_offset, out_q, out_k):
+    """apply_qk_norm's checks in Python and its cos/sin computed for the call: bitwise the fast path."""
     if rope.n_streams != 1:
         raise ValueError(f"apply_qk_norm takes one position stream; this embedding has "
                          f"{rope.n_streams} (normalise, then apply_qk)")

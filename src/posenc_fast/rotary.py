@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from . import _streams
+from . import _kv_cache, _qk_norm, _streams
 from . import _validate as v
 from ._dispatch import kernels
 from ._frequencies import resolve_rope_scaling
@@ -381,10 +381,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         -------
         (q_out, k_out)
         """
-        from ._qk_norm import apply_qk_norm
-
-        return apply_qk_norm(self, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
-                             weight_offset, out_q, out_k)
+        return _qk_norm.apply_qk_norm(self, q, k, q_weight, k_weight, positions, offset, seq_axis, eps,
+                                      weight_offset, out_q, out_k)
 
     def apply_qk_to_cache(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, positions: ArrayLike,
                           k_cache: NDArray[np.floating[Any]], v_cache: NDArray[np.floating[Any]],
@@ -433,10 +431,8 @@ class RotaryEmbedding(kernels.RotaryBase):
             embedding with several position streams.  Nothing is written
             then.
         """
-        from ._kv_cache import apply_qk_to_cache
-
-        return apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q,
-                                 qk_norm, eps, weight_offset)
+        return _kv_cache.apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q,
+                                           qk_norm, eps, weight_offset)
 
     def _apply_streams(self, xs, positions, offset, inverse, outs):
         # Explicit positions of several streams (the compiled base class's route for them)
