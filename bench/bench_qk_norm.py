@@ -7,6 +7,8 @@ and bfloat16: ``RotaryEmbedding.apply_qk_norm`` in place, the limit
 ``np.copyto`` of q and k, and (with torch) transformers' Qwen3 norm in torch
 followed by posenc_fast's rotation; then the same with the KV write
 (``apply_qk_to_cache(qk_norm=...)``, token-major) against a copy of q, k, v.  Medians of interleaved per-round ratios.
+Then a decode step's one-token calls (position 4096), with and without the norm: medians in microseconds
+(context: the ratio between them is the claim).
 """
 
 import argparse
@@ -79,6 +81,19 @@ def main():
         t = measure(funcs, rounds=args.rounds)
         print(f"{name:9s} {'fused with the KV write':38s} "
               f"{paired_ratio(t['fused with the KV write'], t['copy']):.2f}x a copy of q, k and v")
+        # a decode step's call (one token at position 4096): what the checks and glue add to the kernel
+        q1, k1 = q[:, :, :1].copy(), k[:, :, :1].copy()
+        t1q, t1k, t1v = (a[:1].copy() for a in (tq, tk, tv))
+        slot = np.array([7])
+        funcs = {"decode apply_qk_norm": lambda: rope.apply_qk_norm(q1, k1, wq, wk, offset=4096, out_q=q1, out_k=k1),
+                 "decode apply_qk": lambda: rope.apply_qk(q1, k1, offset=4096, out_q=q1, out_k=k1),
+                 "decode KV write with the norm": lambda: rope.apply_qk_to_cache(
+                     t1q, t1k, t1v, np.array([4096]), k_cache, v_cache, slot, out_q=t1q, qk_norm=(wq, wk)),
+                 "decode KV write": lambda: rope.apply_qk_to_cache(
+                     t1q, t1k, t1v, np.array([4096]), k_cache, v_cache, slot, out_q=t1q)}
+        t = measure(funcs, rounds=args.rounds)
+        for label in funcs:
+            print(f"{name:9s} {label:38s} {t[label].median_ns / 1e3:.1f} us")
 
 
 if __name__ == "__main__":

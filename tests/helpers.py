@@ -64,3 +64,17 @@ def assert_rotation_close(got, want, x, positions, rope):
         atol = (4 * np.finfo(np.float32).eps * scale * max(rope.attention_factor, 1.0)
                 + 4 * np.finfo(np.float32).smallest_subnormal)
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
+@contextlib.contextmanager
+def taking(route):
+    """apply_qk_to_cache calls take `route`: ``"fast"``, the compiled fast path (the general path's
+    checks then fail if they run), or ``"general"``, the path it declines to."""
+    from posenc_fast import _kv_cache
+
+    with pytest.MonkeyPatch.context() as patch:
+        if route == "general":
+            patch.setattr(_kv_cache.kernels, "apply_qk_to_cache_fast", lambda *args: None)
+        else:
+            patch.setattr(_kv_cache, "check_call", None)
+        yield

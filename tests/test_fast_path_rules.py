@@ -399,9 +399,12 @@ def test_the_switch_turns_every_fast_path_off(monkeypatch):
                   np.arange(2), None)
     assert kernels.apply_qk_to_cache_fast(*cache_call) is not None
     assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is not None
+    weights = (np.ones(DIM), np.ones(DIM))
+    assert kernels.apply_qk_to_cache_fast(*cache_call, weights) is not None
     with general_path_only():
         assert not kernels.fast_paths_enabled()
         assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is None
+        assert kernels.apply_qk_to_cache_fast(*cache_call, weights) is None
         assert kernels.rotate_cos_sin_fast((args["x"],), args["cos"], args["sin"], "half", False,
                                            (None,)) is None
         assert kernels.apply_qk_to_cache_fast(*cache_call) is None

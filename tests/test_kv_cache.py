@@ -1,6 +1,5 @@
 """RotaryEmbedding.apply_qk_to_cache: against apply + a NumPy scatter, and its refusals."""
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -11,21 +10,10 @@ import posenc_fast as pf
 from posenc_fast import _kv_cache, reference
 from posenc_fast._validate import BFLOAT16
 
-from helpers import untouched
+from helpers import taking, untouched
 
 CACHE_DTYPES = [np.float32, np.float16, BFLOAT16]
 ROUTES = ["fast", "general"]
-
-
-@contextlib.contextmanager
-def taking(route):
-    """Calls take `route`: the compiled fast path, or the general path it declines to."""
-    with pytest.MonkeyPatch.context() as patch:
-        if route == "general":
-            patch.setattr(_kv_cache.kernels, "apply_qk_to_cache_fast", lambda *args: None)
-        else:  # the general path's checks must not run
-            patch.setattr(_kv_cache, "check_call", None)
-        yield
 
 
 @pytest.fixture(params=ROUTES)

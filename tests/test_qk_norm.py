@@ -10,7 +10,7 @@ import pytest
 
 import posenc_fast as pf
 from posenc_fast import reference, vllm
-from helpers import untouched
+from helpers import taking, untouched
 
 HALVES = {"bfloat16": (ml_dtypes.bfloat16, 8), "float16": (np.float16, 11)}
 
@@ -175,13 +175,15 @@ def norm_cache_case(dtype, cache_dtype, seed=0):
                                                 (ml_dtypes.bfloat16, ml_dtypes.bfloat16),
                                                 (np.float32, ml_dtypes.bfloat16), (np.float32, np.float16)])
 @pytest.mark.parametrize("layout, start", [("half", 0), ("interleaved", 8)])
-def test_norm_then_rotation_into_the_kv_cache(dtype, cache_dtype, layout, start):
+@pytest.mark.parametrize("route", ["fast", "general"])
+def test_norm_then_rotation_into_the_kv_cache(dtype, cache_dtype, layout, start, route):
     # the cache rows are apply_qk_norm's k (cast to the cache dtype), v cast; q apply_qk_norm's q
     rope = pf.RotaryEmbedding(32, rotary_dim=16, rotary_start=start, layout=layout)
     q, k, v, (wq, wk), positions, slots, k_cache, v_cache = norm_cache_case(dtype, cache_dtype)
     want_q, want_k = rope.apply_qk_norm(q, k, wq, wk, positions[:, None], eps=1e-5, weight_offset=1.0)
-    got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots, qk_norm=(wq, wk), eps=1e-5,
-                                   weight_offset=1.0)
+    with taking(route):
+        got_q = rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots, qk_norm=(wq, wk), eps=1e-5,
+                                       weight_offset=1.0)
     assert untouched(want_q, got_q)
     flat_k, flat_v = k_cache.reshape(12, 2, 32), v_cache.reshape(12, 2, 32)
     for t, slot in enumerate(slots):

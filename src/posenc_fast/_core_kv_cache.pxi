@@ -48,6 +48,38 @@ cdef inline char* _slot_row(char* cache, const SlotLayout* layout, long long slo
             + (slot % layout.block_size) * layout.offset_stride)
 
 
+cdef inline void _copy_values(const char* v_row, char* v_slot, const CacheWrite* w) noexcept nogil:
+    # A token's value rows into its slot (cast to the cache dtype).
+    cdef Py_ssize_t h
+    if w.v_layout.head_stride == w.cache_row_bytes:
+        if w.narrow == NULL:
+            memcpy(v_slot, v_row, w.kv_heads * w.row_bytes)
+        else:
+            w.narrow(v_row, v_slot, w.kv_heads * w.dim)
+        return
+    for h in range(w.kv_heads):
+        if w.narrow == NULL:
+            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.row_bytes, w.row_bytes)
+        else:
+            w.narrow(v_row + h * w.row_bytes, v_slot + h * w.v_layout.head_stride, w.dim)
+
+
+cdef CacheWrite _cache_write(cnp.ndarray q, cnp.ndarray k, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+    cdef CacheWrite w
+    cdef int data = _dtype(q), cache = _dtype(k_cache)
+    if not _cache_takes(data, cache):
+        raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
+    w.heads = q.shape[1]
+    w.kv_heads = k.shape[1]
+    w.dim = q.shape[2]
+    w.row_bytes = w.dim * cnp.PyArray_ITEMSIZE(q)
+    w.cache_row_bytes = w.dim * cnp.PyArray_ITEMSIZE(k_cache)
+    w.narrow = NULL if cache == data else K.from_f32[cache]
+    w.k_layout = _slot_layout(k_cache)
+    w.v_layout = _slot_layout(v_cache)
+    return w
+
+
 cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char* out_q,
                               const char* k, const char* v, char* k_cache, char* v_cache,
                               const void* c, const void* s, float* scratch,
@@ -77,17 +109,7 @@ cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char*
             else:
                 _rotate_row(k_row + h * w.row_bytes, <char*>scratch, c, s, k_call)
                 w.narrow(scratch, k_slot + h * w.k_layout.head_stride, w.dim)
-    if w.v_layout.head_stride == w.cache_row_bytes:
-        if w.narrow == NULL:
-            memcpy(v_slot, v_row, w.kv_heads * w.row_bytes)
-        else:
-            w.narrow(v_row, v_slot, w.kv_heads * w.dim)
-        return
-    for h in range(w.kv_heads):
-        if w.narrow == NULL:
-            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.row_bytes, w.row_bytes)
-        else:
-            w.narrow(v_row + h * w.row_bytes, v_slot + h * w.v_layout.head_stride, w.dim)
+    _copy_values(v_row, v_slot, w)
 
 
 cdef struct CacheJob:
@@ -129,9 +151,9 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     cdef Py_ssize_t ntokens = q.shape[0], dim = q.shape[2]
     cdef Py_ssize_t size = cnp.PyArray_SIZE(q) + 2 * cnp.PyArray_SIZE(k)
     cdef Py_ssize_t nchunks = (ntokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef int data = _dtype(q), cache = _dtype(k_cache)
+    cdef int data = _dtype(q)
     cdef int threads = _threads_for(size)
-    cdef CacheWrite w
+    cdef CacheWrite w = _cache_write(q, k, k_cache, v_cache)
     cdef RowCall q_call, k_call
     cdef const char* qp = _data(q)
     cdef char* op = _data(out_q)
@@ -141,16 +163,6 @@ cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray
     cdef char* vc = _data(v_cache)
     cdef float* scratch = NULL
     cdef cnp.ndarray scratch_rows
-    w.heads = q.shape[1]
-    w.kv_heads = k.shape[1]
-    w.dim = dim
-    w.row_bytes = dim * cnp.PyArray_ITEMSIZE(q)
-    w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
-    w.narrow = NULL if cache == data else K.from_f32[cache]
-    w.k_layout = _slot_layout(k_cache)
-    w.v_layout = _slot_layout(v_cache)
-    if not _cache_takes(data, cache):
-        raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
     q_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(q), table.itemsize,
                        table.npairs, dim, half, False, qp == op, cnp.PyArray_NBYTES(q), start)
     # A key row goes to its slot (streamed when large: the cache is not read
@@ -194,6 +206,60 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     cdef CosSinTable table = _table_from(cos_table, sin_table)
     _write_all(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
                <const long long*>_data(rows), &table, half_layout, start)
+
+
+cdef int _write_normed(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
+                       cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
+                       const long long* row_of, const CosSinTable* table, bint half, Py_ssize_t start,
+                       cnp.ndarray q_factors, cnp.ndarray k_factors, double eps) except -1:
+    # _write_all with each q and k row RMSNormed first (_norm_rows: q's rows to out_q, k's to their
+    # slots), then the values copied.  Nothing written where a dtype has no kernel.
+    cdef CacheWrite w = _cache_write(q, k, k_cache, v_cache)
+    cdef Py_ssize_t ntokens = q.shape[0], t, h
+    cdef int data = _dtype(q), cache = _dtype(k_cache)
+    cdef cnp.ndarray q_rows = cnp.PyArray_EMPTY(1, [ntokens * w.heads], cnp.NPY_INTP, 0)
+    cdef cnp.ndarray k_rows = cnp.PyArray_EMPTY(1, [ntokens * w.kv_heads], cnp.NPY_INTP, 0)
+    cdef cnp.ndarray k_at = cnp.PyArray_EMPTY(1, [ntokens * w.kv_heads], cnp.NPY_INT64, 0)
+    cdef Py_ssize_t* qr = <Py_ssize_t*>_data(q_rows)
+    cdef Py_ssize_t* kr = <Py_ssize_t*>_data(k_rows)
+    cdef long long* at = <long long*>_data(k_at)
+    cdef long long slot
+    for t in range(ntokens):
+        slot = slot_of[t]
+        for h in range(w.heads):
+            qr[t * w.heads + h] = row_of[t]
+        for h in range(w.kv_heads):
+            kr[t * w.kv_heads + h] = row_of[t]
+            at[t * w.kv_heads + h] = -1 if slot < 0 else (
+                (slot // w.k_layout.block_size) * w.k_layout.block_stride
+                + (slot % w.k_layout.block_size) * w.k_layout.offset_stride + h * w.k_layout.head_stride)
+    for run in (False, True):  # both kernels' dtypes checked before either writes
+        if not (_norm_rows(_data(q), _data(out_q), ntokens * w.heads if run else 0, w.dim, data,
+                           cnp.PyArray_ITEMSIZE(q), data, <const double*>_data(q_factors), eps, table, qr,
+                           half, _threads_for(cnp.PyArray_SIZE(q)), start, NULL)
+                and _norm_rows(_data(k), _data(k_cache), ntokens * w.kv_heads if run else 0, w.dim, data,
+                               cnp.PyArray_ITEMSIZE(k), cache, <const double*>_data(k_factors), eps, table,
+                               kr, half, _threads_for(cnp.PyArray_SIZE(k)), start, at)):
+            raise TypeError(f"no fused norm and rotation for {q.dtype} data into a {k_cache.dtype} cache")
+    for t in range(ntokens):
+        if slot_of[t] >= 0:
+            _copy_values(_data(v) + t * w.kv_heads * w.row_bytes,
+                         _slot_row(_data(v_cache), &w.v_layout, slot_of[t]), &w)
+    return 0
+
+
+def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
+                              cnp.ndarray k not None, cnp.ndarray v not None,
+                              cnp.ndarray k_cache not None, cnp.ndarray v_cache not None,
+                              cnp.ndarray slots not None, cnp.ndarray rows not None,
+                              cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
+                              bint half_layout, Py_ssize_t start, cnp.ndarray q_factors not None,
+                              cnp.ndarray k_factors not None, double eps):
+    """rotate_into_kv_cache with each q and k row RMSNormed first (norm_rotate_rows' rule:
+    q_factors, k_factors C-contiguous float64 (dim,), `eps`)."""
+    cdef CosSinTable table = _table_from(cos_table, sin_table)
+    _write_normed(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
+                  <const long long*>_data(rows), &table, half_layout, start, q_factors, k_factors, eps)
 
 
 cdef inline bint _index_array(object a, Py_ssize_t n):
@@ -273,20 +339,31 @@ cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots
 
 
 def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache, v_cache,
-                           slot_mapping, out_q):
+                           slot_mapping, out_q, qk_norm=None, eps=1e-6, weight_offset=0.0):
     """RotaryEmbedding.apply_qk_to_cache on the fast path; None (nothing written) to fall back.
 
     Takes only calls that pass every rule of the general path (_kv_cache.py)
-    with positions covered by `fast`'s cache; a decode step is a few
-    microseconds of checks here.
+    with positions covered by `fast`'s cache (`qk_norm`: a tuple of two
+    weights, with eps and weight_offset, as apply_qk_norm_fast takes them);
+    a decode step is a few microseconds of checks here.
     """
     cdef cnp.ndarray qa, ka, va, kc, vc, pa, sa
     cdef Py_ssize_t n
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef CosSinTable table
+    cdef double e = 0.0, w_offset = 0.0
+    q_factors = k_factors = None
     if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
         return None
+    if qk_norm is not None:
+        if not (type(qk_norm) is tuple and len(qk_norm) == 2 and _finite_real(eps, &e) and e >= 0
+                and _finite_real(weight_offset, &w_offset)):
+            return None
+        q_factors = _fast_weight(qk_norm[0], fast.dim, w_offset)
+        k_factors = _fast_weight(qk_norm[1], fast.dim, w_offset)
+        if q_factors is None or k_factors is None:
+            return None
     qa, ka, va = <cnp.ndarray>q, <cnp.ndarray>k, <cnp.ndarray>v
     n = qa.shape[0]
     if (qa.ndim != 3 or ka.ndim != 3 or va.ndim != 3 or ka.shape[0] != n
@@ -322,6 +399,10 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
         return None
     table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs, cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache),
                            _table_of(qa))
-    _write_all(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
-               fast.half, fast.start)
+    if qk_norm is None:
+        _write_all(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
+                   fast.half, fast.start)
+    else:
+        _write_normed(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
+                      fast.half, fast.start, q_factors, k_factors, e)
     return result

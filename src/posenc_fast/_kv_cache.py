@@ -14,7 +14,6 @@ from . import _validate as v
 from ._dispatch import kernels
 from ._qk_norm import norm_args, norm_weight
 from ._rows import RowOutput
-from ._threads import threads_for
 
 
 class CacheCall(NamedTuple):
@@ -148,19 +147,9 @@ def write_normed(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.nda
                  start: int, weights: tuple, eps: float) -> np.ndarray:
     """As `write`, each q and k row RMSNormed by its weight (float64 factors) first: q to its
     result, k straight into its cache rows, v copied (cast to the cache dtype)."""
-    (_, heads, dim), kv_heads = call.q.shape, call.k.shape[1]
-    threads = threads_for(call.q.size)
-    kernels.norm_rotate_rows(call.out.x_rows.reshape(-1, dim), call.out.rows.reshape(-1, dim), weights[0], eps,
-                             cos, sin, np.repeat(rows, heads).astype(np.intp), half, threads, start)
-    used = call.slots >= 0
-    blocks, offsets = np.divmod(call.slots, call.k_cache.shape[1])
-    strides = call.k_cache.strides
-    out_at = (blocks * strides[0] + offsets * strides[1])[:, None] + np.arange(kv_heads) * strides[2]
-    out_at[~used] = -1
-    kernels.norm_rotate_rows(call.k.reshape(-1, dim), call.k_cache, weights[1], eps, cos, sin,
-                             np.repeat(rows, kv_heads).astype(np.intp), half, threads_for(call.k.size), start,
-                             np.ascontiguousarray(out_at.reshape(-1), dtype=np.int64))
-    call.v_cache[blocks[used], offsets[used]] = call.v[used]
+    kernels.norm_rotate_into_kv_cache(call.out.x_rows.reshape(call.q.shape), call.out.rows.reshape(call.q.shape),
+                                      call.k, call.v, call.k_cache, call.v_cache, call.slots, rows, cos, sin,
+                                      half, start, weights[0], weights[1], eps)
     return call.out.result()
 
 
@@ -170,12 +159,11 @@ def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
     if rope.n_streams != 1:
         raise ValueError(f"apply_qk_to_cache takes one position per token; this embedding has "
                          f"{rope.n_streams} position streams (use apply_qk, then write the cache)")
-    if qk_norm is None:
-        fast = kernels.apply_qk_to_cache_fast(rope, q, k, v_, positions, k_cache, v_cache,
-                                              slot_mapping, out_q)
-        if fast is not None:
-            return fast
-    else:
+    fast = kernels.apply_qk_to_cache_fast(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
+                                          out_q, qk_norm, eps, weight_offset)
+    if fast is not None:
+        return fast
+    if qk_norm is not None:
         weights = _norm_weights(qk_norm, rope.dim, eps, weight_offset)
     call = check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, rope.dim)
     # A table of the call's distinct positions, exactly as `apply` builds one
