@@ -352,17 +352,15 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef CosSinTable table
-    cdef double e = 0.0, w_offset = 0.0
-    q_factors = k_factors = None
+    cdef double e = 0.0
+    cdef tuple factors = None
     if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
         return None
     if qk_norm is not None:
-        if not (type(qk_norm) is tuple and len(qk_norm) == 2 and _finite_real(eps, &e) and e >= 0
-                and _finite_real(weight_offset, &w_offset)):
+        if type(qk_norm) is not tuple or len(qk_norm) != 2:
             return None
-        q_factors = _fast_weight(qk_norm[0], fast.dim, w_offset)
-        k_factors = _fast_weight(qk_norm[1], fast.dim, w_offset)
-        if q_factors is None or k_factors is None:
+        factors = _fast_norm_weights(qk_norm[0], qk_norm[1], eps, weight_offset, fast.dim, &e)
+        if factors is None:
             return None
     qa, ka, va = <cnp.ndarray>q, <cnp.ndarray>k, <cnp.ndarray>v
     n = qa.shape[0]
@@ -404,5 +402,5 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
                    fast.half, fast.start)
     else:
         _write_normed(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
-                      fast.half, fast.start, q_factors, k_factors, e)
+                      fast.half, fast.start, factors[0], factors[1], e)
     return result

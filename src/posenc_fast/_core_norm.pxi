@@ -97,8 +97,9 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
 
 
 cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, int data,
-                     Py_ssize_t itemsize, int store, const double* weight, double eps, const CosSinTable* table, const Py_ssize_t* rows,
-                     bint half_layout, int num_threads, Py_ssize_t start, const long long* at) except -1:
+                     Py_ssize_t itemsize, int store, const double* weight, double eps,
+                     const CosSinTable* table, const Py_ssize_t* rows, bint half_layout, int num_threads,
+                     Py_ssize_t start, const long long* at) except -1:
     # norm_rotate_rows on pointers; False (nothing done) where no kernel takes the dtypes.
     cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4, i
@@ -114,8 +115,8 @@ cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim,
     if nrows == 0 or dim == 0:
         return True
     block = cnp.PyArray_EMPTY(
-        1, [weight_bytes + max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size) + 64],
-        cnp.NPY_UINT8, 0)
+        1, [weight_bytes + max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size)
+            + 64], cnp.NPY_UINT8, 0)
     aligned = _data(block) + ((64 - (<size_t>_data(block) & 63)) & 63)
     for i in range(dim):
         (<float*>aligned)[i] = <float>weight[i]
@@ -145,8 +146,8 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     """
     cdef CosSinTable table = _table_from(cos_table, sin_table)
     cdef const long long* at = NULL if out_at is None else <const long long*>cnp.PyArray_DATA(out_at)
-    if not _norm_rows(_data(x), _data(out), x.shape[0], x.shape[1], _dtype(x), cnp.PyArray_ITEMSIZE(x), _dtype(out),
-                      <const double*>_data(weight), eps, &table, <const Py_ssize_t*>_data(row_table),
+    if not _norm_rows(_data(x), _data(out), x.shape[0], x.shape[1], _dtype(x), cnp.PyArray_ITEMSIZE(x),
+                      _dtype(out), <const double*>_data(weight), eps, &table, <const Py_ssize_t*>_data(row_table),
                       half_layout, num_threads, start, at):
         raise TypeError(f"no fused norm and rotation for {x.dtype} data with a "
                         f"{cos_table.dtype} table into {out.dtype}")
@@ -194,6 +195,18 @@ cdef object _fast_weight(object weight, Py_ssize_t dim, double offset):
     return factors
 
 
+cdef tuple _fast_norm_weights(object q_weight, object k_weight, object eps, object weight_offset,
+                              Py_ssize_t dim, double* e):
+    # (q factors, k factors) and eps in `e` for the fast paths (see apply_qk_norm_fast); None for
+    # anything else.
+    cdef double offset = 0.0
+    if not (_finite_real(eps, e) and e[0] >= 0 and _finite_real(weight_offset, &offset)):
+        return None
+    q_factors = _fast_weight(q_weight, dim, offset)
+    k_factors = _fast_weight(k_weight, dim, offset)
+    return None if q_factors is None or k_factors is None else (q_factors, k_factors)
+
+
 cdef cnp.ndarray _planned_rows(const RowPlan* plan):
     # The cos/sin table row of each row of a planned array, in C order.
     cdef cnp.ndarray rows = cnp.PyArray_EMPTY(1, [plan.outer * plan.seq * plan.inner], cnp.NPY_INTP, 0)
@@ -208,8 +221,8 @@ cdef cnp.ndarray _planned_rows(const RowPlan* plan):
     return rows
 
 
-cdef bint _norm_planned(RotaryBase fast, cnp.ndarray x, cnp.ndarray out, object cache, const RowPlan* plan,
-                        cnp.ndarray factors, double eps, bint run) except -1:
+cdef bint _norm_planned(RotaryBase fast, cnp.ndarray x, cnp.ndarray out, object cache,
+                        const RowPlan* plan, cnp.ndarray factors, double eps, bint run) except -1:
     # The norm and rotation of x's planned rows by `fast`'s cache into out; `run` False: only
     # whether a kernel takes x's dtype (nothing written).
     cdef int d = _dtype(x)
@@ -233,22 +246,21 @@ def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, posit
     """
     cdef RowPlan q_plan, k_plan
     cdef long long offset_value = 0
-    cdef double e = 0.0, w_offset = 0.0
-    if (not _fast_paths_on or fast.streams or not _fast_array(q, fast.dim) or not _fast_array(k, fast.dim)
-            or not _offset_value(offset, &offset_value) or not _finite_real(eps, &e) or not e >= 0
-            or not _finite_real(weight_offset, &w_offset)):
+    cdef double e = 0.0
+    if (not _fast_paths_on or fast.streams or not _fast_array(q, fast.dim)
+            or not _fast_array(k, fast.dim) or not _offset_value(offset, &offset_value)):
         return None
     if (not _plan_rows(<cnp.ndarray>q, positions, seq_axis, offset_value, &q_plan)
             or not _plan_rows(<cnp.ndarray>k, positions, seq_axis, offset_value, &k_plan)
             or q_plan.seq != k_plan.seq or not fast._usable(&q_plan) or not fast._usable(&k_plan)
             or not _disjoint(<cnp.ndarray>q, <cnp.ndarray>k)):
         return None
-    q_factors = _fast_weight(q_weight, fast.dim, w_offset)
-    k_factors = _fast_weight(k_weight, fast.dim, w_offset)
+    factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, fast.dim, &e)
     q_out = _fast_out(<cnp.ndarray>q, out_q, (k,))
     k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
-    if q_factors is None or k_factors is None or q_out is None or k_out is None:
+    if factors is None or q_out is None or k_out is None:
         return None
+    q_factors, k_factors = factors
     q_cache = fast._cache_for(_table_of(q), q_plan.highest, _table_offset(<cnp.ndarray>q, q_out is q))
     k_cache = fast._cache_for(_table_of(k), k_plan.highest)
     if (q_cache is None or k_cache is None
