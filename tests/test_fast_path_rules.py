@@ -401,7 +401,11 @@ def test_the_switch_turns_every_fast_path_off(monkeypatch):
     assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is not None
     weights = (np.ones(DIM), np.ones(DIM))
     assert kernels.apply_qk_to_cache_fast(*cache_call, weights) is not None
+    vllm_norm = (np.arange(2), tokens.reshape(2, DIM), tokens.reshape(2, DIM).copy(), *weights, DIM,
+                 np.ones((4, DIM), np.float32), True, 1e-6, 0.0)
+    assert kernels.fused_qk_norm_rope_fast(*vllm_norm)
     with general_path_only():
+        assert not kernels.fused_qk_norm_rope_fast(*vllm_norm)
         assert not kernels.fast_paths_enabled()
         assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is None
         assert kernels.apply_qk_to_cache_fast(*cache_call, weights) is None

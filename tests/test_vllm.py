@@ -424,6 +424,40 @@ def test_torch_half_tensors_rotate_in_place_as_their_numpy_views(dtype):
 
 
 @given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["contiguous", "fused qkv", "padded"]),
+       dtype=st.sampled_from(["float32", "float64", "bfloat16", "float16"]), is_neox=st.booleans(),
+       float32_cache=st.booleans(), weight_dtype=st.sampled_from(["float32", "float64", "bfloat16"]),
+       weight_offset=st.sampled_from([0.0, 1]))
+def test_the_compiled_norm_equals_the_general_path_bitwise(seed, layout, dtype, is_neox, float32_cache,
+                                                           weight_dtype, weight_offset):
+    # fused_qk_norm_rope's compiled path (query and key where the server holds them, a half-type
+    # cache's rows widened) against the general path, switched off
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    weight_dtype = np.dtype(ml_dtypes.bfloat16 if weight_dtype == "bfloat16" else weight_dtype)
+    rng = np.random.default_rng(seed)
+    tokens, heads, kv_heads, head_size = int(rng.integers(0, 6)), 3, 2, 16
+    positions = rng.integers(0, 40, tokens)
+    cache_dtype = np.float32 if float32_cache and dtype.itemsize == 2 else dtype
+    cache = data(rng, (40, 2 * int(rng.integers(1, head_size // 2 + 1))), cache_dtype)
+    if layout == "fused qkv":
+        qkv = data(rng, (tokens, (heads + 2 * kv_heads) * head_size), dtype)
+        query, key = qkv[:, :heads * head_size], qkv[:, heads * head_size:(heads + kv_heads) * head_size]
+    elif layout == "padded":
+        query = data(rng, (tokens, heads, head_size + 4), dtype)[..., :head_size]
+        key = data(rng, (tokens, kv_heads, head_size + 2), dtype)[..., :head_size]
+    else:
+        query, key = data(rng, (tokens, heads * head_size), dtype), data(rng, (tokens, kv_heads * head_size), dtype)
+    weights = [data(rng, head_size, weight_dtype) for _ in range(2)]
+    args = (*weights, head_size, cache, is_neox, 1e-5, weight_offset)
+    general = [a.copy() for a in (query, key)]
+    with general_path_only():
+        vllm.fused_qk_norm_rope(positions, *general, *args)
+    took = vllm.kernels.fused_qk_norm_rope_fast(positions, query, key, *args)
+    assert took or tokens == 0  # no token: either path does nothing
+    for got, want in zip((query, key), general):
+        assert got.tobytes() == want.tobytes()
+
+
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["contiguous", "fused qkv", "padded"]),
        dtype=st.sampled_from(["float32", "float64", "bfloat16", "float16"]),
        offset=st.sampled_from([0, 4]), inverse=st.booleans(), is_neox=st.booleans(),
        with_key=st.booleans(), float32_cache=st.booleans())

@@ -22,6 +22,7 @@ cdef struct NormJob:
     Py_ssize_t nrows
     Py_ssize_t dim
     Py_ssize_t itemsize
+    const long long* in_at   # each row's byte offset in x, or NULL: rows in order
     const long long* out_at  # each row's byte offset in out (-1: not stored), or NULL: rows in order
     int store                # out's dtype index: x's, or a half type for float32 x
     const double* weight     # dim factors: weight_offset + weight
@@ -45,7 +46,7 @@ cdef inline Py_ssize_t _scratch_row_bytes(Py_ssize_t dim, Py_ssize_t size) noexc
 cdef inline const char* _norm_input(const NormJob* job, int compute, Py_ssize_t r,
                                     char* widened) noexcept nogil:
     # Row r in the compute type: x's own row, or (a half type) widened into `widened`.
-    cdef const char* row = job.x + r * job.dim * job.itemsize
+    cdef const char* row = job.x + (job.in_at[r] if job.in_at != NULL else r * job.dim * job.itemsize)
     if job.data == compute:
         return row
     K.to_f32[job.data](row, widened, job.dim)
@@ -99,8 +100,9 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
 cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, int data,
                      Py_ssize_t itemsize, int store, const double* weight, double eps,
                      const CosSinTable* table, const Py_ssize_t* rows, bint half_layout, int num_threads,
-                     Py_ssize_t start, const long long* at) except -1:
-    # norm_rotate_rows on pointers; False (nothing done) where no kernel takes the dtypes.
+                     Py_ssize_t start, const long long* at, const long long* in_at=NULL) except -1:
+    # norm_rotate_rows on pointers (`in_at`: each row's byte offset in x; NULL: rows in order);
+    # False (nothing done) where no kernel takes the dtypes.
     cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4, i
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
@@ -120,7 +122,7 @@ cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim,
     aligned = _data(block) + ((64 - (<size_t>_data(block) & 63)) & 63)
     for i in range(dim):
         (<float*>aligned)[i] = <float>weight[i]
-    cdef NormJob job = NormJob(rows, x, out, table[0], nrows, dim, itemsize, at, store,
+    cdef NormJob job = NormJob(rows, x, out, table[0], nrows, dim, itemsize, in_at, at, store,
                                weight, <const float*>aligned, eps, data, aligned + weight_bytes, &call)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
@@ -270,3 +272,96 @@ def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, posit
     _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e, True)
     _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e, True)
     return q_out, k_out
+
+
+def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache, is_neox,
+                            eps, weight_offset):
+    """vllm.fused_qk_norm_rope's common call, every check in C: True, or False (nothing written).
+
+    rotate_tokens_fast's arguments and rules (query and key where the server
+    holds them; a ``[cos | sin]`` cache in their dtype, or float32 for half
+    types; int64 positions (tokens,)), the weights as apply_qk_norm_fast takes
+    them.  The cache's rows of the call's positions are widened to the
+    compute dtype where they are a half type, as the general path does.
+    """
+    cdef TokenRows rows[2]
+    cdef cnp.ndarray c, p, x, table_rows, gathered = None
+    cdef Py_ssize_t tokens, npairs, j, t, h, dim
+    cdef long long lowest = 0, highest = 0
+    cdef const long long* pos
+    cdef double e = 0.0
+    cdef int d, table, compute
+    cdef bint grad
+    if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
+            or key is None):
+        return False
+    if _Tensor is not None and type(query) is _Tensor:  # viewed as rotate_tokens_fast views them
+        grad = _grad_enabled() is True
+        query, key = _tensor_array(query, grad, True), _tensor_array(key, grad, True)
+        q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
+        cos_sin_cache = _tensor_array(cos_sin_cache, grad, True)
+        positions = _tensor_array(positions, grad, False)
+        if query is None or key is None or cos_sin_cache is None or positions is None:
+            return False
+    dim = head_size
+    if not (_fast_cache(cos_sin_cache) and cnp.PyArray_CheckExact(positions)):
+        return False
+    c, p = cos_sin_cache, positions
+    if (cnp.PyArray_NDIM(c) != 2 or cnp.PyArray_TYPE(p) != cnp.NPY_INT64 or cnp.PyArray_NDIM(p) != 1
+            or not cnp.PyArray_ISCARRAY_RO(p)):
+        return False
+    npairs = cnp.PyArray_DIMS(c)[1] // 2
+    tokens = cnp.PyArray_DIMS(p)[0]
+    pos = <const long long*>_data(p)
+    _position_range(pos, tokens, &lowest, &highest)
+    if (cnp.PyArray_DIMS(c)[1] % 2 or npairs < 1 or 2 * npairs > dim
+            or tokens and (lowest < 0 or highest >= cnp.PyArray_DIMS(c)[0])):
+        return False
+    table = posenc_dtype_index(cnp.PyArray_TYPE(c))
+    for j, given in enumerate((query, key)):
+        if not _token_rows(given, tokens, dim, 0, &rows[j]):
+            return False
+        x = <cnp.ndarray>given
+        # vllm.py's rule: one dtype, the cache in it or float32 for a half type
+        if ((cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(c)
+                and not (cnp.PyArray_ITEMSIZE(x) == 2 and table == POSENC_F32))
+                or cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>query) or not _disjoint(x, c)):
+            return False
+    if not _rows_disjoint(&rows[0], &rows[1], tokens):
+        return False
+    factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, dim, &e)
+    if factors is None:
+        return False
+    d = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>query))
+    compute = POSENC_F64 if d == POSENC_F64 else POSENC_F32
+    cdef CosSinTable cos_sin = CosSinTable(_data(c), _data(c) + npairs * cnp.PyArray_ITEMSIZE(c),
+                                           cnp.PyArray_STRIDE(c, 0), cnp.PyArray_STRIDE(c, 0), npairs,
+                                           cnp.PyArray_ITEMSIZE(c), table)
+    if table != compute:  # a half-type cache: the call's rows, widened (row t for token t)
+        gathered = cnp.PyArray_EMPTY(2, [max(tokens, 1), 2 * npairs], cnp.NPY_FLOAT32, 0)
+        for t in range(tokens):
+            K.to_f32[table](_data(c) + pos[t] * cnp.PyArray_STRIDE(c, 0), _data(gathered) + t * 8 * npairs,
+                            2 * npairs)
+        cos_sin = CosSinTable(_data(gathered), _data(gathered) + npairs * 4, 8 * npairs, 8 * npairs, npairs,
+                              4, POSENC_F32)
+    at = [cnp.PyArray_EMPTY(1, [tokens * rows[j].heads], cnp.NPY_INT64, 0) for j in range(2)]
+    table_rows = cnp.PyArray_EMPTY(1, [max(tokens * max(rows[0].heads, rows[1].heads), 1)], cnp.NPY_INTP, 0)
+    for j in range(2):
+        for t in range(tokens):
+            for h in range(rows[j].heads):
+                (<long long*>_data(<cnp.ndarray>at[j]))[t * rows[j].heads + h] = (
+                    t * rows[j].token_stride + h * rows[j].head_stride)
+    for run in (False, True):  # both calls' kernels checked before either writes
+        for j in range(2):
+            for t in range(tokens if run else 0):
+                for h in range(rows[j].heads):
+                    (<Py_ssize_t*>_data(table_rows))[t * rows[j].heads + h] = (
+                        t if gathered is not None else pos[t])
+            if not _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads if run else 0, dim, d,
+                              cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), d,
+                              <const double*>_data(<cnp.ndarray>factors[j]), e, &cos_sin,
+                              <const Py_ssize_t*>_data(table_rows), is_neox,
+                              _threads_for(tokens * rows[j].heads * dim), 0,
+                              <const long long*>_data(<cnp.ndarray>at[j]), <const long long*>_data(<cnp.ndarray>at[j])):
+                return False
+    return True
