@@ -72,7 +72,8 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     # whose full_attention layers are NoPE by no_rope_layers)
     assert {"gptj", "codegen", "deepseek_v2", "llama4_text"} <= set(agreed)
     # multimodal RoPE, each form of dealing pairs to position streams
-    assert {"qwen2_vl_text", "qwen3_vl_text", "qwen3_5_text", "ernie4_5_vl_moe_text", "neomme", "hy_v4_vl_text"} <= set(agreed)
+    assert {"qwen2_vl_text", "qwen3_vl_text", "qwen3_5_text", "ernie4_5_vl_moe_text", "neomme",
+            "hy_v4_vl_text"} <= set(agreed)
 
 
 @pytest.mark.parametrize("model_type, layout, whole_head, reversed_", [
@@ -180,7 +181,8 @@ def test_a_pair_whose_features_turn_with_two_streams_is_refused(monkeypatch):
     # HunYuan-VL's rotary module splits cat(freqs, freqs) by 2 * mrope_section: features 0 and 64 of a
     # rotate_half pair take streams 0 and 2; with one stream for all, two forms deal it so
     rope = {"rope_type": "default", "rope_theta": 10000.0}
-    with pytest.raises(ValueError, match=r"pair of features \[0, 64\] takes its angles from position streams \[0, 2\]"):
+    with pytest.raises(ValueError, match=r"pair of features \[0, 64\] takes its angles from position streams "
+                                         r"\[0, 2\]"):
         _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [16] * 4})
     with pytest.raises(ValueError, match=r"chunked and full_width of posenc_fast's forms .* deal its default config"):
         _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [0, 64, 0, 0]})

@@ -283,9 +283,9 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
         far = min(4096, getattr(text, "max_position_embeddings", 4096) - 1)
         rotary = rotary_class(config=text)
         streams = _position_streams(rotary)
-        # every stream at positions (0, 1, far), then (multimodal RoPE) each stream alone
-        moving = [[(0, 1, far)] * streams] + [
-            [(0, 1, far) if s == t else (0, 0, 0) for t in range(streams)] for s in range(streams if streams > 1 else 0)]
+        moving = [[(0, 1, far)] * streams]  # every stream at positions (0, 1, far), then
+        if streams > 1:  # (multimodal RoPE) each stream alone
+            moving += [[(0, 1, far) if s == t else (0, 0, 0) for t in range(streams)] for s in range(streams)]
         with torch.no_grad():
             # (cos, sin); GPT-J's (sin, cos), which its rotation takes in that order; DeepSeek-V2's and
             # Llama 4's complex freqs_cis
@@ -363,8 +363,8 @@ def _read_streams(found: dict, matrices: list, where: str) -> list:
         elif len(turning) == 1 and np.allclose(alone[turning[0]][:, rows], whole[:, rows], rtol=0, atol=_TOLERANCE):
             assigned.append(turning[0])
         else:
-            raise ValueError(f"{where}: its pair of features {rows} takes its angles from position streams {turning}: "
-                             f"not a rotation of each pair by one stream")
+            raise ValueError(f"{where}: its pair of features {rows} takes its angles from position streams "
+                             f"{turning}: not a rotation of each pair by one stream")
     return assigned
 
 
