@@ -385,11 +385,11 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
         As `rotary_embedding`, and weights not of shape (head_size,), eps
         below 0; nothing is written then.
     """
-    from ._qk_norm import norm_args, norm_rotate, norm_weight, token_rows
-
     if kernels.fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
                                        is_neox, eps, weight_offset):
         return  # the common call: checked, normalised and rotated in C
+    from ._qk_norm import norm_args, norm_rotate, norm_weight, token_rows
+
     names = ("positions", "query", "key", "q_weight", "k_weight", "cos_sin_cache")
     positions, query, key, q_weight, k_weight, cache = _as_arrays(
         names, (positions, query, key, q_weight, k_weight, cos_sin_cache),
