@@ -213,7 +213,7 @@ cdef int _write_normed(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndar
                        const long long* row_of, const CosSinTable* table, bint half, Py_ssize_t start,
                        cnp.ndarray q_factors, cnp.ndarray k_factors, double eps) except -1:
     # _write_all with each q and k row RMSNormed first (_norm_rows: q's rows to out_q, k's to their
-    # slots), then the values copied.  Nothing written where a dtype has no kernel.
+    # slots), then the values copied.  Nothing written where a dtype has no kernel (TypeError).
     cdef CacheWrite w = _cache_write(q, k, k_cache, v_cache)
     cdef Py_ssize_t ntokens = q.shape[0], t, h
     cdef int data = _dtype(q), cache = _dtype(k_cache)
@@ -233,14 +233,14 @@ cdef int _write_normed(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndar
             at[t * w.kv_heads + h] = -1 if slot < 0 else (
                 (slot // w.k_layout.block_size) * w.k_layout.block_stride
                 + (slot % w.k_layout.block_size) * w.k_layout.offset_stride + h * w.k_layout.head_stride)
-    for run in (False, True):  # both kernels' dtypes checked before either writes
-        if not (_norm_rows(_data(q), _data(out_q), ntokens * w.heads if run else 0, w.dim, data,
-                           cnp.PyArray_ITEMSIZE(q), data, <const double*>_data(q_factors), eps, table, qr,
-                           half, _threads_for(cnp.PyArray_SIZE(q)), start, NULL)
-                and _norm_rows(_data(k), _data(k_cache), ntokens * w.kv_heads if run else 0, w.dim, data,
-                               cnp.PyArray_ITEMSIZE(k), cache, <const double*>_data(k_factors), eps, table,
-                               kr, half, _threads_for(cnp.PyArray_SIZE(k)), start, at)):
-            raise TypeError(f"no fused norm and rotation for {q.dtype} data into a {k_cache.dtype} cache")
+    if not (_norm_takes(data, data, table.dtype, half, False) and _norm_takes(data, cache, table.dtype, half, True)):
+        raise TypeError(f"no fused norm and rotation for {q.dtype} data into a {k_cache.dtype} cache")
+    _norm_rows(_data(q), _data(out_q), ntokens * w.heads, w.dim, data, cnp.PyArray_ITEMSIZE(q), data,
+               <const double*>_data(q_factors), eps, table, qr, half, _threads_for(cnp.PyArray_SIZE(q)), start,
+               NULL)
+    _norm_rows(_data(k), _data(k_cache), ntokens * w.kv_heads, w.dim, data, cnp.PyArray_ITEMSIZE(k), cache,
+               <const double*>_data(k_factors), eps, table, kr, half, _threads_for(cnp.PyArray_SIZE(k)), start,
+               at)
     for t in range(ntokens):
         if slot_of[t] >= 0:
             _copy_values(_data(v) + t * w.kv_heads * w.row_bytes,

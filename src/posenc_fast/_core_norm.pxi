@@ -97,12 +97,21 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             K.from_f32[job.store](rotated, out_row, dim)
 
 
-cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, int data,
-                     Py_ssize_t itemsize, int store, const double* weight, double eps,
-                     const CosSinTable* table, const Py_ssize_t* rows, bint half_layout, int num_threads,
-                     Py_ssize_t start, const long long* at, const long long* in_at=NULL) except -1:
-    # norm_rotate_rows on pointers (`in_at`: each row's byte offset in x; NULL: rows in order);
-    # False (nothing done) where no kernel takes the dtypes.
+cdef inline bint _norm_takes(int data, int store, int table, bint half_layout, bint at) noexcept:
+    # Whether the norm kernels take rows of `data` with a cos/sin table of `table`, stored as `store`
+    # (another dtype only through row offsets `at`, narrowed from float32).
+    cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
+    return (K.rotate[compute][table][POSENC_ROW_HALF_VEC if half_layout else POSENC_ROW_INTERLEAVED] != NULL
+            and (data == compute or K.to_f32[data] != NULL)
+            and (store == data or (at and compute == POSENC_F32 and K.from_f32[store] != NULL)))
+
+
+cdef int _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, int data,
+                    Py_ssize_t itemsize, int store, const double* weight, double eps,
+                    const CosSinTable* table, const Py_ssize_t* rows, bint half_layout, int num_threads,
+                    Py_ssize_t start, const long long* at, const long long* in_at=NULL) except -1:
+    # norm_rotate_rows on pointers (`in_at`: each row's byte offset in x; NULL: rows in order), for
+    # dtypes _norm_takes.
     cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4, i
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
@@ -111,11 +120,8 @@ cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim,
     cdef Py_ssize_t weight_bytes = _scratch_row_bytes(dim, 4)
     cdef cnp.ndarray block  # the float32 weight, then the scratch rows, 64-byte aligned
     cdef char* aligned
-    if (call.rotate == NULL or (data != compute and K.to_f32[data] == NULL)
-            or (store != data and (at == NULL or compute != POSENC_F32 or K.from_f32[store] == NULL))):
-        return False
     if nrows == 0 or dim == 0:
-        return True
+        return 0
     block = cnp.PyArray_EMPTY(
         1, [weight_bytes + max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size)
             + 64], cnp.NPY_UINT8, 0)
@@ -126,7 +132,7 @@ cdef bint _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim,
                                weight, <const float*>aligned, eps, data, aligned + weight_bytes, &call)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
-    return True
+    return 0
 
 
 def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
@@ -148,11 +154,12 @@ def norm_rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     """
     cdef CosSinTable table = _table_from(cos_table, sin_table)
     cdef const long long* at = NULL if out_at is None else <const long long*>cnp.PyArray_DATA(out_at)
-    if not _norm_rows(_data(x), _data(out), x.shape[0], x.shape[1], _dtype(x), cnp.PyArray_ITEMSIZE(x),
-                      _dtype(out), <const double*>_data(weight), eps, &table, <const Py_ssize_t*>_data(row_table),
-                      half_layout, num_threads, start, at):
+    if not _norm_takes(_dtype(x), _dtype(out), table.dtype, half_layout, at != NULL):
         raise TypeError(f"no fused norm and rotation for {x.dtype} data with a "
                         f"{cos_table.dtype} table into {out.dtype}")
+    _norm_rows(_data(x), _data(out), x.shape[0], x.shape[1], _dtype(x), cnp.PyArray_ITEMSIZE(x), _dtype(out),
+               <const double*>_data(weight), eps, &table, <const Py_ssize_t*>_data(row_table), half_layout,
+               num_threads, start, at)
 
 
 cdef bint _finite_real(object value, double* result):
@@ -223,18 +230,17 @@ cdef cnp.ndarray _planned_rows(const RowPlan* plan):
     return rows
 
 
-cdef bint _norm_planned(RotaryBase fast, cnp.ndarray x, cnp.ndarray out, object cache,
-                        const RowPlan* plan, cnp.ndarray factors, double eps, bint run) except -1:
-    # The norm and rotation of x's planned rows by `fast`'s cache into out; `run` False: only
-    # whether a kernel takes x's dtype (nothing written).
+cdef int _norm_planned(RotaryBase fast, cnp.ndarray x, cnp.ndarray out, object cache,
+                       const RowPlan* plan, cnp.ndarray factors, double eps) except -1:
+    # The norm and rotation of x's planned rows by `fast`'s cache into out.
     cdef int d = _dtype(x)
     cdef CosSinTable table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs,
                                             cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache), _table_of(x))
-    cdef cnp.ndarray rows = _planned_rows(plan) if run else None
-    return _norm_rows(_data(x), _data(out), cnp.PyArray_SIZE(x) // fast.dim if run else 0, fast.dim, d,
+    cdef cnp.ndarray rows = _planned_rows(plan)
+    return _norm_rows(_data(x), _data(out), cnp.PyArray_SIZE(x) // fast.dim, fast.dim, d,
                       cnp.PyArray_ITEMSIZE(x), d, <const double*>_data(factors), eps, &table,
-                      <const Py_ssize_t*>_data(rows) if run else NULL, fast.half,
-                      _threads_for(cnp.PyArray_SIZE(x)), fast.start, NULL)
+                      <const Py_ssize_t*>_data(rows), fast.half, _threads_for(cnp.PyArray_SIZE(x)),
+                      fast.start, NULL)
 
 
 def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, positions, offset, seq_axis,
@@ -266,12 +272,25 @@ def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, posit
     q_cache = fast._cache_for(_table_of(q), q_plan.highest, _table_offset(<cnp.ndarray>q, q_out is q))
     k_cache = fast._cache_for(_table_of(k), k_plan.highest)
     if (q_cache is None or k_cache is None
-            or not _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e, False)
-            or not _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e, False)):
+            or not _norm_takes(_dtype(q), _dtype(q), _table_of(q), fast.half, False)
+            or not _norm_takes(_dtype(k), _dtype(k), _table_of(k), fast.half, False)):
         return None
-    _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e, True)
-    _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e, True)
+    _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e)
+    _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e)
     return q_out, k_out
+
+
+cdef tuple _token_tables(const TokenRows* rows, Py_ssize_t tokens, const long long* pos):
+    # Each (token, head) row's byte offset from rows.data, and its cos/sin table row: pos[t] (NULL: t).
+    cdef cnp.ndarray at = cnp.PyArray_EMPTY(1, [tokens * rows.heads], cnp.NPY_INT64, 0)
+    cdef cnp.ndarray table_rows = cnp.PyArray_EMPTY(1, [tokens * rows.heads], cnp.NPY_INTP, 0)
+    cdef Py_ssize_t t, h, r = 0
+    for t in range(tokens):
+        for h in range(rows.heads):
+            (<long long*>_data(at))[r] = t * rows.token_stride + h * rows.head_stride
+            (<Py_ssize_t*>_data(table_rows))[r] = pos[t] if pos != NULL else t
+            r += 1
+    return at, table_rows
 
 
 def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache, is_neox,
@@ -285,8 +304,8 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     compute dtype where they are a half type, as the general path does.
     """
     cdef TokenRows rows[2]
-    cdef cnp.ndarray c, p, x, table_rows, gathered = None
-    cdef Py_ssize_t tokens, npairs, j, t, h, dim
+    cdef cnp.ndarray c, p, x, at, table_rows, gathered = None
+    cdef Py_ssize_t tokens, npairs, j, t, dim
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef double e = 0.0
@@ -344,24 +363,13 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
                             2 * npairs)
         cos_sin = CosSinTable(_data(gathered), _data(gathered) + npairs * 4, 8 * npairs, 8 * npairs, npairs,
                               4, POSENC_F32)
-    at = [cnp.PyArray_EMPTY(1, [tokens * rows[j].heads], cnp.NPY_INT64, 0) for j in range(2)]
-    table_rows = cnp.PyArray_EMPTY(1, [max(tokens * max(rows[0].heads, rows[1].heads), 1)], cnp.NPY_INTP, 0)
+    if not _norm_takes(d, d, cos_sin.dtype, is_neox, True):
+        return False
     for j in range(2):
-        for t in range(tokens):
-            for h in range(rows[j].heads):
-                (<long long*>_data(<cnp.ndarray>at[j]))[t * rows[j].heads + h] = (
-                    t * rows[j].token_stride + h * rows[j].head_stride)
-    for run in (False, True):  # both calls' kernels checked before either writes
-        for j in range(2):
-            for t in range(tokens if run else 0):
-                for h in range(rows[j].heads):
-                    (<Py_ssize_t*>_data(table_rows))[t * rows[j].heads + h] = (
-                        t if gathered is not None else pos[t])
-            if not _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads if run else 0, dim, d,
-                              cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), d,
-                              <const double*>_data(<cnp.ndarray>factors[j]), e, &cos_sin,
-                              <const Py_ssize_t*>_data(table_rows), is_neox,
-                              _threads_for(tokens * rows[j].heads * dim), 0,
-                              <const long long*>_data(<cnp.ndarray>at[j]), <const long long*>_data(<cnp.ndarray>at[j])):
-                return False
+        at, table_rows = _token_tables(&rows[j], tokens, NULL if gathered is not None else pos)
+        _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads, dim, d,
+                   cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
+                   &cos_sin, <const Py_ssize_t*>_data(table_rows), is_neox,
+                   _threads_for(tokens * rows[j].heads * dim), 0, <const long long*>_data(at),
+                   <const long long*>_data(at))
     return True

@@ -295,11 +295,10 @@ def _probe(module, function, config, partial, where, mla=False) -> dict:
                 tables = rotary(basis, positions, **extra)
                 tables = (tables,) if isinstance(tables, torch.Tensor) else tuple(tables)
                 if not runs:
-                    width, seq_axis = _call_shape(function, basis, dim, tables, pairwise)
-                part = basis[:, :width, :, :width]
-                part = part if seq_axis == 2 else part.transpose(1, 2)
-                rotated = function(part, part.clone(), *tables)[0] if pairwise else function(part, *tables)
-                runs.append(rotated if seq_axis == 2 else rotated.transpose(1, 2))
+                    width, seq_axis, rotated = _first_call(function, basis, dim, tables, pairwise)
+                else:
+                    rotated = _call(function, basis, width, seq_axis, tables, pairwise)
+                runs.append(rotated)
     except Exception as error:  # its module fails on the default config or the probe's shapes
         raise ValueError(f"{where}: its rotary module ({rotary_class.__name__}) or {function.__name__} cannot be "
                          f"run on a probe ({type(error).__name__}: {str(error)[:120]})") from None
@@ -331,20 +330,25 @@ def _position_streams(rotary) -> int:
     return len(rotary.mrope_section) if found.group(1).startswith("len") else int(found.group(1))
 
 
-def _call_shape(function, basis, dim, tables, pairwise) -> tuple[int, int]:
-    """The width and sequence axis `function` takes: the whole head, or the leading features its attention
-    cuts out for the call (Phi, GPT-J); (batch, heads, seq, head_dim), or GPT-J's (batch, seq, heads, head_dim)."""
+def _call(function, basis, width, seq_axis, tables, pairwise):
+    """`function` on the basis vectors' leading `width` features, laid (batch, heads, seq, head_dim) or
+    (seq_axis 1) GPT-J's (batch, seq, heads, head_dim); its result in the first layout."""
+    part = basis[:, :width, :, :width]
+    part = part if seq_axis == 2 else part.transpose(1, 2)
+    rotated = function(part, part.clone(), *tables)[0] if pairwise else function(part, *tables)
+    return rotated if seq_axis == 2 else rotated.transpose(1, 2)
+
+
+def _first_call(function, basis, dim, tables, pairwise) -> tuple:
+    """The width and sequence axis `function` takes (the whole head, or the leading features its
+    attention cuts out for the call: Phi, GPT-J), and its result there."""
     errors = []
     for width, seq_axis in itertools.product(dict.fromkeys(
             w for w in (dim, tables[0].shape[-1], 2 * tables[0].shape[-1]) if w <= dim), (2, 1)):
-        part = basis[:, :width, :, :width]
-        part = part if seq_axis == 2 else part.transpose(1, 2)
         try:
-            function(part, part.clone(), *tables) if pairwise else function(part, *tables)
+            return width, seq_axis, _call(function, basis, width, seq_axis, tables, pairwise)
         except RuntimeError as error:
             errors.append(error)
-            continue
-        return width, seq_axis
     raise errors[-1]
 
 
