@@ -16,9 +16,15 @@ step of 16 sequences, one token each.  Rows:
 * ``copy``: ``np.copyto`` of q and k into other arrays, the same bytes read
   and written: the floor for a pass over q and k;
 * ``vLLM native``: vLLM's ``forward_native`` formula in torch eager
-  (index_select, chunk, products, cat), which returns new tensors.
+  (index_select, chunk, products, cat), which returns new tensors;
+* ``KV write ...``: `posenc_fast.vllm.apply_qk_to_cache`, the rotation with
+  k rotated into and v copied into vLLM's CPU cache ``(2, num_blocks,
+  kv_heads, 16, head_size)`` (``"HND"``), on NumPy arrays, on tensors,
+  through ``torch.ops``; ``KV write method``: `RotaryEmbedding.apply_qk_to_cache`
+  on the same arrays; their limit ``copy q, k, v``.
 
-Each line: median time per call and its ratio to the copy (paired per round).
+Each line: median time per call and its ratio to the copy (paired per round;
+the KV write rows to the copy of q, k and v).
 The torch rows appear only when torch imports.
 """
 
@@ -67,7 +73,10 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
     query = rng.standard_normal((tokens, HEADS * HEAD_SIZE), dtype=np.float32).astype(DTYPES[dtype])
     key = rng.standard_normal((tokens, KV_HEADS * HEAD_SIZE), dtype=np.float32).astype(query.dtype)
     cache = cos_sin_cache()
-    q_copy, k_copy = np.empty_like(query), np.empty_like(key)
+    value = rng.standard_normal(key.shape, dtype=np.float32).astype(query.dtype)
+    kv = np.zeros((2, MAX_POSITION // 16, KV_HEADS, 16, HEAD_SIZE), query.dtype)  # vLLM's CPU cache
+    slots = np.arange(tokens) * 3 % MAX_POSITION  # distinct slots, not in order
+    q_copy, k_copy, v_copy = np.empty_like(query), np.empty_like(key), np.empty_like(value)
     rope = pf.RotaryEmbedding(HEAD_SIZE, layout="half")
     q_heads, k_heads = query.reshape(tokens, HEADS, HEAD_SIZE), key.reshape(tokens, KV_HEADS, HEAD_SIZE)
     token_positions = positions.reshape(tokens, 1)
@@ -76,6 +85,12 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
                                                            cache, True),
         "apply_qk": lambda: rope.apply_qk(q_heads, k_heads, token_positions, out_q=q_heads, out_k=k_heads),
         "copy": lambda: (np.copyto(q_copy, query), np.copyto(k_copy, key)),
+        "KV write numpy": lambda: vllm.apply_qk_to_cache(positions, query, key, value, kv[0], kv[1], slots,
+                                                         HEAD_SIZE, cache, True, "HND"),
+        "KV write method": lambda: rope.apply_qk_to_cache(
+            q_heads, k_heads, value.reshape(k_heads.shape), positions, *(np.swapaxes(c, 1, 2) for c in kv), slots,
+            out_q=q_heads),
+        "copy q, k, v": lambda: (np.copyto(q_copy, query), np.copyto(k_copy, key), np.copyto(v_copy, value)),
     }
     try:
         torch = torch_or_unavailable()
@@ -95,7 +110,12 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
         same = torch.equal(check_q, expected[0]) and torch.equal(check_k, expected[1])
         print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
     op = torch.ops.posenc_fast.rotary_embedding
+    t_kv, t_slots = torch.from_numpy(kv.view(np.int16)).view(t_dtype), torch.from_numpy(slots)
+    t_value = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32)).to(t_dtype)
+    kv_args = (t_positions, t_query, t_key, t_value, t_kv[0], t_kv[1], t_slots, HEAD_SIZE, t_cache, True, "HND")
     calls.update({
+        "KV write torch": lambda: vllm.apply_qk_to_cache(*kv_args),
+        "KV write torch.ops": lambda: torch.ops.posenc_fast.apply_qk_to_cache(*kv_args),
         "posenc_fast torch": lambda: vllm.rotary_embedding(t_positions, t_query, t_key,
                                                            HEAD_SIZE, t_cache, True),
         "torch.ops": lambda: op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
@@ -120,7 +140,7 @@ def main() -> None:
         set_threads(1)  # posenc_fast's and torch's (imported by now)
         timings = measure(calls, rounds=args.rounds, target_ns=20_000_000)
         for name, timing in timings.items():
-            ratio = paired_ratio(timing, timings["copy"])
+            ratio = paired_ratio(timing, timings["copy q, k, v" if name.startswith("KV write") else "copy"])
             print(f"  {name:<18} {timing.median_ns / 1e3:10.1f} us  {ratio:6.2f}x copy")
 
 

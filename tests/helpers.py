@@ -78,3 +78,19 @@ def taking(route):
         else:
             patch.setattr(_kv_cache, "check_call", None)
         yield
+
+
+def server_qkv(rng, layout, dtype, tokens, heads, kv_heads, head_size):
+    """query, key and value (standard normal) as a server holds them: ``"contiguous"``, slices of one
+    ``"fused qkv"`` projection, or heads ``"padded"`` past head_size."""
+    def data(shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    if layout == "fused qkv":
+        qkv = data((tokens, (heads + 2 * kv_heads) * head_size))
+        q_end, k_end = heads * head_size, (heads + kv_heads) * head_size
+        return qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+    if layout == "padded":
+        return tuple(data((tokens, n, head_size + pad))[..., :head_size]
+                     for n, pad in ((heads, 4), (kv_heads, 2), (kv_heads, 6)))
+    return tuple(data((tokens, n * head_size)) for n in (heads, kv_heads, kv_heads))

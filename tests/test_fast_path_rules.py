@@ -404,7 +404,11 @@ def test_the_switch_turns_every_fast_path_off(monkeypatch):
     vllm_norm = (np.arange(2), tokens.reshape(2, DIM), tokens.reshape(2, DIM).copy(), *weights, DIM,
                  np.ones((4, DIM), np.float32), True, 1e-6, 0.0)
     assert kernels.fused_qk_norm_rope_fast(*vllm_norm)
+    vllm_cache = (np.arange(2), tokens.reshape(2, DIM), *(tokens.reshape(2, DIM).copy() for _ in range(2)), cache,
+                  cache.copy(), np.arange(2), DIM, np.ones((4, DIM), np.float32), True, "NHD", *weights, 1e-6, 0.0)
+    assert kernels.tokens_to_cache_fast(*vllm_cache)
     with general_path_only():
+        assert not kernels.tokens_to_cache_fast(*vllm_cache)
         assert not kernels.fused_qk_norm_rope_fast(*vllm_norm)
         assert not kernels.fast_paths_enabled()
         assert kernels.apply_qk_norm_fast(rope, **norm_call_args()()) is None

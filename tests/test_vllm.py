@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import general_path_only, untouched
+from helpers import general_path_only, server_qkv, untouched
 from posenc_fast import vllm
 
 # (positions.ndim, query split into (heads, head_size))
@@ -423,18 +423,6 @@ def test_torch_half_tensors_rotate_in_place_as_their_numpy_views(dtype):
 
 
 
-def server_query_key(rng, layout, dtype, tokens, heads, kv_heads, head_size):
-    """query and key as a server holds them: contiguous, slices of a fused qkv projection, or heads
-    padded past head_size."""
-    if layout == "fused qkv":
-        qkv = data(rng, (tokens, (heads + 2 * kv_heads) * head_size), dtype)
-        return qkv[:, :heads * head_size], qkv[:, heads * head_size:(heads + kv_heads) * head_size]
-    if layout == "padded":
-        return (data(rng, (tokens, heads, head_size + 4), dtype)[..., :head_size],
-                data(rng, (tokens, kv_heads, head_size + 2), dtype)[..., :head_size])
-    return data(rng, (tokens, heads * head_size), dtype), data(rng, (tokens, kv_heads * head_size), dtype)
-
-
 @given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["contiguous", "fused qkv", "padded"]),
        dtype=st.sampled_from(["float32", "float64", "bfloat16", "float16"]), is_neox=st.booleans(),
        float32_cache=st.booleans(), weight_dtype=st.sampled_from(["float32", "float64", "bfloat16"]),
@@ -450,7 +438,7 @@ def test_the_compiled_norm_equals_the_general_path_bitwise(seed, layout, dtype, 
     positions = rng.integers(0, 40, tokens)
     cache_dtype = np.float32 if float32_cache and dtype.itemsize == 2 else dtype
     cache = data(rng, (40, 2 * int(rng.integers(1, head_size // 2 + 1))), cache_dtype)
-    query, key = server_query_key(rng, layout, dtype, tokens, heads, kv_heads, head_size)
+    query, key, _ = server_qkv(rng, layout, dtype, tokens, heads, kv_heads, head_size)
     weights = [data(rng, head_size, weight_dtype) for _ in range(2)]
     args = (*weights, head_size, cache, is_neox, 1e-5, weight_offset)
     general = [a.copy() for a in (query, key)]
@@ -474,7 +462,7 @@ def test_the_compiled_path_equals_the_general_path_bitwise(seed, layout, dtype, 
     positions = rng.integers(0, 40, tokens)
     cache_dtype = np.float32 if float32_cache and dtype.itemsize == 2 else dtype
     cache = data(rng, (40, 2 * int(rng.integers(1, (head_size - offset) // 2 + 1))), cache_dtype)
-    query, key = server_query_key(rng, layout, dtype, tokens, heads, kv_heads, head_size)
+    query, key, _ = server_qkv(rng, layout, dtype, tokens, heads, kv_heads, head_size)
     key = key if with_key else None
     args = (head_size, cache, is_neox, offset, inverse)
     general = [None if a is None else a.copy() for a in (query, key)]

@@ -8,9 +8,10 @@ from libc.stdlib cimport calloc, free
 
 cdef struct SlotLayout:
     # Where a cache's slot (block * block_size + offset) and head h start:
-    # block * block_stride + offset * offset_stride + h * head_stride bytes in;
+    # data + block * block_stride + offset * offset_stride + h * head_stride;
     # a row's dim items are contiguous.  C-contiguous (num_blocks, block_size,
     # kv_heads, dim) is vLLM's flash layout; other strides name other layouts.
+    char* data
     Py_ssize_t block_size
     Py_ssize_t block_stride
     Py_ssize_t offset_stride
@@ -18,12 +19,18 @@ cdef struct SlotLayout:
 
 
 cdef struct CacheWrite:
-    # Where token t's rows are and go (bytes); see rotate_into_kv_cache.
-    Py_ssize_t heads
-    Py_ssize_t kv_heads
+    # A call's rows (token t's head h: TokenRows) and where they go; see rotate_into_kv_cache.
+    TokenRows q
+    TokenRows out_q             # q's result (q itself: in place)
+    TokenRows k
+    TokenRows v
+    Py_ssize_t tokens
+    Py_ssize_t dim
+    Py_ssize_t itemsize         # of the data dtype
     Py_ssize_t row_bytes        # a q/k/v row (dim items of the data dtype)
     Py_ssize_t cache_row_bytes  # a cache row (dim items of the cache dtype)
-    Py_ssize_t dim
+    int data                    # the dtype indices of q, k, v and of the caches
+    int cache
     posenc_convert_fn narrow    # float32 -> cache dtype; NULL: same dtype, direct
     SlotLayout k_layout
     SlotLayout v_layout
@@ -31,6 +38,7 @@ cdef struct CacheWrite:
 
 cdef inline SlotLayout _slot_layout(cnp.ndarray cache) noexcept:
     cdef SlotLayout layout
+    layout.data = _data(cache)
     layout.block_size = cache.shape[1]
     layout.block_stride = cnp.PyArray_STRIDE(cache, 0)
     layout.offset_stride = cnp.PyArray_STRIDE(cache, 1)
@@ -43,88 +51,83 @@ cdef inline bint _cache_takes(int data, int cache) noexcept nogil:
     return cache == data or (data == POSENC_F32 and K.from_f32[cache] != NULL)
 
 
-cdef inline char* _slot_row(char* cache, const SlotLayout* layout, long long slot) noexcept nogil:
-    return (cache + (slot // layout.block_size) * layout.block_stride
+cdef inline char* _slot_row(const SlotLayout* layout, long long slot) noexcept nogil:
+    return (layout.data + (slot // layout.block_size) * layout.block_stride
             + (slot % layout.block_size) * layout.offset_stride)
 
 
-cdef inline void _copy_values(const char* v_row, char* v_slot, const CacheWrite* w) noexcept nogil:
-    # A token's value rows into its slot (cast to the cache dtype).
+cdef inline void _copy_values(Py_ssize_t t, char* v_slot, const CacheWrite* w) noexcept nogil:
+    # Token t's value rows into its slot (cast to the cache dtype).
     cdef Py_ssize_t h
-    if w.v_layout.head_stride == w.cache_row_bytes:
+    cdef const char* v_row = w.v.data + t * w.v.token_stride
+    if w.v.head_stride == w.row_bytes and w.v_layout.head_stride == w.cache_row_bytes:
         if w.narrow == NULL:
-            memcpy(v_slot, v_row, w.kv_heads * w.row_bytes)
+            memcpy(v_slot, v_row, w.v.heads * w.row_bytes)
         else:
-            w.narrow(v_row, v_slot, w.kv_heads * w.dim)
+            w.narrow(v_row, v_slot, w.v.heads * w.dim)
         return
-    for h in range(w.kv_heads):
+    for h in range(w.v.heads):
         if w.narrow == NULL:
-            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.row_bytes, w.row_bytes)
+            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.v.head_stride, w.row_bytes)
         else:
-            w.narrow(v_row + h * w.row_bytes, v_slot + h * w.v_layout.head_stride, w.dim)
+            w.narrow(v_row + h * w.v.head_stride, v_slot + h * w.v_layout.head_stride, w.dim)
 
 
-cdef CacheWrite _cache_write(cnp.ndarray q, cnp.ndarray k, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+cdef CacheWrite _cache_write(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
+                             Py_ssize_t itemsize, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+    # rows: q, out_q, k, v; the caches (num_blocks, block_size, kv_heads, dim) views.
     cdef CacheWrite w
-    cdef int data = _dtype(q), cache = _dtype(k_cache)
+    cdef int cache = _dtype(k_cache)
     if not _cache_takes(data, cache):
-        raise TypeError(f"no cache store of {q.dtype} data into a {k_cache.dtype} cache")
-    w.heads = q.shape[1]
-    w.kv_heads = k.shape[1]
-    w.dim = q.shape[2]
-    w.row_bytes = w.dim * cnp.PyArray_ITEMSIZE(q)
-    w.cache_row_bytes = w.dim * cnp.PyArray_ITEMSIZE(k_cache)
+        raise TypeError(f"no cache store of this data into a {k_cache.dtype} cache")
+    w.q, w.out_q, w.k, w.v = rows[0], rows[1], rows[2], rows[3]
+    w.tokens = tokens
+    w.dim = dim
+    w.itemsize = itemsize
+    w.row_bytes = dim * itemsize
+    w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
+    w.data = data
+    w.cache = cache
     w.narrow = NULL if cache == data else K.from_f32[cache]
     w.k_layout = _slot_layout(k_cache)
     w.v_layout = _slot_layout(v_cache)
     return w
 
 
-cdef inline void _write_token(Py_ssize_t t, long long slot, const char* q, char* out_q,
-                              const char* k, const char* v, char* k_cache, char* v_cache,
-                              const void* c, const void* s, float* scratch,
-                              const CacheWrite* w, const RowCall* q_call,
-                              const RowCall* k_call) noexcept nogil:
+cdef CacheWrite _arrays_write(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
+                              cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+    # _cache_write of (tokens, heads, dim) arrays.
+    cdef TokenRows rows[4]
+    rows[0], rows[1], rows[2], rows[3] = _array_rows(q), _array_rows(out_q), _array_rows(k), _array_rows(v)
+    return _cache_write(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), k_cache, v_cache)
+
+
+cdef inline void _write_token(Py_ssize_t t, long long slot, const void* c, const void* s, float* scratch,
+                              const CacheWrite* w, const RowCall* q_call, const RowCall* k_call) noexcept nogil:
     cdef Py_ssize_t h
     cdef const char* k_row
-    cdef const char* v_row
     cdef char* k_slot
-    cdef char* v_slot
-    _rotate_position_rows(q + t * w.heads * w.row_bytes, out_q + t * w.heads * w.row_bytes,
-                          w.heads, c, s, q_call)
+    _rotate_heads(w.q.data + t * w.q.token_stride, w.q.head_stride, w.out_q.data + t * w.out_q.token_stride,
+                  w.out_q.head_stride, w.q.heads, c, s, q_call)
     if slot < 0:
         return
-    k_row = k + t * w.kv_heads * w.row_bytes
-    v_row = v + t * w.kv_heads * w.row_bytes
-    k_slot = _slot_row(k_cache, &w.k_layout, slot)
-    v_slot = _slot_row(v_cache, &w.v_layout, slot)
-    if w.narrow == NULL and w.k_layout.head_stride == w.cache_row_bytes:
-        # the token's key rows go to consecutive rows of its slot
-        _rotate_position_rows(k_row, k_slot, w.kv_heads, c, s, k_call)
+    k_row = w.k.data + t * w.k.token_stride
+    k_slot = _slot_row(&w.k_layout, slot)
+    if w.narrow == NULL:
+        _rotate_heads(k_row, w.k.head_stride, k_slot, w.k_layout.head_stride, w.k.heads, c, s, k_call)
     else:
-        for h in range(w.kv_heads):  # a half cache: rotated in float32, rounded once on store
-            if w.narrow == NULL:
-                _rotate_row(k_row + h * w.row_bytes, k_slot + h * w.k_layout.head_stride, c, s,
-                            k_call)
-            else:
-                _rotate_row(k_row + h * w.row_bytes, <char*>scratch, c, s, k_call)
-                w.narrow(scratch, k_slot + h * w.k_layout.head_stride, w.dim)
-    _copy_values(v_row, v_slot, w)
+        for h in range(w.k.heads):  # a half cache: rotated in float32, rounded once on store
+            _rotate_row(k_row + h * w.k.head_stride, <char*>scratch, c, s, k_call)
+            w.narrow(scratch, k_slot + h * w.k_layout.head_stride, w.dim)
+    _copy_values(t, _slot_row(&w.v_layout, slot), w)
 
 
 cdef struct CacheJob:
     # _write_all's call, for the pool.
     const long long* slot_of
     const long long* row_of
-    const char* q
-    char* out_q
-    const char* k
-    const char* v
-    char* k_cache
-    char* v_cache
     const CosSinTable* table
     float* scratch          # a float32 row (w.dim) per thread, or NULL
-    Py_ssize_t ntokens
     const CacheWrite* w
     const RowCall* q_call
     const RowCall* k_call
@@ -134,9 +137,8 @@ cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     cdef const CacheJob* job = <const CacheJob*>job_
     cdef const CosSinTable* table = job.table
     cdef Py_ssize_t t
-    for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.ntokens)):
-        _write_token(t, job.slot_of[t], job.q, job.out_q, job.k, job.v, job.k_cache, job.v_cache,
-                     table.cos + job.row_of[t] * table.cos_stride,
+    for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.w.tokens)):
+        _write_token(t, job.slot_of[t], table.cos + job.row_of[t] * table.cos_stride,
                      table.sin + job.row_of[t] * table.sin_stride,
                      NULL if job.scratch == NULL else job.scratch + slot * job.w.dim,
                      job.w, job.q_call, job.k_call)
@@ -144,41 +146,30 @@ cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
         posenc_sfence()
 
 
-cdef int _write_all(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
-                    cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
-                    const long long* row_of, const CosSinTable* table, bint half,
-                    Py_ssize_t start) except -1:
-    cdef Py_ssize_t ntokens = q.shape[0], dim = q.shape[2]
-    cdef Py_ssize_t size = cnp.PyArray_SIZE(q) + 2 * cnp.PyArray_SIZE(k)
-    cdef Py_ssize_t nchunks = (ntokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef int data = _dtype(q)
-    cdef int threads = _threads_for(size)
-    cdef CacheWrite w = _cache_write(q, k, k_cache, v_cache)
+cdef int _write_all(const CacheWrite* w, const long long* slot_of, const long long* row_of,
+                    const CosSinTable* table, bint half, Py_ssize_t start) except -1:
+    # Token t: q rotated by table row row_of[t], k rotated into slot slot_of[t] (-1: none), v copied there.
+    cdef Py_ssize_t itemsize = w.itemsize
+    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
+    cdef Py_ssize_t nchunks = (w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    cdef int threads = _threads_for((q_bytes + 2 * k_bytes) // itemsize)
     cdef RowCall q_call, k_call
-    cdef const char* qp = _data(q)
-    cdef char* op = _data(out_q)
-    cdef const char* kp = _data(k)
-    cdef const char* vp = _data(v)
-    cdef char* kc = _data(k_cache)
-    cdef char* vc = _data(v_cache)
     cdef float* scratch = NULL
     cdef cnp.ndarray scratch_rows
-    q_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(q), table.itemsize,
-                       table.npairs, dim, half, False, qp == op, cnp.PyArray_NBYTES(q), start)
+    q_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, False,
+                       w.q.data == w.out_q.data, q_bytes, start)
     # A key row goes to its slot (streamed when large: the cache is not read
     # back soon) or, for a half cache, to a float32 scratch row in L1.
-    k_call = _row_call(data, table.dtype, cnp.PyArray_ITEMSIZE(k), table.itemsize,
-                       table.npairs, dim, half, False, False,
-                       cnp.PyArray_NBYTES(k) if w.narrow == NULL else 0, start)
+    k_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
+                       k_bytes if w.narrow == NULL else 0, start)
     if q_call.rotate == NULL or k_call.rotate == NULL:
-        raise TypeError(f"no rotation kernel for {q.dtype} data with this cos/sin table")
-    if ntokens == 0:
+        raise TypeError("no rotation kernel for this data with this cos/sin table")
+    if w.tokens == 0:
         return 0
     if w.narrow != NULL:
-        scratch_rows = cnp.PyArray_EMPTY(2, [threads, dim], cnp.NPY_FLOAT32, 0)
+        scratch_rows = cnp.PyArray_EMPTY(2, [threads, w.dim], cnp.NPY_FLOAT32, 0)
         scratch = <float*>_data(scratch_rows)
-    cdef CacheJob job = CacheJob(slot_of, row_of, qp, op, kp, vp, kc, vc, table, scratch,
-                                 ntokens, &w, &q_call, &k_call)
+    cdef CacheJob job = CacheJob(slot_of, row_of, table, scratch, w, &q_call, &k_call)
     with nogil:
         posenc_parallel_for(nchunks, threads, _write_chunk, &job)
     return 0
@@ -204,47 +195,41 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     thread: bitwise the same for any count.
     """
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    _write_all(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
-               <const long long*>_data(rows), &table, half_layout, start)
+    cdef CacheWrite w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
+    _write_all(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, start)
 
 
-cdef int _write_normed(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
-                       cnp.ndarray k_cache, cnp.ndarray v_cache, const long long* slot_of,
-                       const long long* row_of, const CosSinTable* table, bint half, Py_ssize_t start,
-                       cnp.ndarray q_factors, cnp.ndarray k_factors, double eps) except -1:
+cdef int _write_normed(const CacheWrite* w, const long long* slot_of, const long long* row_of,
+                       const CosSinTable* table, bint half, Py_ssize_t start, cnp.ndarray q_factors,
+                       cnp.ndarray k_factors, double eps) except -1:
     # _write_all with each q and k row RMSNormed first (_norm_rows: q's rows to out_q, k's to their
-    # slots), then the values copied.  Nothing written where a dtype has no kernel (TypeError).
-    cdef CacheWrite w = _cache_write(q, k, k_cache, v_cache)
-    cdef Py_ssize_t ntokens = q.shape[0], t, h
-    cdef int data = _dtype(q), cache = _dtype(k_cache)
-    cdef cnp.ndarray q_rows = cnp.PyArray_EMPTY(1, [ntokens * w.heads], cnp.NPY_INTP, 0)
-    cdef cnp.ndarray k_rows = cnp.PyArray_EMPTY(1, [ntokens * w.kv_heads], cnp.NPY_INTP, 0)
-    cdef cnp.ndarray k_at = cnp.PyArray_EMPTY(1, [ntokens * w.kv_heads], cnp.NPY_INT64, 0)
-    cdef Py_ssize_t* qr = <Py_ssize_t*>_data(q_rows)
-    cdef Py_ssize_t* kr = <Py_ssize_t*>_data(k_rows)
+    # slots), then the values copied; row_of NULL: table row t for token t.  Nothing written where
+    # a dtype has no kernel (TypeError).
+    cdef Py_ssize_t t, h
+    cdef cnp.ndarray k_at = cnp.PyArray_EMPTY(1, [w.tokens * w.k.heads], cnp.NPY_INT64, 0)
     cdef long long* at = <long long*>_data(k_at)
     cdef long long slot
-    for t in range(ntokens):
+    if not (_norm_takes(w.data, w.data, table.dtype, half, False)
+            and _norm_takes(w.data, w.cache, table.dtype, half, True)):
+        raise TypeError("no fused norm and rotation for this data into this cache")
+    q_in, q_rows = _token_tables(&w.q, w.tokens, row_of)
+    q_out = q_in if w.out_q.data == w.q.data else _token_tables(&w.out_q, w.tokens, row_of)[0]
+    k_in, k_rows = _token_tables(&w.k, w.tokens, row_of)
+    for t in range(w.tokens):  # each key row's byte offset in the key cache, -1: not stored
         slot = slot_of[t]
-        for h in range(w.heads):
-            qr[t * w.heads + h] = row_of[t]
-        for h in range(w.kv_heads):
-            kr[t * w.kv_heads + h] = row_of[t]
-            at[t * w.kv_heads + h] = -1 if slot < 0 else (
-                (slot // w.k_layout.block_size) * w.k_layout.block_stride
-                + (slot % w.k_layout.block_size) * w.k_layout.offset_stride + h * w.k_layout.head_stride)
-    if not (_norm_takes(data, data, table.dtype, half, False) and _norm_takes(data, cache, table.dtype, half, True)):
-        raise TypeError(f"no fused norm and rotation for {q.dtype} data into a {k_cache.dtype} cache")
-    _norm_rows(_data(q), _data(out_q), ntokens * w.heads, w.dim, data, cnp.PyArray_ITEMSIZE(q), data,
-               <const double*>_data(q_factors), eps, table, qr, half, _threads_for(cnp.PyArray_SIZE(q)), start,
-               NULL)
-    _norm_rows(_data(k), _data(k_cache), ntokens * w.kv_heads, w.dim, data, cnp.PyArray_ITEMSIZE(k), cache,
-               <const double*>_data(k_factors), eps, table, kr, half, _threads_for(cnp.PyArray_SIZE(k)), start,
-               at)
-    for t in range(ntokens):
+        for h in range(w.k.heads):
+            at[t * w.k.heads + h] = -1 if slot < 0 else (
+                _slot_row(&w.k_layout, slot) - w.k_layout.data + h * w.k_layout.head_stride)
+    _norm_rows(w.q.data, w.out_q.data, w.tokens * w.q.heads, w.dim, w.data, w.itemsize, w.data,
+               <const double*>_data(q_factors), eps, table, <const Py_ssize_t*>_data(<cnp.ndarray>q_rows), half,
+               _threads_for(w.tokens * w.q.heads * w.dim), start, <const long long*>_data(<cnp.ndarray>q_out),
+               <const long long*>_data(<cnp.ndarray>q_in))
+    _norm_rows(w.k.data, w.k_layout.data, w.tokens * w.k.heads, w.dim, w.data, w.itemsize, w.cache,
+               <const double*>_data(k_factors), eps, table, <const Py_ssize_t*>_data(<cnp.ndarray>k_rows), half,
+               _threads_for(w.tokens * w.k.heads * w.dim), start, at, <const long long*>_data(<cnp.ndarray>k_in))
+    for t in range(w.tokens):
         if slot_of[t] >= 0:
-            _copy_values(_data(v) + t * w.kv_heads * w.row_bytes,
-                         _slot_row(_data(v_cache), &w.v_layout, slot_of[t]), &w)
+            _copy_values(t, _slot_row(&w.v_layout, slot_of[t]), w)
     return 0
 
 
@@ -258,21 +243,14 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
     """rotate_into_kv_cache with each q and k row RMSNormed first (norm_rotate_rows' rule:
     q_factors, k_factors C-contiguous float64 (dim,), `eps`)."""
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    _write_normed(q, out_q, k, v, k_cache, v_cache, <const long long*>_data(slots),
-                  <const long long*>_data(rows), &table, half_layout, start, q_factors, k_factors, eps)
+    cdef CacheWrite w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
+    _write_normed(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, start,
+                  q_factors, k_factors, eps)
 
 
-cdef inline bint _index_array(object a, Py_ssize_t n):
-    # An exact, C-contiguous, native int64 ndarray of shape (n,).
-    return (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_INT64
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
-            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIMS(<cnp.ndarray>a)[0] == n)
-
-
-cdef inline bint _cache_array(object a, cnp.ndarray k):
+cdef inline bint _cache_array(object a, Py_ssize_t kv_heads, Py_ssize_t dim):
     # An exact, writeable, aligned, native ndarray (num_blocks, block_size,
-    # kv_heads, dim) for k, whose strides place every element apart
+    # kv_heads, dim) whose strides place every element apart
     # (_kv_cache.slot_strides_apart, the general path's rule).
     cdef cnp.ndarray arr
     cdef Py_ssize_t stride[3]
@@ -283,8 +261,7 @@ cdef inline bint _cache_array(object a, cnp.ndarray k):
     arr = <cnp.ndarray>a
     if not (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0 and cnp.PyArray_ISWRITEABLE(arr)
             and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr)
-            and cnp.PyArray_NDIM(arr) == 4 and arr.shape[2] == k.shape[1]
-            and arr.shape[3] == k.shape[2]
+            and cnp.PyArray_NDIM(arr) == 4 and arr.shape[2] == kv_heads and arr.shape[3] == dim
             and (cnp.PyArray_STRIDE(arr, 3) == cnp.PyArray_ITEMSIZE(arr) or arr.shape[3] <= 1)):
         return False
     if cnp.PyArray_ISCARRAY(arr) or cnp.PyArray_SIZE(arr) == 0:
@@ -338,6 +315,24 @@ cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots
     return True
 
 
+cdef bint _caches_valid(object k_cache, object v_cache, Py_ssize_t kv_heads, Py_ssize_t dim, int data,
+                        tuple inputs, const long long* slots, Py_ssize_t tokens):
+    # The general path's rules (_kv_cache.check_call) for a key and a value cache of the call's
+    # rows: each a _cache_array of one dtype and shape, taking `data`, apart from each other and
+    # from every input array; every slot -1 or in them, none twice.
+    cdef cnp.ndarray kc, vc
+    if not (_cache_array(k_cache, kv_heads, dim) and _cache_array(v_cache, kv_heads, dim)):
+        return False
+    kc, vc = <cnp.ndarray>k_cache, <cnp.ndarray>v_cache
+    if (cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc) or vc.shape[0] != kc.shape[0]
+            or vc.shape[1] != kc.shape[1] or not _cache_takes(data, _dtype(kc)) or not _disjoint(kc, vc)):
+        return False
+    for other in inputs:
+        if not (_disjoint(kc, <cnp.ndarray>other) and _disjoint(vc, <cnp.ndarray>other)):
+            return False
+    return _slots_valid(slots, tokens, <long long>kc.shape[0] * kc.shape[1])
+
+
 def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache, v_cache,
                            slot_mapping, out_q, qk_norm=None, eps=1e-6, weight_offset=0.0):
     """RotaryEmbedding.apply_qk_to_cache on the fast path; None (nothing written) to fall back.
@@ -347,11 +342,12 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     weights, with eps and weight_offset, as apply_qk_norm_fast takes them);
     a decode step is a few microseconds of checks here.
     """
-    cdef cnp.ndarray qa, ka, va, kc, vc, pa, sa
+    cdef cnp.ndarray qa, ka, va
     cdef Py_ssize_t n
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef CosSinTable table
+    cdef CacheWrite w
     cdef double e = 0.0
     cdef tuple factors = None
     if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
@@ -369,27 +365,15 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
             or cnp.PyArray_TYPE(ka) != cnp.PyArray_TYPE(qa)
             or cnp.PyArray_TYPE(va) != cnp.PyArray_TYPE(qa)
             or not _index_array(positions, n) or not _index_array(slot_mapping, n)
-            or not _cache_array(k_cache, ka) or not _cache_array(v_cache, ka)):
+            or not _caches_valid(k_cache, v_cache, ka.shape[1], fast.dim, _dtype(qa),
+                                 (qa, ka, va, positions, slot_mapping),
+                                 <const long long*>_data(<cnp.ndarray>slot_mapping), n)):
         return None
-    pa, sa, kc, vc = (<cnp.ndarray>positions, <cnp.ndarray>slot_mapping, <cnp.ndarray>k_cache,
-                      <cnp.ndarray>v_cache)
-    if (cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc) or vc.shape[0] != kc.shape[0]
-            or vc.shape[1] != kc.shape[1]):
-        return None
-    if not _cache_takes(_dtype(qa), _dtype(kc)):
-        return None
-    for cache in (kc, vc):
-        for other in (qa, ka, va, pa, sa):
-            if not _disjoint(<cnp.ndarray>cache, <cnp.ndarray>other):
-                return None
-    if not _disjoint(kc, vc) or not _slots_valid(<const long long*>_data(sa), n,
-                                                 <long long>kc.shape[0] * kc.shape[1]):
-        return None
-    pos = <const long long*>_data(pa)
+    pos = <const long long*>_data(<cnp.ndarray>positions)
     _position_range(pos, n, &lowest, &highest)
     if lowest < 0 or highest >= fast.valid_below:
         return None
-    result = _fast_out(qa, out_q, (ka, va, kc, vc))
+    result = _fast_out(qa, out_q, (ka, va, k_cache, v_cache))
     if result is None:
         return None
     cache = fast._cache_for(_table_of(qa), highest)
@@ -397,10 +381,86 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
         return None
     table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs, cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache),
                            _table_of(qa))
+    w = _arrays_write(qa, <cnp.ndarray>result, ka, va, k_cache, v_cache)
     if qk_norm is None:
-        _write_all(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
-                   fast.half, fast.start)
+        _write_all(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, fast.start)
     else:
-        _write_normed(qa, <cnp.ndarray>result, ka, va, kc, vc, <const long long*>_data(sa), pos, &table,
-                      fast.half, fast.start, factors[0], factors[1], e)
+        _write_normed(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, fast.start,
+                      factors[0], factors[1], e)
     return result
+
+
+cdef object _kv_layout_view(object cache, bint hnd):
+    # A cache as (num_blocks, block_size, kv_heads, dim): "HND" (num_blocks, kv_heads, block_size, dim)
+    # swapped to it; None where it is not a 4-D exact ndarray.
+    if not (cnp.PyArray_CheckExact(cache) and cnp.PyArray_NDIM(<cnp.ndarray>cache) == 4):
+        return None
+    return cnp.PyArray_SwapAxes(<cnp.ndarray>cache, 1, 2) if hnd else cache
+
+
+def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
+                         cos_sin_cache, is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset):
+    """vllm.apply_qk_to_cache's common call, every check in C: True, or False (nothing written).
+
+    rotate_tokens_fast's rules for query, key and value (where the server
+    holds them) and for the ``[cos | sin]`` cache; the key and value caches as apply_qk_to_cache_fast takes
+    them, named "NHD" or "HND" by a str; an int64 slot_mapping (tokens,);
+    q_weight and k_weight both None, or both as apply_qk_norm_fast takes them.
+    """
+    cdef TokenRows rows[4]
+    cdef CosSinTable table
+    cdef CacheWrite w
+    cdef Py_ssize_t tokens = 0, j
+    cdef const long long* pos = NULL
+    cdef double e = 0.0
+    cdef int d
+    cdef bint grad
+    cdef cnp.ndarray widened = None
+    if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
+            or type(kv_cache_layout) is not str or kv_cache_layout not in ("NHD", "HND")
+            or (q_weight is None) != (k_weight is None)):
+        return False
+    if _Tensor is not None and type(query) is _Tensor:  # viewed as rotate_tokens_fast views them
+        grad = _grad_enabled() is True
+        query, key, value = (_tensor_array(query, grad, True), _tensor_array(key, grad, True),
+                             _tensor_array(value, grad, True))
+        key_cache, value_cache = _tensor_array(key_cache, grad, True), _tensor_array(value_cache, grad, True)
+        cos_sin_cache = _tensor_array(cos_sin_cache, grad, True)
+        positions, slot_mapping = _tensor_array(positions, grad, False), _tensor_array(slot_mapping, grad, False)
+        if q_weight is not None:
+            q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
+    if not _token_table(cos_sin_cache, positions, head_size, &table, &tokens, &pos):
+        return False
+    for j, given in enumerate((query, key, value)):
+        if (not _token_rows(given, tokens, head_size, 0, &rows[j + 1])
+                or cnp.PyArray_TYPE(<cnp.ndarray>given) != cnp.PyArray_TYPE(<cnp.ndarray>query)):
+            return False
+    rows[0] = rows[1]  # query rotated in place
+    d = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>query))
+    if d != table.dtype and not (d in (POSENC_F16, POSENC_BF16) and table.dtype == POSENC_F32):
+        return False  # vllm.py's rule: the cache in query's dtype, or float32 for a half type
+    key_cache = _kv_layout_view(key_cache, kv_cache_layout == "HND")
+    value_cache = _kv_layout_view(value_cache, kv_cache_layout == "HND")
+    if (not _disjoint(<cnp.ndarray>query, <cnp.ndarray>cos_sin_cache) or rows[2].heads != rows[3].heads
+            or not _rows_disjoint(&rows[0], &rows[2], tokens) or not _rows_disjoint(&rows[0], &rows[3], tokens)
+            or not _index_array(slot_mapping, tokens)
+            or not _caches_valid(key_cache, value_cache, rows[2].heads, head_size, d,
+                                 (query, key, value, positions, slot_mapping, cos_sin_cache),
+                                 <const long long*>_data(<cnp.ndarray>slot_mapping), tokens)):
+        return False
+    w = _cache_write(rows, tokens, head_size, d, cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), key_cache, value_cache)
+    if q_weight is None:
+        if K.rotate[d][table.dtype][0] == NULL:
+            return False
+        _write_all(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, is_neox, 0)
+        return True
+    factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
+    if factors is None:
+        return False
+    if table.dtype != POSENC_F64 and table.dtype != POSENC_F32:  # a half-type table: the call's rows, widened
+        widened = _widened_rows(&table, pos, tokens)
+    if not (_norm_takes(d, d, table.dtype, is_neox, False) and _norm_takes(d, w.cache, table.dtype, is_neox, True)):
+        return False
+    _write_normed(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), NULL if widened is not None else pos,
+                  &table, is_neox, 0, factors[0], factors[1], e)
+    return True

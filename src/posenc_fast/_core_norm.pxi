@@ -304,12 +304,12 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     compute dtype where they are a half type, as the general path does.
     """
     cdef TokenRows rows[2]
-    cdef cnp.ndarray c, p, x, at, table_rows, gathered = None
-    cdef Py_ssize_t tokens, npairs, j, t, dim
-    cdef long long lowest = 0, highest = 0
-    cdef const long long* pos
+    cdef CosSinTable cos_sin
+    cdef cnp.ndarray x, at, table_rows, widened = None
+    cdef Py_ssize_t tokens = 0, j, dim
+    cdef const long long* pos = NULL
     cdef double e = 0.0
-    cdef int d, table, compute
+    cdef int d, compute
     cdef bint grad
     if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
             or key is None):
@@ -323,28 +323,17 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
         if query is None or key is None or cos_sin_cache is None or positions is None:
             return False
     dim = head_size
-    if not (_fast_cache(cos_sin_cache) and cnp.PyArray_CheckExact(positions)):
+    if not _token_table(cos_sin_cache, positions, dim, &cos_sin, &tokens, &pos):
         return False
-    c, p = cos_sin_cache, positions
-    if (cnp.PyArray_NDIM(c) != 2 or cnp.PyArray_TYPE(p) != cnp.NPY_INT64 or cnp.PyArray_NDIM(p) != 1
-            or not cnp.PyArray_ISCARRAY_RO(p)):
-        return False
-    npairs = cnp.PyArray_DIMS(c)[1] // 2
-    tokens = cnp.PyArray_DIMS(p)[0]
-    pos = <const long long*>_data(p)
-    _position_range(pos, tokens, &lowest, &highest)
-    if (cnp.PyArray_DIMS(c)[1] % 2 or npairs < 1 or 2 * npairs > dim
-            or tokens and (lowest < 0 or highest >= cnp.PyArray_DIMS(c)[0])):
-        return False
-    table = posenc_dtype_index(cnp.PyArray_TYPE(c))
     for j, given in enumerate((query, key)):
         if not _token_rows(given, tokens, dim, 0, &rows[j]):
             return False
         x = <cnp.ndarray>given
         # vllm.py's rule: one dtype, the cache in it or float32 for a half type
-        if ((cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(c)
-                and not (cnp.PyArray_ITEMSIZE(x) == 2 and table == POSENC_F32))
-                or cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>query) or not _disjoint(x, c)):
+        if ((posenc_dtype_index(cnp.PyArray_TYPE(x)) != cos_sin.dtype
+                and not (cnp.PyArray_ITEMSIZE(x) == 2 and cos_sin.dtype == POSENC_F32))
+                or cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>query)
+                or not _disjoint(x, cos_sin_cache)):
             return False
     if not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
@@ -353,20 +342,12 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
         return False
     d = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>query))
     compute = POSENC_F64 if d == POSENC_F64 else POSENC_F32
-    cdef CosSinTable cos_sin = CosSinTable(_data(c), _data(c) + npairs * cnp.PyArray_ITEMSIZE(c),
-                                           cnp.PyArray_STRIDE(c, 0), cnp.PyArray_STRIDE(c, 0), npairs,
-                                           cnp.PyArray_ITEMSIZE(c), table)
-    if table != compute:  # a half-type cache: the call's rows, widened (row t for token t)
-        gathered = cnp.PyArray_EMPTY(2, [max(tokens, 1), 2 * npairs], cnp.NPY_FLOAT32, 0)
-        for t in range(tokens):
-            K.to_f32[table](_data(c) + pos[t] * cnp.PyArray_STRIDE(c, 0), _data(gathered) + t * 8 * npairs,
-                            2 * npairs)
-        cos_sin = CosSinTable(_data(gathered), _data(gathered) + npairs * 4, 8 * npairs, 8 * npairs, npairs,
-                              4, POSENC_F32)
+    if cos_sin.dtype != compute:  # a half-type cache: the call's rows, widened (row t for token t)
+        widened = _widened_rows(&cos_sin, pos, tokens)
     if not _norm_takes(d, d, cos_sin.dtype, is_neox, True):
         return False
     for j in range(2):
-        at, table_rows = _token_tables(&rows[j], tokens, NULL if gathered is not None else pos)
+        at, table_rows = _token_tables(&rows[j], tokens, NULL if widened is not None else pos)
         _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads, dim, d,
                    cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
                    &cos_sin, <const Py_ssize_t*>_data(table_rows), is_neox,

@@ -145,6 +145,18 @@ cdef inline void _rotate_position_rows(const char* x, char* out, Py_ssize_t nrow
             _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c, s, call)
 
 
+cdef inline void _rotate_heads(const char* x, Py_ssize_t x_step, char* out, Py_ssize_t out_step,
+                               Py_ssize_t heads, const void* c, const void* s, const RowCall* call) noexcept nogil:
+    # A token's heads, x_step and out_step bytes apart, by one cos/sin row
+    # (one kernel call where both are consecutive rows).
+    cdef Py_ssize_t h
+    if x_step == call.row_bytes and out_step == call.row_bytes:
+        _rotate_position_rows(x, out, heads, c, s, call)
+    else:
+        for h in range(heads):
+            _rotate_row(x + h * x_step, out + h * out_step, c, s, call)
+
+
 cdef struct RowsJob:
     # rotate_rows' call, for the pool.
     const Py_ssize_t* rows

@@ -70,6 +70,65 @@ cdef bint _rows_disjoint(const TokenRows* a, const TokenRows* b, Py_ssize_t toke
     return shift >= a.extent and stride - shift >= b.extent
 
 
+cdef inline TokenRows _array_rows(cnp.ndarray a) noexcept:
+    # A (tokens, heads, dim) array's rows (unit stride within a head).
+    cdef TokenRows rows
+    rows.data = _data(a)
+    rows.token_stride = cnp.PyArray_STRIDE(a, 0)
+    rows.head_stride = cnp.PyArray_STRIDE(a, 1)
+    rows.heads = a.shape[1]
+    rows.extent = max(rows.heads - 1, 0) * rows.head_stride + a.shape[2] * cnp.PyArray_ITEMSIZE(a)
+    return rows
+
+
+cdef inline bint _index_array(object a, Py_ssize_t n):
+    # An exact, C-contiguous, aligned, native int64 ndarray (ISCARRAY_RO: all three) of shape
+    # (n,); n < 0: any length.
+    return (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_INT64
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1
+            and (n < 0 or cnp.PyArray_DIMS(<cnp.ndarray>a)[0] == n))
+
+
+cdef bint _token_table(object cos_sin_cache, object positions, Py_ssize_t width, CosSinTable* table,
+                       Py_ssize_t* tokens, const long long** pos):
+    # vLLM's [cos | sin] cache (n, rot_dim), rot_dim even with 2 <= rot_dim <= width, as a table
+    # (a position's cos entries, then its sin entries), and the positions: an index array each
+    # of whose entries is a row of it.
+    cdef cnp.ndarray c
+    cdef Py_ssize_t npairs
+    cdef long long lowest = 0, highest = 0
+    if not (_fast_cache(cos_sin_cache) and _index_array(positions, -1)):
+        return False
+    c = cos_sin_cache
+    if cnp.PyArray_NDIM(c) != 2:
+        return False
+    npairs = cnp.PyArray_DIMS(c)[1] // 2
+    tokens[0] = cnp.PyArray_DIMS(<cnp.ndarray>positions)[0]
+    pos[0] = <const long long*>_data(<cnp.ndarray>positions)
+    _position_range(pos[0], tokens[0], &lowest, &highest)
+    if (cnp.PyArray_DIMS(c)[1] % 2 or npairs < 1 or 2 * npairs > width
+            or tokens[0] and (lowest < 0 or highest >= cnp.PyArray_DIMS(c)[0])):
+        return False
+    table[0] = CosSinTable(_data(c), _data(c) + npairs * cnp.PyArray_ITEMSIZE(c), cnp.PyArray_STRIDE(c, 0),
+                           cnp.PyArray_STRIDE(c, 0), npairs, cnp.PyArray_ITEMSIZE(c),
+                           posenc_dtype_index(cnp.PyArray_TYPE(c)))
+    return True
+
+
+cdef cnp.ndarray _widened_rows(CosSinTable* table, const long long* pos, Py_ssize_t tokens):
+    # A half-type table's rows of the positions widened to float32, as the general paths' norm
+    # reads them: `table` becomes them (row t: token t's); returns the array holding them.
+    cdef Py_ssize_t t, n = table.npairs
+    cdef cnp.ndarray rows = cnp.PyArray_EMPTY(2, [max(tokens, 1), 2 * n], cnp.NPY_FLOAT32, 0)
+    cdef char* row
+    for t in range(tokens):
+        row = _data(rows) + t * 8 * n
+        K.to_f32[table.dtype](table.cos + pos[t] * table.cos_stride, row, n)
+        K.to_f32[table.dtype](table.sin + pos[t] * table.sin_stride, row + 4 * n, n)
+    table[0] = CosSinTable(_data(rows), _data(rows) + 4 * n, 8 * n, 8 * n, n, 4, POSENC_F32)
+    return rows
+
+
 def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
                        inverse):
     """vllm.rotary_embedding's common call, every check in C: True, or False (nothing written).
@@ -99,29 +158,16 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
 cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_size, Py_ssize_t offset,
                          bint half, bint inverse):
     # rotate_tokens_fast's call on ndarrays: xs, query or query and key.
-    cdef Py_ssize_t n = len(xs), j, t, h, tokens, npairs, itemsize, size = 0
-    cdef cnp.ndarray c, p, x
-    cdef long long lowest = 0, highest = 0
-    cdef const long long* pos
-    cdef int table, d
+    cdef Py_ssize_t n = len(xs), j, t, tokens = 0, itemsize, size = 0
+    cdef cnp.ndarray x
+    cdef const long long* pos = NULL
+    cdef int d
     cdef RowCall calls[2]
     cdef TokenRows rows[2]
+    cdef CosSinTable cos_sin
     cdef char* head
     if (not _fast_paths_on or n < 1 or n > 2 or head_size < 1 or offset < 0
-            or not _fast_cache(cos_sin_cache) or not cnp.PyArray_CheckExact(positions)):
-        return False
-    c, p = cos_sin_cache, positions
-    if (cnp.PyArray_NDIM(c) != 2 or cnp.PyArray_TYPE(p) != cnp.NPY_INT64
-            or cnp.PyArray_NDIM(p) != 1 or not cnp.PyArray_ISCARRAY_RO(p)):
-        return False
-    npairs = cnp.PyArray_DIMS(c)[1] // 2
-    if cnp.PyArray_DIMS(c)[1] % 2 or npairs < 1 or offset + 2 * npairs > head_size:
-        return False
-    tokens = cnp.PyArray_DIMS(p)[0]
-    table = posenc_dtype_index(cnp.PyArray_TYPE(c))
-    pos = <const long long*>_data(p)
-    _position_range(pos, tokens, &lowest, &highest)
-    if tokens and (lowest < 0 or highest >= cnp.PyArray_DIMS(c)[0]):
+            or not _token_table(cos_sin_cache, positions, head_size - offset, &cos_sin, &tokens, &pos)):
         return False
     for j in range(n):
         if not _token_rows(xs[j], tokens, head_size, offset, &rows[j]):
@@ -130,31 +176,23 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
         d = posenc_dtype_index(cnp.PyArray_TYPE(x))
         itemsize = cnp.PyArray_ITEMSIZE(x)
         # vllm.py's rule: the cache in x's dtype, or float32 for a half type
-        if ((cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(c)
-                and not (itemsize == 2 and table == POSENC_F32))
-                or K.rotate[d][table][0] == NULL or not _disjoint(x, c)):
+        if ((d != cos_sin.dtype and not (itemsize == 2 and cos_sin.dtype == POSENC_F32))
+                or K.rotate[d][cos_sin.dtype][0] == NULL or not _disjoint(x, cos_sin_cache)):
             return False
         if j == 1 and cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>xs[0]):
             return False
         size += cnp.PyArray_SIZE(x)
-        calls[j] = _row_call(d, table, itemsize, cnp.PyArray_ITEMSIZE(c), npairs,
+        calls[j] = _row_call(d, cos_sin.dtype, itemsize, cos_sin.itemsize, cos_sin.npairs,
                              head_size - offset, half, inverse, True, cnp.PyArray_NBYTES(x))
     if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
     if _threads_for(size) > 1:
         return False  # a large call: the general path's threads
-    # vLLM's cache row: a position's cos entries, then its sin entries
-    cdef CosSinTable cos_sin = CosSinTable(_data(c), _data(c) + npairs * cnp.PyArray_ITEMSIZE(c),
-                                           cnp.PyArray_STRIDE(c, 0), cnp.PyArray_STRIDE(c, 0), npairs,
-                                           cnp.PyArray_ITEMSIZE(c), table)
     with nogil:
         for j in range(n):
             for t in range(tokens):
                 head = rows[j].data + t * rows[j].token_stride
-                if rows[j].head_stride == calls[j].row_bytes:  # consecutive rows
-                    _rotate_position(head, head, rows[j].heads, pos[t], &cos_sin, &calls[j])
-                else:
-                    for h in range(rows[j].heads):
-                        _rotate_row_by(head + h * rows[j].head_stride, head + h * rows[j].head_stride,
-                                       &cos_sin, pos[t], &calls[j])
+                _rotate_heads(head, rows[j].head_stride, head, rows[j].head_stride, rows[j].heads,
+                              cos_sin.cos + pos[t] * cos_sin.cos_stride,
+                              cos_sin.sin + pos[t] * cos_sin.sin_stride, &calls[j])
     return True

@@ -227,10 +227,9 @@ def _apart(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
-             float32_for_half_types: bool = True) -> tuple:
+def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0) -> tuple:
     """The cos and sin halves of a (max_position, rot_dim) cache, as views; `width`: the
-    features of a head from `offset` on; a float32 cache for half-type data where allowed."""
+    features of a head from `offset` on; the cache in `dtype`, or float32 for a half type."""
     cache = v.float_array(cache, "cos_sin_cache")
     if cache.ndim != 2:
         raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), "
@@ -241,7 +240,7 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0,
             f"head_size - rope_dim_offset = {width} (rope_dim_offset = {offset})")
         raise ValueError(f"cos_sin_cache.shape[1] is rot_dim, which must be even with 2 <= "
                          f"rot_dim <= {where}, got {rot_dim}")
-    float32_too = dtype.itemsize == 2 and float32_for_half_types
+    float32_too = dtype.itemsize == 2
     if cache.dtype != dtype and not (float32_too and cache.dtype == np.float32):
         allowed = f"query's dtype {dtype}" + (" or float32" if float32_too else "")
         raise TypeError(f"cos_sin_cache must have {allowed}, got {cache.dtype}; convert it "
@@ -265,7 +264,8 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     Parameters
     ----------
     positions, query, head_size, cos_sin_cache, is_neox
-        As in `rotary_embedding` (the cache in query's dtype).
+        As in `rotary_embedding` (without an offset: the first ``rot_dim``
+        features of a head rotate).
     key, value : torch.Tensor or ndarray
         ``positions.shape + (kv_heads * head_size,)`` or ``positions.shape +
         (kv_heads, head_size)``, query's dtype; any strides (e.g. slices of
@@ -294,6 +294,9 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
         As `rotary_embedding` and `RotaryEmbedding.apply_qk_to_cache`;
         nothing is written then.
     """
+    if kernels.tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
+                                    cos_sin_cache, is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset):
+        return  # the common call: checked and written in C
     from . import _kv_cache
 
     names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
@@ -315,7 +318,12 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     query = _apart(_token_heads(query, "query", positions.shape, head_size), "query")
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
-    cos, sin = _cos_sin(cache, query.dtype, head_size, float32_for_half_types=False)
+    cos, sin = _cos_sin(cache, query.dtype, head_size)
+    if v.overlaps(query, cos) or v.overlaps(query, sin):
+        raise ValueError("query shares memory with cos_sin_cache")
+    for x, name in ((key, "key"), (value, "value")):
+        if v.overlaps(query, x):
+            raise ValueError(f"query and {name} share memory; pass separate arrays")
     tokens = positions.reshape(-1)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cache.shape[0]):
         raise ValueError(f"positions must lie in [0, {cache.shape[0]}) (rows of cos_sin_cache), "

@@ -1,0 +1,180 @@
+"""posenc_fast.vllm.apply_qk_to_cache: its compiled path bit for bit its general path, on the q, k
+and v a server holds and either cache layout; bad input refused by both with nothing written.
+
+The rows themselves are checked against the embedding's method and the float64 reference in
+test_kv_cache.py and test_qk_norm.py.
+"""
+
+import contextlib
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import general_path_only, server_qkv, taking, untouched
+from posenc_fast import vllm
+
+BLOCKS, BLOCK_SIZE = 3, 4
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def call_args(rng, layout, dtype, cache_dtype, kv_layout, tokens, normed, rot_dim=None, table_dtype=None):
+    """A call's arguments after positions and query, key, value: (positions, q, k, v, kv, rest);
+    kv holds the key and value caches (kv[0], kv[1]) as vLLM's CPU backend's one tensor, NaN."""
+    heads, kv_heads, head_size = 3, 2, 16
+    positions = rng.integers(0, 40, tokens)
+    slots = rng.permutation(BLOCKS * BLOCK_SIZE)[:tokens]
+    slots[rng.random(tokens) < 0.2] = -1
+    rot_dim = rot_dim or 2 * int(rng.integers(1, head_size // 2 + 1))
+    cos_sin = rng.standard_normal((40, rot_dim)).astype(table_dtype or dtype)
+    query, key, value = server_qkv(rng, layout, dtype, tokens, heads, kv_heads, head_size)
+    shape = ((BLOCKS, BLOCK_SIZE, kv_heads, head_size) if kv_layout == "NHD"
+             else (BLOCKS, kv_heads, BLOCK_SIZE, head_size))
+    kv = np.full((2,) + shape, np.nan, cache_dtype)
+    weights = tuple(rng.standard_normal(head_size).astype(np.float32) for _ in range(2)) if normed else (None, None)
+    rest = (slots, head_size, cos_sin, True, kv_layout, *weights)
+    return positions, query, key, value, kv, rest
+
+
+@given(seed=st.integers(0, 2**32 - 1), layout=st.sampled_from(["contiguous", "fused qkv", "padded"]),
+       dtype=st.sampled_from(["float32", "float64", "bfloat16", "float16"]),
+       half_cache=st.sampled_from([None, "bfloat16", "float16"]), kv_layout=st.sampled_from(["NHD", "HND"]),
+       is_neox=st.booleans(), normed=st.booleans(), weight_offset=st.sampled_from([0.0, 1]),
+       float32_table=st.booleans())
+def test_the_compiled_path_equals_the_general_path_bitwise(seed, layout, dtype, half_cache, kv_layout, is_neox,
+                                                           normed, weight_offset, float32_table):
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    cache_dtype = np.dtype(getattr(ml_dtypes, half_cache, half_cache)) if half_cache and dtype == np.float32 else dtype
+    rng = np.random.default_rng(seed)
+    table_dtype = np.float32 if float32_table and dtype.itemsize == 2 else dtype
+    positions, query, key, value, kv, rest = call_args(rng, layout, dtype, cache_dtype, kv_layout,
+                                                       int(rng.integers(0, 6)), normed, table_dtype=table_dtype)
+    rest = (*rest[:3], is_neox, *rest[4:], 1e-5, weight_offset)
+    general_q, general_kv = query.copy(), kv.copy()
+    with general_path_only():
+        vllm.apply_qk_to_cache(positions, general_q, key, value, general_kv[0], general_kv[1], *rest)
+    # the general path's checks fail if they run (NumPy gives an empty array strides 0: declined)
+    with taking("fast") if positions.size else contextlib.nullcontext():
+        vllm.apply_qk_to_cache(positions, query, key, value, kv[0], kv[1], *rest)
+    assert untouched(general_q, query) and untouched(general_kv, kv)
+
+
+@pytest.mark.parametrize("dtype, table_dtype, cache_dtype", [
+    (np.float32, np.float32, np.float32), (np.float64, np.float64, np.float64), (np.float32, np.float32, BF16),
+    (BF16, BF16, BF16), (BF16, np.float32, BF16), (np.float16, np.float32, np.float16)])
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_the_rows_are_rotary_embeddings(dtype, table_dtype, cache_dtype, kv_layout):
+    # query as rotary_embedding rotates it (checked against the float64 reference in test_vllm.py),
+    # each cached key row its rotated key (rounded to the cache dtype), each value row its value
+    positions, query, key, value, kv, rest = call_args(np.random.default_rng(3), "fused qkv", dtype, cache_dtype,
+                                                       kv_layout, 5, False, table_dtype=table_dtype)
+    want_q, want_k = query.copy(), key.copy()
+    vllm.rotary_embedding(positions, want_q, want_k, 16, rest[2], True)
+    vllm.apply_qk_to_cache(positions, query, key, value, kv[0], kv[1], *rest)
+    assert untouched(want_q, query)
+    rows = [np.swapaxes(c, 1, 2) if kv_layout == "HND" else c for c in kv]
+    rows = [c.reshape(BLOCKS * BLOCK_SIZE, 2, 16) for c in rows]
+    for t, slot in enumerate(rest[0]):
+        if slot >= 0:
+            assert untouched(want_k[t].reshape(2, 16).astype(cache_dtype), rows[0][slot])
+            assert untouched(value[t].reshape(2, 16).astype(cache_dtype), rows[1][slot])
+    assert (rest[0] >= 0).sum() >= 3
+
+
+def test_torch_tensors_take_the_compiled_path():
+    torch = pytest.importorskip("torch")
+    for normed in (False, True):
+        positions, query, key, value, kv, rest = call_args(np.random.default_rng(1), "fused qkv", np.float32,
+                                                           ml_dtypes.bfloat16, "HND", 5, normed)
+
+        def tensors():  # the call's arguments as tensors; the written ones new each time
+            t = torch.from_numpy
+            kv_tensor = t(kv.view(np.int16).copy()).view(torch.bfloat16)
+            return (t(positions), t(query.copy()), t(key), t(value), kv_tensor[0], kv_tensor[1], t(rest[0]),
+                    rest[1], t(rest[2]), *rest[3:5], *(None if w is None else t(w) for w in rest[5:]))
+
+        want, got = tensors(), tensors()
+        with general_path_only():  # (its first tensor call also registers torch with the compiled glue)
+            vllm.apply_qk_to_cache(*want)
+        with taking("fast"):
+            vllm.apply_qk_to_cache(*got)
+        for w, g in zip(want[1:6], got[1:6]):
+            assert torch.equal(w.view(torch.int16), g.view(torch.int16))
+        assert not torch.equal(got[1], torch.from_numpy(query))
+
+
+def _swapped_positions(call):
+    return (np.arange(5) * 2**56).astype(">i8")  # its bytes read as native: 0..4, rows of the table
+
+
+def _query_holds_the_key_cache(call):
+    memory = np.zeros(call["query"].size + call["key_cache"].size, np.float32)
+    call["query"] = memory[:call["query"].size].reshape(call["query"].shape)
+    return memory[call["query"].size - 8:][:call["key_cache"].size].reshape(call["key_cache"].shape)
+
+
+# name: (change to a valid call: a value, or a function of the call; error; message)
+BAD = {
+    "position past the table": (dict(positions=lambda c: np.where(np.arange(5) == 2, 40, c["positions"])),
+                                ValueError, "positions must lie in [0, 40)"),
+    "byte-swapped position past the table": (dict(positions=_swapped_positions), ValueError,
+                                             "positions must lie in [0, 40)"),
+    "a slot twice": (dict(slot_mapping=np.array([1, 1, 2, 3, 4])), ValueError, "uses slot 1 more than once"),
+    "a slot past the cache": (dict(slot_mapping=np.array([0, 1, 2, 3, 12])), ValueError,
+                              "slot_mapping must hold -1 (skip the token) or slots in [0, 12)"),
+    "slots of another shape": (dict(slot_mapping=np.arange(4)), ValueError, "slot_mapping must have"),
+    "one cache for keys and values": (dict(value_cache=lambda c: c["key_cache"]), ValueError,
+                                      "k_cache and v_cache share memory"),
+    "the key cache inside query": (dict(key_cache=_query_holds_the_key_cache), ValueError,
+                                   "k_cache shares memory with an input"),
+    "the value inside query": (dict(value=lambda c: c["query"][:, :32]), ValueError,
+                               "query and value share memory"),
+    "the key inside query": (dict(key=lambda c: c["query"][:, 16:48]), ValueError, "query and key share memory"),
+    "the table inside query": (dict(positions=np.arange(5), cos_sin_cache=lambda c: c["query"][:, :8]),
+                               ValueError, "query shares memory with cos_sin_cache"),
+    "a float64 cache": (dict(key_cache=lambda c: c["key_cache"].astype(np.float64),
+                             value_cache=lambda c: c["value_cache"].astype(np.float64)), TypeError,
+                        "the caches must have q's dtype float32"),
+    "caches of two dtypes": (dict(value_cache=lambda c: c["value_cache"].astype(np.float16)), TypeError,
+                             "v_cache must have k_cache's dtype"),
+    "a read-only cache": (dict(key_cache=lambda c: _read_only(c["key_cache"])),
+                          ValueError, "k_cache must be writeable"),
+    "caches the layout does not fit": (dict(kv_cache_layout="HND"), ValueError, "k_cache must have shape"),
+    "a layout in lower case": (dict(kv_cache_layout="nhd"), ValueError, "kv_cache_layout must be one of"),
+    "a float64 table for float32 data": (dict(cos_sin_cache=lambda c: c["cos_sin_cache"].astype(np.float64)),
+                                         TypeError, "cos_sin_cache must have query's dtype float32,"),
+    "a key of another dtype": (dict(key=lambda c: c["key"].astype(np.float64)), TypeError, "one dtype"),
+    "values of other heads": (dict(value=lambda c: c["value"][:, :16]), ValueError, "k and v must have shape"),
+    "q_weight alone": (dict(k_weight=None), TypeError, "pass both q_weight and k_weight"),
+    "a weight of another size": (dict(k_weight=np.ones(15)), ValueError, "k_weight must have shape"),
+    "a negative eps": (dict(eps=-1e-6), ValueError, "eps"),
+    "head_size a float": (dict(head_size=16.0), TypeError, "head_size must be an integer"),
+    "is_neox a string": (dict(is_neox="neox"), TypeError, "is_neox must be a bool"),
+}
+
+
+def _read_only(a):
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_refused_with_nothing_written(case):
+    change, error, words = BAD[case]
+    positions, query, key, value, kv, rest = call_args(np.random.default_rng(2), "fused qkv", np.float32,
+                                                       np.float32, "NHD", 5, True, rot_dim=8)
+    call = dict(positions=positions, query=query.copy(), key=key, value=value, key_cache=kv[0], value_cache=kv[1],
+                slot_mapping=np.arange(5), head_size=16, cos_sin_cache=rest[2], is_neox=True,
+                kv_cache_layout="NHD", q_weight=rest[5], k_weight=rest[6], eps=1e-6)
+    for name, value in change.items():
+        call[name] = value(call) if callable(value) else value
+    written = ("query", "key_cache", "value_cache")
+    before = [np.array(call[name], copy=True) for name in written]
+    assert vllm.kernels.fast_paths_enabled()  # the compiled path must decline it too
+    with pytest.raises(error, match=re.escape(words)):
+        vllm.apply_qk_to_cache(**call)
+    for name, a in zip(written, before):
+        assert untouched(a, np.asarray(call[name])), f"{name} was written"
