@@ -222,11 +222,10 @@ cdef int _write_normed(const CacheWrite* w, const long long* slot_of, const long
                 _slot_row(&w.k_layout, slot) - w.k_layout.data + h * w.k_layout.head_stride)
     _norm_rows(w.q.data, w.out_q.data, w.tokens * w.q.heads, w.dim, w.data, w.itemsize, w.data,
                <const double*>_data(q_factors), eps, table, <const Py_ssize_t*>_data(<cnp.ndarray>q_rows), half,
-               _threads_for(w.tokens * w.q.heads * w.dim), start, <const long long*>_data(<cnp.ndarray>q_out),
-               <const long long*>_data(<cnp.ndarray>q_in))
+               _threads_for(w.tokens * w.q.heads * w.dim), start, _offsets(q_out), _offsets(q_in))
     _norm_rows(w.k.data, w.k_layout.data, w.tokens * w.k.heads, w.dim, w.data, w.itemsize, w.cache,
                <const double*>_data(k_factors), eps, table, <const Py_ssize_t*>_data(<cnp.ndarray>k_rows), half,
-               _threads_for(w.tokens * w.k.heads * w.dim), start, at, <const long long*>_data(<cnp.ndarray>k_in))
+               _threads_for(w.tokens * w.k.heads * w.dim), start, at, _offsets(k_in))
     for t in range(w.tokens):
         if slot_of[t] >= 0:
             _copy_values(t, _slot_row(&w.v_layout, slot_of[t]), w)

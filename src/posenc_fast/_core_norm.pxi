@@ -281,16 +281,25 @@ def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, posit
 
 
 cdef tuple _token_tables(const TokenRows* rows, Py_ssize_t tokens, const long long* pos):
-    # Each (token, head) row's byte offset from rows.data, and its cos/sin table row: pos[t] (NULL: t).
-    cdef cnp.ndarray at = cnp.PyArray_EMPTY(1, [tokens * rows.heads], cnp.NPY_INT64, 0)
+    # Each (token, head) row's byte offset from rows.data (None: the rows follow each other), and its
+    # cos/sin table row: pos[t] (NULL: t).
     cdef cnp.ndarray table_rows = cnp.PyArray_EMPTY(1, [tokens * rows.heads], cnp.NPY_INTP, 0)
+    cdef cnp.ndarray at = None
     cdef Py_ssize_t t, h, r = 0
+    if not rows.extent == rows.heads * rows.head_stride == rows.token_stride:
+        at = cnp.PyArray_EMPTY(1, [tokens * rows.heads], cnp.NPY_INT64, 0)
     for t in range(tokens):
         for h in range(rows.heads):
-            (<long long*>_data(at))[r] = t * rows.token_stride + h * rows.head_stride
+            if at is not None:
+                (<long long*>_data(at))[r] = t * rows.token_stride + h * rows.head_stride
             (<Py_ssize_t*>_data(table_rows))[r] = pos[t] if pos != NULL else t
             r += 1
     return at, table_rows
+
+
+cdef inline const long long* _offsets(object at) noexcept:
+    # _token_tables' offsets as _norm_rows takes them.
+    return NULL if at is None else <const long long*>_data(<cnp.ndarray>at)
 
 
 def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache, is_neox,
@@ -305,7 +314,7 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     """
     cdef TokenRows rows[2]
     cdef CosSinTable cos_sin
-    cdef cnp.ndarray x, at, table_rows, widened = None
+    cdef cnp.ndarray x, table_rows, widened = None
     cdef Py_ssize_t tokens = 0, j, dim
     cdef const long long* pos = NULL
     cdef double e = 0.0
@@ -351,6 +360,5 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
         _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads, dim, d,
                    cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
                    &cos_sin, <const Py_ssize_t*>_data(table_rows), is_neox,
-                   _threads_for(tokens * rows[j].heads * dim), 0, <const long long*>_data(at),
-                   <const long long*>_data(at))
+                   _threads_for(tokens * rows[j].heads * dim), 0, _offsets(at), _offsets(at))
     return True
