@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import general_path_only, server_qkv, untouched
+import posenc_fast as pf
 from posenc_fast import vllm
 
 # (positions.ndim, query split into (heads, head_size))
@@ -472,3 +473,23 @@ def test_the_compiled_path_equals_the_general_path_bitwise(seed, layout, dtype, 
     assert took or tokens == 0  # no token: either path does nothing
     for got, want in zip((query, key), general):
         assert want is None or got.tobytes() == want.tobytes()
+
+
+def test_a_prefill_takes_the_compiled_path_on_threads_bitwise_the_general_path():
+    # 4096 tokens: the token walk splits them among threads, each token by one (the same bits)
+    rng = np.random.default_rng(6)
+    positions = rng.integers(0, 5000, 4096)
+    cache = data(rng, (5000, 48), np.float32)
+    query, key, _ = server_qkv(rng, "fused qkv", np.float32, 4096, 4, 2, 64)
+    general = [query.copy(), key.copy()]
+    with general_path_only():
+        vllm.rotary_embedding(positions, *general, 64, cache, True)
+    before = pf.get_num_threads()
+    try:
+        for threads in (1, 3):
+            pf.set_num_threads(threads)
+            q, k = query.copy(), key.copy()
+            assert vllm.kernels.rotate_tokens_fast(positions, q, k, 64, cache, True, 0, False)
+            assert q.tobytes() == general[0].tobytes() and k.tobytes() == general[1].tobytes()
+    finally:
+        pf.set_num_threads(before)

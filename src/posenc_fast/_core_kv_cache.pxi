@@ -6,173 +6,29 @@
 from libc.stdlib cimport calloc, free
 
 
-cdef struct SlotLayout:
-    # Where a cache's slot (block * block_size + offset) and head h start:
-    # data + block * block_stride + offset * offset_stride + h * head_stride;
-    # a row's dim items are contiguous.  C-contiguous (num_blocks, block_size,
-    # kv_heads, dim) is vLLM's flash layout; other strides name other layouts.
-    char* data
-    Py_ssize_t block_size
-    Py_ssize_t block_stride
-    Py_ssize_t offset_stride
-    Py_ssize_t head_stride
-
-
-cdef struct CacheWrite:
-    # A call's rows (token t's head h: TokenRows) and where they go; see rotate_into_kv_cache.
-    TokenRows q
-    TokenRows out_q             # q's result (q itself: in place)
-    TokenRows k
-    TokenRows v
-    Py_ssize_t tokens
-    Py_ssize_t dim
-    Py_ssize_t itemsize         # of the data dtype
-    Py_ssize_t row_bytes        # a q/k/v row (dim items of the data dtype)
-    Py_ssize_t cache_row_bytes  # a cache row (dim items of the cache dtype)
-    int data                    # the dtype indices of q, k, v and of the caches
-    int cache
-    posenc_convert_fn narrow    # float32 -> cache dtype; NULL: same dtype, direct
-    SlotLayout k_layout
-    SlotLayout v_layout
-
-
-cdef inline SlotLayout _slot_layout(cnp.ndarray cache) noexcept:
-    cdef SlotLayout layout
-    layout.data = _data(cache)
-    layout.block_size = cache.shape[1]
-    layout.block_stride = cnp.PyArray_STRIDE(cache, 0)
-    layout.offset_stride = cnp.PyArray_STRIDE(cache, 1)
-    layout.head_stride = cnp.PyArray_STRIDE(cache, 2)
-    return layout
-
-
-cdef inline bint _cache_takes(int data, int cache) noexcept nogil:
-    # A KV cache of dtype index `cache` takes rows of `data`: its own dtype, or a half type for float32.
-    return cache == data or (data == POSENC_F32 and K.from_f32[cache] != NULL)
-
-
-cdef inline char* _slot_row(const SlotLayout* layout, long long slot) noexcept nogil:
-    return (layout.data + (slot // layout.block_size) * layout.block_stride
-            + (slot % layout.block_size) * layout.offset_stride)
-
-
-cdef inline void _copy_values(Py_ssize_t t, char* v_slot, const CacheWrite* w) noexcept nogil:
-    # Token t's value rows into its slot (cast to the cache dtype).
-    cdef Py_ssize_t h
-    cdef const char* v_row = w.v.data + t * w.v.token_stride
-    if w.v.head_stride == w.row_bytes and w.v_layout.head_stride == w.cache_row_bytes:
-        if w.narrow == NULL:
-            memcpy(v_slot, v_row, w.v.heads * w.row_bytes)
-        else:
-            w.narrow(v_row, v_slot, w.v.heads * w.dim)
-        return
-    for h in range(w.v.heads):
-        if w.narrow == NULL:
-            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.v.head_stride, w.row_bytes)
-        else:
-            w.narrow(v_row + h * w.v.head_stride, v_slot + h * w.v_layout.head_stride, w.dim)
-
-
-cdef CacheWrite _cache_write(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
-                             Py_ssize_t itemsize, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+cdef TokenWalk _cache_write(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
+                            Py_ssize_t itemsize, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
     # rows: q, out_q, k, v; the caches (num_blocks, block_size, kv_heads, dim) views.
-    cdef CacheWrite w
+    cdef TokenWalk w
     cdef int cache = _dtype(k_cache)
     if not _cache_takes(data, cache):
         raise TypeError(f"no cache store of this data into a {k_cache.dtype} cache")
-    w.q, w.out_q, w.k, w.v = rows[0], rows[1], rows[2], rows[3]
-    w.tokens = tokens
-    w.dim = dim
-    w.itemsize = itemsize
-    w.row_bytes = dim * itemsize
-    w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
-    w.data = data
+    w = _rows_walk(&rows[0], &rows[1], tokens, dim, data, itemsize)
+    w.k, w.v = rows[2], rows[3]
     w.cache = cache
+    w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
     w.narrow = NULL if cache == data else K.from_f32[cache]
     w.k_layout = _slot_layout(k_cache)
     w.v_layout = _slot_layout(v_cache)
     return w
 
 
-cdef CacheWrite _arrays_write(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
+cdef TokenWalk _arrays_write(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
                               cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
     # _cache_write of (tokens, heads, dim) arrays.
     cdef TokenRows rows[4]
     rows[0], rows[1], rows[2], rows[3] = _array_rows(q), _array_rows(out_q), _array_rows(k), _array_rows(v)
     return _cache_write(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), k_cache, v_cache)
-
-
-cdef inline void _write_token(Py_ssize_t t, long long slot, const void* c, const void* s, float* scratch,
-                              const CacheWrite* w, const RowCall* q_call, const RowCall* k_call) noexcept nogil:
-    cdef Py_ssize_t h
-    cdef const char* k_row
-    cdef char* k_slot
-    _rotate_heads(w.q.data + t * w.q.token_stride, w.q.head_stride, w.out_q.data + t * w.out_q.token_stride,
-                  w.out_q.head_stride, w.q.heads, c, s, q_call)
-    if slot < 0:
-        return
-    k_row = w.k.data + t * w.k.token_stride
-    k_slot = _slot_row(&w.k_layout, slot)
-    if w.narrow == NULL:
-        _rotate_heads(k_row, w.k.head_stride, k_slot, w.k_layout.head_stride, w.k.heads, c, s, k_call)
-    else:
-        for h in range(w.k.heads):  # a half cache: rotated in float32, rounded once on store
-            _rotate_row(k_row + h * w.k.head_stride, <char*>scratch, c, s, k_call)
-            w.narrow(scratch, k_slot + h * w.k_layout.head_stride, w.dim)
-    _copy_values(t, _slot_row(&w.v_layout, slot), w)
-
-
-cdef struct CacheJob:
-    # _write_all's call, for the pool.
-    const long long* slot_of
-    const long long* row_of
-    const CosSinTable* table
-    float* scratch          # a float32 row (w.dim) per thread, or NULL
-    const CacheWrite* w
-    const RowCall* q_call
-    const RowCall* k_call
-
-
-cdef void _write_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
-    cdef const CacheJob* job = <const CacheJob*>job_
-    cdef const CosSinTable* table = job.table
-    cdef Py_ssize_t t
-    for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.w.tokens)):
-        _write_token(t, job.slot_of[t], table.cos + job.row_of[t] * table.cos_stride,
-                     table.sin + job.row_of[t] * table.sin_stride,
-                     NULL if job.scratch == NULL else job.scratch + slot * job.w.dim,
-                     job.w, job.q_call, job.k_call)
-    if job.q_call.stream or job.k_call.stream:
-        posenc_sfence()
-
-
-cdef int _write_all(const CacheWrite* w, const long long* slot_of, const long long* row_of,
-                    const CosSinTable* table, bint half, Py_ssize_t start) except -1:
-    # Token t: q rotated by table row row_of[t], k rotated into slot slot_of[t] (-1: none), v copied there.
-    cdef Py_ssize_t itemsize = w.itemsize
-    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
-    cdef Py_ssize_t nchunks = (w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef int threads = _threads_for((q_bytes + 2 * k_bytes) // itemsize)
-    cdef RowCall q_call, k_call
-    cdef float* scratch = NULL
-    cdef cnp.ndarray scratch_rows
-    q_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, False,
-                       w.q.data == w.out_q.data, q_bytes, start)
-    # A key row goes to its slot (streamed when large: the cache is not read
-    # back soon) or, for a half cache, to a float32 scratch row in L1.
-    k_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
-                       k_bytes if w.narrow == NULL else 0, start)
-    if q_call.rotate == NULL or k_call.rotate == NULL:
-        raise TypeError("no rotation kernel for this data with this cos/sin table")
-    if w.tokens == 0:
-        return 0
-    if w.narrow != NULL:
-        scratch_rows = cnp.PyArray_EMPTY(2, [threads, w.dim], cnp.NPY_FLOAT32, 0)
-        scratch = <float*>_data(scratch_rows)
-    cdef CacheJob job = CacheJob(slot_of, row_of, table, scratch, w, &q_call, &k_call)
-    with nogil:
-        posenc_parallel_for(nchunks, threads, _write_chunk, &job)
-    return 0
 
 
 def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
@@ -195,14 +51,15 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     thread: bitwise the same for any count.
     """
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef CacheWrite w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
-    _write_all(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, start)
+    cdef TokenWalk w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
+    _walk_tokens(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, False, start,
+                 _threads_for(w.tokens * (w.q.heads + 2 * w.k.heads) * w.dim))
 
 
-cdef int _write_normed(const CacheWrite* w, const long long* slot_of, const long long* row_of,
+cdef int _write_normed(const TokenWalk* w, const long long* slot_of, const long long* row_of,
                        const CosSinTable* table, bint half, Py_ssize_t start, cnp.ndarray q_factors,
                        cnp.ndarray k_factors, double eps) except -1:
-    # _write_all with each q and k row RMSNormed first (_norm_rows: q's rows to out_q, k's to their
+    # _walk_tokens with each q and k row RMSNormed first (_norm_rows: q's rows to out_q, k's to their
     # slots), then the values copied; row_of NULL: table row t for token t.  Nothing written where
     # a dtype has no kernel (TypeError).
     cdef Py_ssize_t t, h
@@ -242,7 +99,7 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
     """rotate_into_kv_cache with each q and k row RMSNormed first (norm_rotate_rows' rule:
     q_factors, k_factors C-contiguous float64 (dim,), `eps`)."""
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef CacheWrite w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
+    cdef TokenWalk w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
     _write_normed(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, start,
                   q_factors, k_factors, eps)
 
@@ -346,7 +203,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
     cdef CosSinTable table
-    cdef CacheWrite w
+    cdef TokenWalk w
     cdef double e = 0.0
     cdef tuple factors = None
     if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
@@ -382,7 +239,8 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
                            _table_of(qa))
     w = _arrays_write(qa, <cnp.ndarray>result, ka, va, k_cache, v_cache)
     if qk_norm is None:
-        _write_all(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, fast.start)
+        _walk_tokens(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, False, fast.start,
+                     _threads_for(n * (w.q.heads + 2 * w.k.heads) * w.dim))
     else:
         _write_normed(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, fast.start,
                       factors[0], factors[1], e)
@@ -408,7 +266,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     """
     cdef TokenRows rows[4]
     cdef CosSinTable table
-    cdef CacheWrite w
+    cdef TokenWalk w
     cdef Py_ssize_t tokens = 0, j
     cdef const long long* pos = NULL
     cdef double e = 0.0
@@ -451,7 +309,8 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     if q_weight is None:
         if K.rotate[d][table.dtype][0] == NULL:
             return False
-        _write_all(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, is_neox, 0)
+        _walk_tokens(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, is_neox, False, 0,
+                     _threads_for(tokens * (w.q.heads + 2 * w.k.heads) * head_size))
         return True
     factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
     if factors is None:

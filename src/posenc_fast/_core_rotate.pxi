@@ -148,59 +148,12 @@ cdef inline void _rotate_position_rows(const char* x, char* out, Py_ssize_t nrow
 cdef inline void _rotate_heads(const char* x, Py_ssize_t x_step, char* out, Py_ssize_t out_step,
                                Py_ssize_t heads, const void* c, const void* s, const RowCall* call) noexcept nogil:
     # A token's heads, x_step and out_step bytes apart, by one cos/sin row
-    # (one kernel call where both are consecutive rows).
+    # (one kernel call where both are consecutive rows; a row alone takes the row kernel).
     cdef Py_ssize_t h
-    if x_step == call.row_bytes and out_step == call.row_bytes:
+    if heads == 1:
+        _rotate_row(x, out, c, s, call)
+    elif x_step == call.row_bytes and out_step == call.row_bytes:
         _rotate_position_rows(x, out, heads, c, s, call)
     else:
         for h in range(heads):
             _rotate_row(x + h * x_step, out + h * out_step, c, s, call)
-
-
-cdef struct RowsJob:
-    # rotate_rows' call, for the pool.
-    const Py_ssize_t* rows
-    const char* x
-    char* out
-    const CosSinTable* table
-    Py_ssize_t nrows
-    const RowCall* call
-
-
-cdef void _rotate_rows_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
-    cdef const RowsJob* job = <const RowsJob*>job_
-    cdef Py_ssize_t r, t, row_bytes = job.call.row_bytes
-    for r in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, job.nrows)):
-        t = job.rows[r]
-        _rotate_row_by(job.x + r * row_bytes, job.out + r * row_bytes, job.table, t, job.call)
-    if job.call.stream:
-        posenc_sfence()
-
-
-def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
-                cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
-                cnp.ndarray row_table not None, bint half_layout, bint inverse,
-                int num_threads, Py_ssize_t start=0):
-    """Rotate every row r of x by table row row_table[r]; write to out.
-
-    x, out: C-contiguous (rows, dim) of one dtype; `out` may be `x` (in
-    place).  Features [start, start + 2*cos_table.shape[1]) rotate (pairs by
-    `half_layout`), the rest are copied.  cos/sin tables (2-D, one dtype)
-    need unit stride along their last axis; their row stride is free.
-    """
-    cdef Py_ssize_t nrows = x.shape[0], dim = x.shape[1]
-    cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
-    cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
-    cdef char* xp = _data(x)
-    cdef char* op = _data(out)
-    cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef RowCall call = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
-                                  table.npairs, dim, half_layout, inverse, xp == op,
-                                  cnp.PyArray_NBYTES(x), start)
-    if call.rotate == NULL:
-        raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
-    if nrows == 0 or dim == 0:
-        return
-    cdef RowsJob job = RowsJob(rows, xp, op, &table, nrows, &call)
-    with nogil:
-        posenc_parallel_for(nchunks, num_threads, _rotate_rows_chunk, &job)

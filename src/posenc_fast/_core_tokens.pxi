@@ -1,15 +1,21 @@
-# Compiled path of vLLM's token-major rotation in place (posenc_fast.vllm).
+# Token-major rows: TokenRows (a token's heads where they lie), the one walk
+# over tokens that rotate_rows, vLLM's rotation and the KV-cache write share
+# (each token's rows rotated by one cos/sin table row; with a KV cache, its
+# key rotated into its slot and its value copied there), and the compiled
+# path of vLLM's token-major rotation in place (posenc_fast.vllm).
 #
-# query and key where a server holds them (any token stride: slices of a
-# fused qkv projection; any head stride: heads padded past head_size; the
-# features from rope_dim_offset on), one int64 position per token, the
+# vLLM's query and key where a server holds them (any token stride: slices
+# of a fused qkv projection; any head stride: heads padded past head_size;
+# the features from rope_dim_offset on), one int64 position per token, the
 # [cos | sin] cache read where it lies.  All checks in C; a call it does not
 # take returns False, having written nothing, and vllm.py's general path
 # validates and raises.
 
+from libc.string cimport memset
+
 
 cdef struct TokenRows:
-    # One of query/key: token t's head h starts at data + t * token_stride + h * head_stride.
+    # Token t's head h starts at data + t * token_stride + h * head_stride (a row's items contiguous).
     char* data
     Py_ssize_t token_stride
     Py_ssize_t head_stride
@@ -70,14 +76,189 @@ cdef bint _rows_disjoint(const TokenRows* a, const TokenRows* b, Py_ssize_t toke
     return shift >= a.extent and stride - shift >= b.extent
 
 
+cdef struct SlotLayout:
+    # Where a cache's slot (block * block_size + offset) and head h start:
+    # data + block * block_stride + offset * offset_stride + h * head_stride;
+    # a row's dim items are contiguous.  C-contiguous (num_blocks, block_size,
+    # kv_heads, dim) is vLLM's flash layout; other strides name other layouts.
+    char* data
+    Py_ssize_t block_size
+    Py_ssize_t block_stride
+    Py_ssize_t offset_stride
+    Py_ssize_t head_stride
+
+
+cdef struct TokenWalk:
+    # Token t's rows and where they go: q's heads rotated into out_q's; with a KV cache (k.heads > 0),
+    # its key heads rotated into, its value heads copied into, its slot (see rotate_into_kv_cache).
+    TokenRows q
+    TokenRows out_q             # q's result (q itself: in place)
+    TokenRows k
+    TokenRows v
+    Py_ssize_t tokens
+    Py_ssize_t dim
+    Py_ssize_t itemsize         # of the data dtype
+    Py_ssize_t row_bytes        # a q/k/v row (dim items of the data dtype)
+    Py_ssize_t cache_row_bytes  # a cache row (dim items of the cache dtype)
+    int data                    # the dtype indices of q, k, v and of the caches
+    int cache
+    posenc_convert_fn narrow    # float32 -> cache dtype; NULL: same dtype, direct
+    SlotLayout k_layout
+    SlotLayout v_layout
+
+
+cdef inline SlotLayout _slot_layout(cnp.ndarray cache) noexcept:
+    cdef SlotLayout layout
+    layout.data = _data(cache)
+    layout.block_size = cache.shape[1]
+    layout.block_stride = cnp.PyArray_STRIDE(cache, 0)
+    layout.offset_stride = cnp.PyArray_STRIDE(cache, 1)
+    layout.head_stride = cnp.PyArray_STRIDE(cache, 2)
+    return layout
+
+
+cdef inline bint _cache_takes(int data, int cache) noexcept nogil:
+    # A KV cache of dtype index `cache` takes rows of `data`: its own dtype, or a half type for float32.
+    return cache == data or (data == POSENC_F32 and K.from_f32[cache] != NULL)
+
+
+cdef inline char* _slot_row(const SlotLayout* layout, long long slot) noexcept nogil:
+    return (layout.data + (slot // layout.block_size) * layout.block_stride
+            + (slot % layout.block_size) * layout.offset_stride)
+
+
+cdef inline void _copy_values(Py_ssize_t t, char* v_slot, const TokenWalk* w) noexcept nogil:
+    # Token t's value rows into its slot (cast to the cache dtype).
+    cdef Py_ssize_t h
+    cdef const char* v_row = w.v.data + t * w.v.token_stride
+    if w.v.head_stride == w.row_bytes and w.v_layout.head_stride == w.cache_row_bytes:
+        if w.narrow == NULL:
+            memcpy(v_slot, v_row, w.v.heads * w.row_bytes)
+        else:
+            w.narrow(v_row, v_slot, w.v.heads * w.dim)
+        return
+    for h in range(w.v.heads):
+        if w.narrow == NULL:
+            memcpy(v_slot + h * w.v_layout.head_stride, v_row + h * w.v.head_stride, w.row_bytes)
+        else:
+            w.narrow(v_row + h * w.v.head_stride, v_slot + h * w.v_layout.head_stride, w.dim)
+
+
+cdef inline void _walk_token(Py_ssize_t t, long long slot, const void* c, const void* s, float* scratch,
+                             const TokenWalk* w, const RowCall* q_call, const RowCall* k_call) noexcept nogil:
+    cdef Py_ssize_t h
+    cdef const char* k_row
+    cdef char* k_slot
+    _rotate_heads(w.q.data + t * w.q.token_stride, w.q.head_stride, w.out_q.data + t * w.out_q.token_stride,
+                  w.out_q.head_stride, w.q.heads, c, s, q_call)
+    if slot < 0:
+        return
+    k_row = w.k.data + t * w.k.token_stride
+    k_slot = _slot_row(&w.k_layout, slot)
+    if w.narrow == NULL:
+        _rotate_heads(k_row, w.k.head_stride, k_slot, w.k_layout.head_stride, w.k.heads, c, s, k_call)
+    else:
+        for h in range(w.k.heads):  # a half cache: rotated in float32, rounded once on store
+            _rotate_row(k_row + h * w.k.head_stride, <char*>scratch, c, s, k_call)
+            w.narrow(scratch, k_slot + h * w.k_layout.head_stride, w.dim)
+    _copy_values(t, _slot_row(&w.v_layout, slot), w)
+
+
+cdef struct TokenJob:
+    # _walk_tokens' call, for the pool.
+    const long long* slot_of  # NULL: no cache
+    const long long* row_of
+    const CosSinTable* table
+    float* scratch          # a float32 row (w.dim) per thread, or NULL
+    const TokenWalk* w
+    const RowCall* q_call
+    const RowCall* k_call
+
+
+cdef void _walk_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
+    cdef const TokenJob* job = <const TokenJob*>job_
+    cdef const CosSinTable* table = job.table
+    cdef const TokenWalk* w = job.w
+    cdef float* scratch = NULL if job.scratch == NULL else job.scratch + slot * w.dim
+    cdef Py_ssize_t t, row
+    for t in range(chunk * POSENC_ROW_CHUNK, min((chunk + 1) * POSENC_ROW_CHUNK, w.tokens)):
+        row = job.row_of[t]
+        _walk_token(t, -1 if job.slot_of == NULL else job.slot_of[t], table.cos + row * table.cos_stride,
+                    table.sin + row * table.sin_stride, scratch, w, job.q_call, job.k_call)
+    if job.q_call.stream or job.k_call.stream:
+        posenc_sfence()
+
+
+cdef TokenWalk _rows_walk(const TokenRows* x, const TokenRows* out, Py_ssize_t tokens, Py_ssize_t dim, int data,
+                          Py_ssize_t itemsize) noexcept:
+    # A walk rotating x's rows into out's (out may be x), no cache.
+    cdef TokenWalk w
+    memset(&w, 0, sizeof(w))
+    w.q, w.out_q = x[0], out[0]
+    w.tokens, w.dim, w.data, w.cache, w.itemsize, w.row_bytes = tokens, dim, data, data, itemsize, dim * itemsize
+    return w
+
+
+cdef int _walk_tokens(const TokenWalk* w, const long long* slot_of, const long long* row_of,
+                      const CosSinTable* table, bint half, bint inverse, Py_ssize_t start, int threads) except -1:
+    # Token t: its q rows rotated by table row row_of[t] (inverse: by -theta); with a cache, its k rows
+    # rotated into slot slot_of[t] (-1: none), its v rows copied there.  Each token by one thread:
+    # bitwise the same for any count.
+    cdef Py_ssize_t itemsize = w.itemsize
+    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
+    cdef Py_ssize_t nchunks = (w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    cdef RowCall q_call, k_call
+    cdef float* scratch = NULL
+    cdef cnp.ndarray scratch_rows
+    q_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, inverse,
+                       w.q.data == w.out_q.data, q_bytes, start)
+    # A key row goes to its slot (streamed when large: the cache is not read
+    # back soon) or, for a half cache, to a float32 scratch row in L1.
+    k_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
+                       k_bytes if w.narrow == NULL else 0, start)
+    if q_call.rotate == NULL or (w.k.heads and k_call.rotate == NULL):
+        raise TypeError("no rotation kernel for this data with this cos/sin table")
+    if w.tokens == 0:
+        return 0
+    if w.narrow != NULL:
+        scratch_rows = cnp.PyArray_EMPTY(2, [threads, w.dim], cnp.NPY_FLOAT32, 0)
+        scratch = <float*>_data(scratch_rows)
+    cdef TokenJob job = TokenJob(slot_of, row_of, table, scratch, w, &q_call, &k_call)
+    with nogil:
+        posenc_parallel_for(nchunks, threads, _walk_chunk, &job)
+    return 0
+
+
+def rotate_rows(cnp.ndarray x not None, cnp.ndarray out not None,
+                cnp.ndarray cos_table not None, cnp.ndarray sin_table not None,
+                cnp.ndarray row_table not None, bint half_layout, bint inverse,
+                int num_threads, Py_ssize_t start=0):
+    """Rotate every row r of x by table row row_table[r]; write to out.
+
+    x, out: C-contiguous (rows, dim) of one dtype; `out` may be `x` (in
+    place).  row_table: C-contiguous int64 (intp) (rows,).  Features
+    [start, start + 2*cos_table.shape[1]) rotate (pairs by `half_layout`),
+    the rest are copied.  cos/sin tables (2-D, one dtype) need unit stride
+    along their last axis; their row stride is free.
+    """
+    cdef CosSinTable table = _table_from(cos_table, sin_table)
+    cdef TokenRows rows[2]
+    cdef TokenWalk w
+    rows[0], rows[1] = _array_rows(x), _array_rows(out)
+    w = _rows_walk(&rows[0], &rows[1], x.shape[0], x.shape[1], _dtype(x), cnp.PyArray_ITEMSIZE(x))
+    _walk_tokens(&w, NULL, <const long long*>_data(row_table), &table, half_layout, inverse, start, num_threads)
+
+
 cdef inline TokenRows _array_rows(cnp.ndarray a) noexcept:
-    # A (tokens, heads, dim) array's rows (unit stride within a head).
+    # A (tokens, heads, dim) array's rows, or a (rows, dim) array's as tokens of one head.
     cdef TokenRows rows
+    cdef int nd = cnp.PyArray_NDIM(a)
+    cdef Py_ssize_t row_bytes = a.shape[nd - 1] * cnp.PyArray_ITEMSIZE(a)
     rows.data = _data(a)
     rows.token_stride = cnp.PyArray_STRIDE(a, 0)
-    rows.head_stride = cnp.PyArray_STRIDE(a, 1)
-    rows.heads = a.shape[1]
-    rows.extent = max(rows.heads - 1, 0) * rows.head_stride + a.shape[2] * cnp.PyArray_ITEMSIZE(a)
+    rows.heads = a.shape[1] if nd == 3 else 1
+    rows.head_stride = cnp.PyArray_STRIDE(a, 1) if nd == 3 else row_bytes
+    rows.extent = max(rows.heads - 1, 0) * rows.head_stride + row_bytes
     return rows
 
 
@@ -158,14 +339,13 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
 cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_size, Py_ssize_t offset,
                          bint half, bint inverse):
     # rotate_tokens_fast's call on ndarrays: xs, query or query and key.
-    cdef Py_ssize_t n = len(xs), j, t, tokens = 0, itemsize, size = 0
+    cdef Py_ssize_t n = len(xs), j, tokens = 0, size = 0
     cdef cnp.ndarray x
     cdef const long long* pos = NULL
     cdef int d
-    cdef RowCall calls[2]
     cdef TokenRows rows[2]
+    cdef TokenWalk w
     cdef CosSinTable cos_sin
-    cdef char* head
     if (not _fast_paths_on or n < 1 or n > 2 or head_size < 1 or offset < 0
             or not _token_table(cos_sin_cache, positions, head_size - offset, &cos_sin, &tokens, &pos)):
         return False
@@ -174,25 +354,18 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
             return False
         x = xs[j]
         d = posenc_dtype_index(cnp.PyArray_TYPE(x))
-        itemsize = cnp.PyArray_ITEMSIZE(x)
         # vllm.py's rule: the cache in x's dtype, or float32 for a half type
-        if ((d != cos_sin.dtype and not (itemsize == 2 and cos_sin.dtype == POSENC_F32))
+        if ((d != cos_sin.dtype and not (cnp.PyArray_ITEMSIZE(x) == 2 and cos_sin.dtype == POSENC_F32))
                 or K.rotate[d][cos_sin.dtype][0] == NULL or not _disjoint(x, cos_sin_cache)):
             return False
         if j == 1 and cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>xs[0]):
             return False
         size += cnp.PyArray_SIZE(x)
-        calls[j] = _row_call(d, cos_sin.dtype, itemsize, cos_sin.itemsize, cos_sin.npairs,
-                             head_size - offset, half, inverse, True, cnp.PyArray_NBYTES(x))
     if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
-    if _threads_for(size) > 1:
-        return False  # a large call: the general path's threads
-    with nogil:
-        for j in range(n):
-            for t in range(tokens):
-                head = rows[j].data + t * rows[j].token_stride
-                _rotate_heads(head, rows[j].head_stride, head, rows[j].head_stride, rows[j].heads,
-                              cos_sin.cos + pos[t] * cos_sin.cos_stride,
-                              cos_sin.sin + pos[t] * cos_sin.sin_stride, &calls[j])
+    for j in range(n):  # each in place, its token's rows by its position's row
+        x = xs[j]
+        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, posenc_dtype_index(cnp.PyArray_TYPE(x)),
+                       cnp.PyArray_ITEMSIZE(x))
+        _walk_tokens(&w, NULL, pos, &cos_sin, half, inverse, 0, _threads_for(size))
     return True
