@@ -6,7 +6,7 @@
 from libc.stdlib cimport calloc, free
 
 
-cdef TokenWalk _cache_write(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
+cdef TokenWalk _cache_walk(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
                             Py_ssize_t itemsize, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
     # rows: q, out_q, k, v; the caches (num_blocks, block_size, kv_heads, dim) views.
     cdef TokenWalk w
@@ -23,12 +23,17 @@ cdef TokenWalk _cache_write(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t
     return w
 
 
-cdef TokenWalk _arrays_write(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
+cdef inline int _cache_threads(const TokenWalk* w) noexcept:
+    # The threads for a walk's q, k and v items.
+    return _threads_for(w.tokens * (w.q.heads + 2 * w.k.heads) * w.dim)
+
+
+cdef TokenWalk _arrays_walk(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
                               cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
-    # _cache_write of (tokens, heads, dim) arrays.
+    # _cache_walk of (tokens, heads, dim) arrays.
     cdef TokenRows rows[4]
     rows[0], rows[1], rows[2], rows[3] = _array_rows(q), _array_rows(out_q), _array_rows(k), _array_rows(v)
-    return _cache_write(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), k_cache, v_cache)
+    return _cache_walk(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), k_cache, v_cache)
 
 
 def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
@@ -51,9 +56,9 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     thread: bitwise the same for any count.
     """
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef TokenWalk w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
+    cdef TokenWalk w = _arrays_walk(q, out_q, k, v, k_cache, v_cache)
     _walk_tokens(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, False, start,
-                 _threads_for(w.tokens * (w.q.heads + 2 * w.k.heads) * w.dim))
+                 _cache_threads(&w))
 
 
 cdef int _write_normed(const TokenWalk* w, const long long* slot_of, const long long* row_of,
@@ -99,7 +104,7 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
     """rotate_into_kv_cache with each q and k row RMSNormed first (norm_rotate_rows' rule:
     q_factors, k_factors C-contiguous float64 (dim,), `eps`)."""
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef TokenWalk w = _arrays_write(q, out_q, k, v, k_cache, v_cache)
+    cdef TokenWalk w = _arrays_walk(q, out_q, k, v, k_cache, v_cache)
     _write_normed(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, start,
                   q_factors, k_factors, eps)
 
@@ -237,10 +242,10 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
         return None
     table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs, cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache),
                            _table_of(qa))
-    w = _arrays_write(qa, <cnp.ndarray>result, ka, va, k_cache, v_cache)
+    w = _arrays_walk(qa, <cnp.ndarray>result, ka, va, k_cache, v_cache)
     if qk_norm is None:
         _walk_tokens(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, False, fast.start,
-                     _threads_for(n * (w.q.heads + 2 * w.k.heads) * w.dim))
+                     _cache_threads(&w))
     else:
         _write_normed(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, fast.start,
                       factors[0], factors[1], e)
@@ -305,12 +310,12 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
                                  (query, key, value, positions, slot_mapping, cos_sin_cache),
                                  <const long long*>_data(<cnp.ndarray>slot_mapping), tokens)):
         return False
-    w = _cache_write(rows, tokens, head_size, d, cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), key_cache, value_cache)
+    w = _cache_walk(rows, tokens, head_size, d, cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), key_cache, value_cache)
     if q_weight is None:
         if K.rotate[d][table.dtype][0] == NULL:
             return False
         _walk_tokens(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, is_neox, False, 0,
-                     _threads_for(tokens * (w.q.heads + 2 * w.k.heads) * head_size))
+                     _cache_threads(&w))
         return True
     factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
     if factors is None:
