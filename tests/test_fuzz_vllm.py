@@ -119,40 +119,26 @@ def agree(function, c, make_args):
     assert written[0] == written[1], "the compiled path wrote other bits than the general path"
 
 
+# name: (call, the arrays of `build`) -> (the function's arguments, the arrays it may write)
+ARGUMENTS = {
+    "rotary_embedding": lambda c, a: (
+        (a["positions"], a["query"], None if c["normed"] else a["key"],  # half the calls without a key
+         c["head_size"], a["cos_sin_cache"], c["is_neox"], c["offset"], c["inverse"]), (a["query"], a["key"])),
+    "fused_qk_norm_rope": lambda c, a: (
+        (a["positions"], a["query"], a["key"], *a["weights"], c["head_size"], a["cos_sin_cache"], c["is_neox"],
+         c["eps"], c["weight_offset"]), (a["query"], a["key"])),
+    "apply_qk_to_cache": lambda c, a: (
+        (a["positions"], a["query"], a["key"], a["value"], a["key_cache"], a["value_cache"], a["slot_mapping"],
+         c["head_size"], a["cos_sin_cache"], c["is_neox"], c["kv_layout"],
+         *(a["weights"] if c["normed"] else (None, None)), c["eps"], c["weight_offset"]),
+        (a["query"], a["key_cache"], a["value_cache"])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARGUMENTS))
 @pytest.mark.parametrize("odd", ODD)
 @EACH
 @given(data=st.data())
-def test_rotary_embedding(odd, data):
+def test_the_compiled_path_agrees_with_the_general_path(name, odd, data):
     c = data.draw(calls(odd))
-    def make_args(a):
-        key = None if c["normed"] else a["key"]  # half the calls without a key
-        return ((a["positions"], a["query"], key, c["head_size"], a["cos_sin_cache"], c["is_neox"], c["offset"],
-                 c["inverse"]), (a["query"], a["key"]))
-
-    agree(vllm.rotary_embedding, c, make_args)
-
-
-@pytest.mark.parametrize("odd", ODD)
-@EACH
-@given(data=st.data())
-def test_fused_qk_norm_rope(odd, data):
-    c = data.draw(calls(odd))
-    def make_args(a):
-        return ((a["positions"], a["query"], a["key"], *a["weights"], c["head_size"], a["cos_sin_cache"],
-                 c["is_neox"], c["eps"], c["weight_offset"]), (a["query"], a["key"]))
-
-    agree(vllm.fused_qk_norm_rope, c, make_args)
-
-
-@pytest.mark.parametrize("odd", ODD)
-@EACH
-@given(data=st.data())
-def test_apply_qk_to_cache(odd, data):
-    c = data.draw(calls(odd))
-    def make_args(a):
-        weights = a["weights"] if c["normed"] else (None, None)
-        return ((a["positions"], a["query"], a["key"], a["value"], a["key_cache"], a["value_cache"],
-                 a["slot_mapping"], c["head_size"], a["cos_sin_cache"], c["is_neox"], c["kv_layout"], *weights,
-                 c["eps"], c["weight_offset"]), (a["query"], a["key_cache"], a["value_cache"]))
-
-    agree(vllm.apply_qk_to_cache, c, make_args)
+    agree(getattr(vllm, name), c, lambda a: ARGUMENTS[name](c, a))
