@@ -276,21 +276,18 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     cdef const long long* pos = NULL
     cdef double e = 0.0
     cdef int d
-    cdef bint grad
     cdef cnp.ndarray widened = None
     if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
             or type(kv_cache_layout) is not str or kv_cache_layout not in ("NHD", "HND")
             or (q_weight is None) != (k_weight is None)):
         return False
-    if _Tensor is not None and type(query) is _Tensor:  # viewed as rotate_tokens_fast views them
-        grad = _grad_enabled() is True
-        query, key, value = (_tensor_array(query, grad, True), _tensor_array(key, grad, True),
-                             _tensor_array(value, grad, True))
-        key_cache, value_cache = _tensor_array(key_cache, grad, True), _tensor_array(value_cache, grad, True)
-        cos_sin_cache = _tensor_array(cos_sin_cache, grad, True)
-        positions, slot_mapping = _tensor_array(positions, grad, False), _tensor_array(slot_mapping, grad, False)
-        if q_weight is not None:
-            q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
+    if _Tensor is not None and type(query) is _Tensor:  # all viewed in C (the weights may be None), or declined
+        arrays = tensor_arrays((positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
+                                q_weight, k_weight), 0b1100000000, 0b1000001)
+        if arrays is None:
+            return False
+        (positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, q_weight,
+         k_weight) = arrays
     if not _token_table(cos_sin_cache, positions, head_size, &table, &tokens, &pos):
         return False
     for j, given in enumerate((query, key, value)):
@@ -299,8 +296,8 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
             return False
     rows[0] = rows[1]  # query rotated in place
     d = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>query))
-    if d != table.dtype and not (d in (POSENC_F16, POSENC_BF16) and table.dtype == POSENC_F32):
-        return False  # vllm.py's rule: the cache in query's dtype, or float32 for a half type
+    if not _vllm_table_takes(d, table.dtype):
+        return False
     key_cache = _kv_layout_view(key_cache, kv_cache_layout == "HND")
     value_cache = _kv_layout_view(value_cache, kv_cache_layout == "HND")
     if (not _disjoint(<cnp.ndarray>query, <cnp.ndarray>cos_sin_cache) or rows[2].heads != rows[3].heads

@@ -338,9 +338,7 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
         if not _token_rows(given, tokens, dim, 0, &rows[j]):
             return False
         x = <cnp.ndarray>given
-        # vllm.py's rule: one dtype, the cache in it or float32 for a half type
-        if ((posenc_dtype_index(cnp.PyArray_TYPE(x)) != cos_sin.dtype
-                and not (cnp.PyArray_ITEMSIZE(x) == 2 and cos_sin.dtype == POSENC_F32))
+        if (not _vllm_table_takes(posenc_dtype_index(cnp.PyArray_TYPE(x)), cos_sin.dtype)
                 or cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>query)
                 or not _disjoint(x, cos_sin_cache)):
             return False

@@ -270,6 +270,11 @@ cdef inline bint _index_array(object a, Py_ssize_t n):
             and (n < 0 or cnp.PyArray_DIMS(<cnp.ndarray>a)[0] == n))
 
 
+cdef inline bint _vllm_table_takes(int data, int table) noexcept:
+    # vllm.py's rule: the [cos | sin] cache in the data's dtype, or float32 for a half type.
+    return table == data or (table == POSENC_F32 and (data == POSENC_F16 or data == POSENC_BF16))
+
+
 cdef bint _token_table(object cos_sin_cache, object positions, Py_ssize_t width, CosSinTable* table,
                        Py_ssize_t* tokens, const long long** pos):
     # vLLM's [cos | sin] cache (n, rot_dim), rot_dim even with 2 <= rot_dim <= width, as a table
@@ -354,9 +359,8 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
             return False
         x = xs[j]
         d = posenc_dtype_index(cnp.PyArray_TYPE(x))
-        # vllm.py's rule: the cache in x's dtype, or float32 for a half type
-        if ((d != cos_sin.dtype and not (cnp.PyArray_ITEMSIZE(x) == 2 and cos_sin.dtype == POSENC_F32))
-                or K.rotate[d][cos_sin.dtype][0] == NULL or not _disjoint(x, cos_sin_cache)):
+        if (not _vllm_table_takes(d, cos_sin.dtype) or K.rotate[d][cos_sin.dtype][0] == NULL
+                or not _disjoint(x, cos_sin_cache)):
             return False
         if j == 1 and cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>xs[0]):
             return False

@@ -240,9 +240,9 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0) ->
             f"head_size - rope_dim_offset = {width} (rope_dim_offset = {offset})")
         raise ValueError(f"cos_sin_cache.shape[1] is rot_dim, which must be even with 2 <= "
                          f"rot_dim <= {where}, got {rot_dim}")
-    float32_too = dtype.itemsize == 2
-    if cache.dtype != dtype and not (float32_too and cache.dtype == np.float32):
-        allowed = f"query's dtype {dtype}" + (" or float32" if float32_too else "")
+    half_type = dtype.itemsize == 2
+    if cache.dtype != dtype and not (half_type and cache.dtype == np.float32):
+        allowed = f"query's dtype {dtype}" + (" or float32" if half_type else "")
         raise TypeError(f"cos_sin_cache must have {allowed}, got {cache.dtype}; convert it "
                         f"once, as vLLM's RotaryEmbedding does")
     return cache[:, :rot_dim // 2], cache[:, rot_dim // 2:]
