@@ -131,6 +131,8 @@ def call(function, dtypes, cache_dtype, seq, heads, dim, rotated, rng):
     n = 1 if function.one_tensor else 2
     xs = tuple(torch.from_numpy(rng.standard_normal(shape)).to(dtype)
                for shape, dtype in zip(shapes[:n], dtypes[:n]))
+    if axis == 1 and rng.random() < 0.3:  # Llama's own: (batch, seq, heads, dim) projections transposed
+        xs = tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in xs)
     return xs, *cache_for(function, lead, rotated, cache_dtype, rng), axis
 
 

@@ -2,9 +2,10 @@
 #
 # A decode step hands an op a few small tensors; viewing them through
 # Tensor.numpy() and checking them in Python cost several times the kernel.
-# Here a plain, strided CPU tensor of a known dtype becomes an ndarray over
-# its memory (the tensor its base) from its data pointer, sizes and strides,
-# read through DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack
+# Here a plain, strided CPU tensor of a known dtype is read as its data
+# pointer, sizes and strides (`Strided`; an ndarray over its memory, the
+# tensor its base, where a NumPy path takes it: TensorRotation, the
+# drop-ins' decode call, makes none, ~2 us less a call), read through DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack
 # 1.3; torch 2.13 has it: one C call a tensor) where torch has one, else
 # through the tensor's attributes (seven reads a tensor); new tensors are
 # handed to torch through the same table (a block of our own: cheaper than
@@ -17,6 +18,7 @@
 
 import numpy as np
 from cpython.exc cimport PyErr_Clear
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -141,69 +143,76 @@ cdef inline int _log2_bytes(int bits) noexcept:
     return 0 if bits == 8 else 1 if bits == 16 else 2 if bits == 32 else 3 if bits == 64 else -1
 
 
+cdef struct Strided:
+    # A tensor's memory as read here: its NumPy dtype (borrowed from _descrs), shape and byte steps.
+    PyObject* descr
+    char* data
+    int nd
+    cnp.npy_intp dims[32]  # 32: NumPy 1's limit
+    cnp.npy_intp steps[32]
+
+
 cdef object _tensor_array(object t, bint grad, bint floats_only):
     # The ndarray over `t`'s memory, or None (see above).
-    if type(t) is not _Tensor:
+    cdef Strided v
+    if not _tensor_strided(t, grad, floats_only, &v):
         return None
-    return _dlpack_view(t, grad, floats_only) if _dlpack != NULL else _attribute_view(t, grad, floats_only)
+    return _array_over(<object>v.descr, v.nd, v.dims, v.steps, v.data, True, t)
 
 
-cdef object _dlpack_view(object t, bint grad, bint floats_only):
-    # _tensor_array by one call of DLPack's table; the negative bit and requires_grad it does not say.
-    cdef cnp.dtype descr
-    cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
-    cdef cnp.npy_intp steps[cnp.NPY_MAXDIMS]
+cdef bint _tensor_strided(object t, bint grad, bint floats_only, Strided* v):
+    # `t`'s memory into v, or False (see above).
+    if type(t) is not _Tensor:
+        return False
+    return _dlpack_strided(t, grad, floats_only, v) if _dlpack != NULL else _attribute_strided(t, grad, floats_only, v)
+
+
+cdef bint _dlpack_strided(object t, bint grad, bint floats_only, Strided* v):
+    # _tensor_strided by one call of DLPack's table; the negative bit and requires_grad it does not say.
     cdef int k
     cdef DLTensor view
     try:
         if (grad and t.requires_grad) or _is_neg(t):
-            return None
+            return False
     except Exception:
-        return None
+        return False
     if _dlpack.dltensor_from_py_object_no_sync(<void*>t, &view) != 0:
         PyErr_Clear()  # e.g. a functorch wrapper or a sparse tensor: no strided memory
-        return None
+        return False
     k = _log2_bytes(view.dtype.bits)
     if (view.device.device_type != DL_CPU or view.dtype.lanes != 1 or view.data == NULL
-            or view.dtype.code > DL_BOOL or k < 0 or view.ndim > 32):  # 32: NumPy 1's limit
-        return None
+            or view.dtype.code > DL_BOOL or k < 0 or view.ndim > 32):
+        return False
     found = _dl_descrs[4 * view.dtype.code + k]
-    if found is None:
-        return None
-    descr = <cnp.dtype>found
-    if floats_only and posenc_dtype_index(descr.type_num) < 0:
-        return None
+    if found is None or floats_only and posenc_dtype_index((<cnp.dtype>found).type_num) < 0:
+        return False
+    v.descr, v.nd, v.data = <PyObject*>found, view.ndim, <char*>view.data + view.byte_offset
     for k in range(view.ndim):
-        dims[k] = view.shape[k]
-        steps[k] = view.strides[k] * descr.itemsize
-    return _array_over(descr, view.ndim, dims, steps, <char*>view.data + view.byte_offset, True, t)
+        v.dims[k] = view.shape[k]
+        v.steps[k] = view.strides[k] * (<cnp.dtype>found).itemsize
+    return True
 
 
-cdef object _attribute_view(object t, bint grad, bint floats_only):
-    # _tensor_array by the tensor's attributes.
-    cdef cnp.dtype descr
-    cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
-    cdef cnp.npy_intp steps[cnp.NPY_MAXDIMS]
+cdef bint _attribute_strided(object t, bint grad, bint floats_only, Strided* v):
+    # _tensor_strided by the tensor's attributes.
     cdef Py_ssize_t nd, k, address
     try:
         if not t.is_cpu or t.layout is not _strided or (grad and t.requires_grad) or _is_neg(t):
-            return None
+            return False
         found = _descrs.get(t.dtype)
-        if found is None:
-            return None
-        descr = <cnp.dtype>found
-        if floats_only and posenc_dtype_index(descr.type_num) < 0:
-            return None
+        if found is None or floats_only and posenc_dtype_index((<cnp.dtype>found).type_num) < 0:
+            return False
         shape, strides, address = t.shape, _stride(t), _data_ptr(t)
     except Exception:  # e.g. a functorch wrapper without storage
-        return None
+        return False
     nd = len(shape)
-    if address == 0 or nd > 32 or len(strides) != nd:  # 32: NumPy 1's limit
-        return None
+    if address == 0 or nd > 32 or len(strides) != nd:
+        return False
+    v.descr, v.nd, v.data = <PyObject*>found, <int>nd, <char*>address
     for k in range(nd):
-        dims[k] = shape[k]
-        steps[k] = strides[k] * descr.itemsize
-    return _array_over(descr, <int>nd, dims, steps, <void*>address, True, t)
+        v.dims[k] = shape[k]
+        v.steps[k] = strides[k] * (<cnp.dtype>found).itemsize
+    return True
 
 
 cdef cnp.ndarray _array_over(object descr, int nd, cnp.npy_intp* dims, cnp.npy_intp* steps, void* data,
@@ -253,24 +262,24 @@ cdef void _free_block(DLManagedTensorVersioned* managed) noexcept nogil:
     free(managed.manager_ctx)
 
 
-cdef object _owned_output(cnp.ndarray x, DLDataType dtype):
-    # A new C-contiguous tensor of x's shape and `dtype` over one malloc'd block handed to torch
-    # through its DLPack table, as (the tensor, the ndarray over its memory); None if that failed.
-    cdef int k, nd = cnp.PyArray_NDIM(x)
-    cdef Py_ssize_t nbytes = cnp.PyArray_NBYTES(x), head = (sizeof(OwnedBlock) + 63) // 64 * 64
+cdef object _owned_output(const Strided* like, DLDataType dtype, char** data):
+    # A new C-contiguous tensor of like's shape and `dtype` over one malloc'd block handed to torch
+    # through its DLPack table, its memory at data[0]; None if that failed.
+    cdef int k, nd = like.nd
+    cdef Py_ssize_t nbytes = (<cnp.dtype>like.descr).itemsize, head = (sizeof(OwnedBlock) + 63) // 64 * 64
     cdef void* tensor = NULL
     cdef char* base
     cdef OwnedBlock* block
     cdef int64_t step = 1
-    if nd > 32:
-        return None
+    for k in range(nd):
+        nbytes *= like.dims[k]
     base = <char*>malloc(head + nbytes + 64)
     if base == NULL:
         return None
     block = <OwnedBlock*>(base + (-<Py_ssize_t>base & 63))  # data 64-byte aligned: head is a multiple of 64
     for k in range(nd - 1, -1, -1):
-        block.shape[k], block.strides[k] = cnp.PyArray_DIMS(x)[k], step
-        step *= cnp.PyArray_DIMS(x)[k]
+        block.shape[k], block.strides[k] = like.dims[k], step
+        step *= like.dims[k]
     block.managed.version.major, block.managed.version.minor = 1, 0
     block.managed.manager_ctx, block.managed.deleter, block.managed.flags = base, _free_block, 0
     view = &block.managed.dl_tensor
@@ -282,30 +291,45 @@ cdef object _owned_output(cnp.ndarray x, DLDataType dtype):
         return None
     t = <object>tensor
     Py_DECREF(t)  # the new reference the table returned, now held by `t`
-    return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL, <char*>block + head, True, t)
+    data[0] = <char*>block + head
+    return t
 
 
-cdef tuple _new_output(cnp.ndarray x):
-    # (a new C-contiguous tensor of x's shape and dtype, the ndarray over its memory): a block
-    # handed to torch through its DLPack table where it has one, else torch.from_numpy of a new
-    # array, but for bfloat16 (NumPy has none for torch to map; .view(torch.bfloat16) of an int16
-    # tensor costs more than the allocation).
-    cdef int nd = cnp.PyArray_NDIM(x), k
+cdef object _new_output(const Strided* like, char** data):
+    # A new C-contiguous tensor of like's shape and dtype, its memory at data[0]: a block handed
+    # to torch through its DLPack table where it has one, else torch.from_numpy of a new array,
+    # but for bfloat16 (NumPy has none for torch to map; .view(torch.bfloat16) of an int16 tensor
+    # costs more than the allocation).
+    cdef int k, typenum = (<cnp.dtype>like.descr).type_num
     cdef cnp.ndarray a
     cdef DLDataType dtype
-    cdef bint bf16 = posenc_dtype_index(cnp.PyArray_TYPE(x)) == POSENC_BF16
+    cdef bint bf16 = posenc_dtype_index(typenum) == POSENC_BF16
     if _dlpack != NULL:
-        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT if bf16 else DL_FLOAT, 8 * cnp.PyArray_ITEMSIZE(x), 1
-        made = _owned_output(x, dtype)
+        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT if bf16 else DL_FLOAT, 8 * (<cnp.dtype>like.descr).itemsize, 1
+        made = _owned_output(like, dtype, data)
         if made is not None:
             return made
     if not bf16:
-        a = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
-        return _from_numpy(a), a
-    shape = tuple([cnp.PyArray_DIMS(x)[k] for k in range(nd)])
-    t = _empty(shape, dtype=_bfloat16, device="cpu")  # never the default device
-    return t, _array_over(<object>cnp.PyArray_DESCR(x), nd, cnp.PyArray_DIMS(x), NULL,
-                          <void*><Py_ssize_t>_data_ptr(t), True, t)
+        a = cnp.PyArray_EMPTY(like.nd, <cnp.npy_intp*>like.dims, typenum, 0)
+        data[0] = _data(a)
+        return _from_numpy(a)
+    t = _empty(tuple([like.dims[k] for k in range(like.nd)]), dtype=_bfloat16, device="cpu")  # never the default device
+    data[0] = <char*><Py_ssize_t>_data_ptr(t)
+    return t
+
+
+cdef bint _contiguous(const Strided* v) noexcept:
+    # v C-contiguous, its data aligned to its items (torch's own tensors always are; a view of a
+    # buffer need not be).
+    cdef Py_ssize_t itemsize = (<cnp.dtype>v.descr).itemsize, step = itemsize
+    cdef int k
+    for k in range(v.nd - 1, -1, -1):
+        if v.dims[k] == 0:
+            return True
+        if v.dims[k] != 1 and v.steps[k] != step:
+            return False
+        step *= v.dims[k]
+    return <Py_ssize_t>v.data % itemsize == 0
 
 
 cdef enum:
@@ -341,66 +365,79 @@ cdef class TensorRotation:
 
     def __call__(self, tuple xs, cos, sin, unsqueeze_dim):
         cdef Py_ssize_t n = len(xs), j, cnd, axis, k, width, dim, rotated
-        cdef tuple arrays
-        cdef cnp.ndarray c, s, first, last
-        cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
-        cdef cnp.npy_intp cos_steps[cnp.NPY_MAXDIMS]
-        cdef cnp.npy_intp sin_steps[cnp.NPY_MAXDIMS]
-        cdef int d0, d1, table
+        cdef Strided v[4]  # the data (one or two), then cos and sin
+        cdef Strided* c = &v[2]
+        cdef Strided* s = &v[3]
+        cdef cnp.npy_intp dims[32]
+        cdef cnp.npy_intp cos_steps[32]
+        cdef cnp.npy_intp sin_steps[32]
+        cdef CacheWalk walks[2]
+        cdef char* outs[2]
+        cdef int d[2]
+        cdef int table, typenum
+        cdef Py_ssize_t itemsize
         cdef bint grad
-        if _Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int:
+        if not _fast_paths_on or _Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int:
             return None
         grad = _grad_enabled() is True
-        first = _tensor_array(xs[0], grad, True)
-        last = first if n == 1 else _tensor_array(xs[1], grad, True)
-        if first is None or last is None or cnp.PyArray_NDIM(first) < 1 or cnp.PyArray_NDIM(last) < 1:
+        if not (_tensor_strided(cos, grad, True, c) and _tensor_strided(sin, grad, True, s)):
             return None
-        arrays = (first,) if n == 1 else (first, last)  # no list: a decode step's few objects
-        found_c, found_s = _tensor_array(cos, grad, True), _tensor_array(sin, grad, True)
-        if found_c is None or found_s is None:
+        typenum = (<cnp.dtype>c.descr).type_num
+        itemsize = (<cnp.dtype>c.descr).itemsize
+        table = posenc_dtype_index(typenum)
+        cnd = c.nd
+        if (s.descr != c.descr or s.nd != cnd or cnd < 1 or cnd + 1 > 32
+                or memcmp(s.dims, c.dims, cnd * sizeof(cnp.npy_intp))
+                or not -cnd - 1 <= unsqueeze_dim <= cnd):
             return None
-        c, s = found_c, found_s
-        table = posenc_dtype_index(cnp.PyArray_TYPE(c))
-        d0 = posenc_dtype_index(cnp.PyArray_TYPE(first))
-        d1 = posenc_dtype_index(cnp.PyArray_TYPE(last))
-        if (cnp.PyArray_TYPE(s) != cnp.PyArray_TYPE(c) or not cnp.PyArray_SAMESHAPE(c, s)
-                or not self.dtypes[(d0 * POSENC_NUM_DTYPES + d1) * POSENC_NUM_DTYPES + table]):
-            return None
-        # cos and sin unsqueezed at unsqueeze_dim, one entry per pair: views made here
-        cnd = cnp.PyArray_NDIM(c)
-        if cnd < 1 or cnd + 1 > 32 or not -cnd - 1 <= unsqueeze_dim <= cnd:
-            return None
+        # cos and sin unsqueezed at unsqueeze_dim, one entry per pair (dims, steps)
         axis = unsqueeze_dim + cnd + 1 if unsqueeze_dim < 0 else unsqueeze_dim
         if axis == cnd:  # the heads axis last: cos's last axis is then no longer its pairs
             return None
-        width = cnp.PyArray_DIMS(c)[cnd - 1]
-        dim = cnp.PyArray_DIMS(first)[cnp.PyArray_NDIM(first) - 1]
-        rotated = 2 * width if self.cache == CACHE_HALF_WIDTH else width
-        if (dim < 2 or dim % 2 or rotated % 2 or cnp.PyArray_DIMS(last)[cnp.PyArray_NDIM(last) - 1] != dim
-                or not (rotated == dim or self.partial and 2 <= rotated <= dim)):
+        width = c.dims[cnd - 1]
+        if self.cache == CACHE_HALVES and width % 2:
             return None
-        if self.cache == CACHE_HALVES and self.half and (
-                _entries_repeat(c, False) != 1 or _entries_repeat(s, False) != 1):
+        if self.cache == CACHE_HALVES and self.half and not (
+                _contiguous(c) and _contiguous(s)
+                and _rows_repeat(c.data, _count(c) // width if width else 0, width, itemsize, False)
+                and _rows_repeat(s.data, _count(s) // width if width else 0, width, itemsize, False)):
             return None  # halves that differ (the formula then rotates no pairs) or unread here
         for k in range(cnd + 1):
             j = k if k < axis else k - 1
-            dims[k] = 1 if k == axis else cnp.PyArray_DIMS(c)[j]
-            cos_steps[k] = 0 if k == axis else cnp.PyArray_STRIDE(c, j)
-            sin_steps[k] = 0 if k == axis else cnp.PyArray_STRIDE(s, j)
+            dims[k] = 1 if k == axis else c.dims[j]
+            cos_steps[k] = 0 if k == axis else c.steps[j]
+            sin_steps[k] = 0 if k == axis else s.steps[j]
         if self.cache == CACHE_HALVES:
             dims[cnd] = width // 2
-        cos_view = _array_over(<object>cnp.PyArray_DESCR(c), cnd + 1, dims, cos_steps, cnp.PyArray_DATA(c),
-                               False, c)
-        sin_view = _array_over(<object>cnp.PyArray_DESCR(s), cnd + 1, dims, sin_steps, cnp.PyArray_DATA(s),
-                               False, s)
-        made = _new_output(first)
-        if n == 2:
-            other = _new_output(last)
-            outs, tensors = (made[1], other[1]), (made[0], other[0])
-        else:
-            outs, tensors = (made[1],), (made[0],)
-        if _rotate_cos_sin(arrays, cos_view, sin_view, self.half, self.inverse, outs,
-                           dim - 2 * dims[cnd] if self.trailing else 0) is None:
+        if (<Py_ssize_t>c.data % itemsize or <Py_ssize_t>s.data % itemsize
+                or dims[cnd] > 1 and (cos_steps[cnd] != itemsize or sin_steps[cnd] != itemsize)):
+            return None  # as _fast_cache takes a cache
+        rotated = 2 * dims[cnd]
+        for j in range(n):
+            if not _tensor_strided(xs[j], grad, True, &v[j]) or v[j].nd < 1 or not _contiguous(&v[j]):
+                return None
+            d[j] = posenc_dtype_index((<cnp.dtype>v[j].descr).type_num)
+            dim = v[0].dims[v[0].nd - 1]
+            if (v[j].dims[v[j].nd - 1] != dim or dim < 2 or dim % 2
+                    or not (rotated == dim or self.partial and 2 <= rotated <= dim)
+                    or K.rotate[d[j]][table][0] == NULL
+                    or not _walk_plan(v[j].nd, v[j].dims, cnd + 1, dims, cos_steps, sin_steps, itemsize,
+                                      &walks[j])):
+                return None
+        if not self.dtypes[((d[0] * POSENC_NUM_DTYPES + d[n - 1]) * POSENC_NUM_DTYPES) + table]:
             return None
-        return tensors
+        made = _new_output(&v[0], &outs[0])
+        other = _new_output(&v[1], &outs[1]) if n == 2 else None
+        for j in range(n):  # new outputs: nothing to overlap
+            _walk_rows(v[j].data, outs[j], d[j], (<cnp.dtype>v[j].descr).itemsize, dim, c.data, s.data, table,
+                       itemsize, &walks[j], self.half, self.inverse, dim - rotated if self.trailing else 0)
+        return (made,) if n == 1 else (made, other)
 
+
+cdef Py_ssize_t _count(const Strided* v) noexcept:
+    # v's number of items.
+    cdef Py_ssize_t count = 1
+    cdef int k
+    for k in range(v.nd):
+        count *= v.dims[k]
+    return count

@@ -23,11 +23,18 @@ cdef struct CacheWalk:
 cdef bint _plan_walk(cnp.ndarray x, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
                      CacheWalk* walk):
     """Fill `walk` for x's rows; False if cos/sin do not broadcast as required."""
-    cdef int xnd = cnp.PyArray_NDIM(x), cnd = cnp.PyArray_NDIM(cos_cache), k, j
-    cdef cnp.npy_intp* xshape = cnp.PyArray_DIMS(x)
-    cdef cnp.npy_intp* cshape = cnp.PyArray_DIMS(cos_cache)
-    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_cache), cs, ss
-    if xnd - 1 > MAX_WALK_AXES or cnd > xnd or cshape[cnd - 1] < 1:
+    return _walk_plan(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x), cnp.PyArray_NDIM(cos_cache),
+                      cnp.PyArray_DIMS(cos_cache), cnp.PyArray_STRIDES(cos_cache),
+                      cnp.PyArray_STRIDES(sin_cache), cnp.PyArray_ITEMSIZE(cos_cache), walk)
+
+
+cdef bint _walk_plan(int xnd, const cnp.npy_intp* xshape, int cnd, const cnp.npy_intp* cshape,
+                     const cnp.npy_intp* cos_steps, const cnp.npy_intp* sin_steps, Py_ssize_t itemsize,
+                     CacheWalk* walk) noexcept:
+    # _plan_walk of shapes and byte steps (cos and sin of one shape and itemsize).
+    cdef int k, j
+    cdef Py_ssize_t cs, ss
+    if xnd - 1 > MAX_WALK_AXES or cnd > xnd or cnd < 1 or cshape[cnd - 1] < 1:
         return False
     walk.naxes = xnd - 1
     walk.rows = 1
@@ -42,8 +49,8 @@ cdef bint _plan_walk(cnp.ndarray x, cnp.ndarray cos_cache, cnp.ndarray sin_cache
             continue
         if cshape[j] != xshape[k]:
             return False
-        cs = cnp.PyArray_STRIDE(cos_cache, j)
-        ss = cnp.PyArray_STRIDE(sin_cache, j)
+        cs = cos_steps[j]
+        ss = sin_steps[j]
         if cs % itemsize or ss % itemsize:
             return False
         walk.cos_step[k] = cs
@@ -160,22 +167,23 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
                     const CacheWalk* walk, bint half, bint inverse, Py_ssize_t start):
-    cdef Py_ssize_t dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
-    cdef int threads = _threads_for(cnp.PyArray_SIZE(x))
-    cdef RowCall call = _row_call(posenc_dtype_index(cnp.PyArray_TYPE(x)),
-                                  posenc_dtype_index(cnp.PyArray_TYPE(cos_cache)),
-                                  cnp.PyArray_ITEMSIZE(x), cnp.PyArray_ITEMSIZE(cos_cache),
-                                  walk.npairs, dim, half, inverse, _data(x) == _data(out),
-                                  cnp.PyArray_NBYTES(x), start)
-    cdef Py_ssize_t table_itemsize = cnp.PyArray_ITEMSIZE(cos_cache)
-    cdef const char* xp = _data(x)
-    cdef char* op = _data(out)
-    cdef const char* cp = _data(cos_cache)
-    cdef const char* sp = _data(sin_cache)
+    _walk_rows(_data(x), _data(out), _dtype(x), cnp.PyArray_ITEMSIZE(x),
+               cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1], _data(cos_cache), _data(sin_cache),
+               _dtype(cos_cache), cnp.PyArray_ITEMSIZE(cos_cache), walk, half, inverse, start)
+
+
+cdef void _walk_rows(const char* x, char* out, int d, Py_ssize_t itemsize, Py_ssize_t dim, const char* c,
+                     const char* s, int table, Py_ssize_t table_itemsize, const CacheWalk* walk, bint half,
+                     bint inverse, Py_ssize_t start) noexcept:
+    # x's walk.rows rows of dim items (C-contiguous, dtype index d) rotated into out by c and s.
+    cdef Py_ssize_t nbytes = walk.rows * dim * itemsize
+    cdef RowCall call = _row_call(d, table, itemsize, table_itemsize, walk.npairs, dim, half, inverse,
+                                  x == out, nbytes, start)
+    cdef int threads = _threads_for(walk.rows * dim)
     if walk.rows == 0 or dim == 0:
         return
     with nogil:
-        _rotate_walk(xp, op, cp, sp, walk, &call, table_itemsize, threads)
+        _rotate_walk(x, out, c, s, walk, &call, table_itemsize, threads)
 
 
 cdef inline bint _fast_cache(object a):
@@ -259,8 +267,7 @@ def entries_repeat(cache, bint pairs):
 cdef int _entries_repeat(object cache, bint pairs):
     # entries_repeat's answer as 1 / 0, or -1 for an array it does not read.
     cdef cnp.ndarray a
-    cdef Py_ssize_t width, rows, r, i, itemsize
-    cdef const char* row
+    cdef Py_ssize_t width
     if not cnp.PyArray_CheckExact(cache):
         return -1
     a = <cnp.ndarray>cache
@@ -269,15 +276,20 @@ cdef int _entries_repeat(object cache, bint pairs):
     width = cnp.PyArray_DIMS(a)[cnp.PyArray_NDIM(a) - 1]
     if width % 2:
         return -1
-    itemsize = cnp.PyArray_ITEMSIZE(a)
-    rows = cnp.PyArray_SIZE(a) // width if width else 0
-    row = _data(a)
+    return _rows_repeat(_data(a), cnp.PyArray_SIZE(a) // width if width else 0, width,
+                        cnp.PyArray_ITEMSIZE(a), pairs)
+
+
+cdef bint _rows_repeat(const char* row, Py_ssize_t rows, Py_ssize_t width, Py_ssize_t itemsize,
+                       bint pairs) noexcept:
+    # Whether each of `rows` consecutive rows of `width` items repeats (see entries_repeat).
+    cdef Py_ssize_t r, i
     for r in range(rows):
         if pairs:
             for i in range(0, width, 2):
                 if memcmp(row + i * itemsize, row + (i + 1) * itemsize, itemsize):
-                    return 0
+                    return False
         elif memcmp(row, row + width // 2 * itemsize, width // 2 * itemsize):
-            return 0
+            return False
         row += width * itemsize
-    return 1
+    return True
