@@ -372,6 +372,7 @@ cdef class TensorRotation:
         cdef cnp.npy_intp cos_steps[32]
         cdef cnp.npy_intp sin_steps[32]
         cdef CacheWalk walks[2]
+        cdef CosSinTable cos_sin
         cdef char* outs[2]
         cdef int d[2]
         cdef int table, typenum
@@ -429,8 +430,9 @@ cdef class TensorRotation:
         made = _new_output(&v[0], &outs[0])
         other = _new_output(&v[1], &outs[1]) if n == 2 else None
         for j in range(n):  # new outputs: nothing to overlap
-            _walk_rows(v[j].data, outs[j], d[j], (<cnp.dtype>v[j].descr).itemsize, dim, c.data, s.data, table,
-                       itemsize, &walks[j], self.half, self.inverse, dim - rotated if self.trailing else 0)
+            cos_sin = _walk_table(c.data, s.data, &walks[j], itemsize, table)
+            _walk_rows(v[j].data, outs[j], d[j], (<cnp.dtype>v[j].descr).itemsize, dim, &cos_sin, &walks[j],
+                       self.half, self.inverse, dim - rotated if self.trailing else 0)
         return (made,) if n == 1 else (made, other)
 
 

@@ -72,7 +72,7 @@ cdef inline void _walk_start(const CacheWalk* walk, Py_ssize_t row, Py_ssize_t* 
         so[0] += index[k] * walk.sin_step[k]
 
 
-cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char* s,
+cdef void _rotate_walk_rows(const char* x, char* out, const CosSinTable* table,
                             const CacheWalk* walk, Py_ssize_t first, Py_ssize_t stop,
                             const RowCall* call) noexcept nogil:
     # Rows first .. stop-1 of x; an odometer over the leading axes tracks the
@@ -82,7 +82,7 @@ cdef void _rotate_walk_rows(const char* x, char* out, const char* c, const char*
     cdef int k
     _walk_start(walk, first, index, &co, &so)
     for r in range(first, stop):
-        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c + co, s + so, call)
+        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, table.cos + co, table.sin + so, call)
         k = walk.naxes - 1
         while k >= 0:
             index[k] += 1
@@ -107,8 +107,7 @@ cdef struct WalkJob:
     Py_ssize_t nblocks
     const char* x
     char* out
-    const char* c
-    const char* s
+    const CosSinTable* table
     const CacheWalk* walk
     const RowCall* call
 
@@ -122,16 +121,15 @@ cdef void _rotate_walk_item(void* job_, Py_ssize_t item, int slot) noexcept nogi
     cdef Py_ssize_t stop = start + min((b + 1) * job.block, job.inner), co, so
     cdef Py_ssize_t index[MAX_WALK_AXES]
     if job.table_step == 0:
-        _rotate_walk_rows(job.x, job.out, job.c, job.s, job.walk, first, stop, job.call)
+        _rotate_walk_rows(job.x, job.out, job.table, job.walk, first, stop, job.call)
         return
     _walk_start(job.walk, first, index, &co, &so)
     _rotate_block(job.x + first * job.call.row_bytes, job.out + first * job.call.row_bytes,
-                  stop - first, job.c + co, job.s + so, job.table_step, job.call)
+                  stop - first, job.table.cos + co, job.table.sin + so, job.table_step, job.call)
 
 
-cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
-                       const CacheWalk* walk, const RowCall* call, Py_ssize_t table_itemsize,
-                       int num_threads) noexcept nogil:
+cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const CacheWalk* walk,
+                       const RowCall* call, int num_threads) noexcept nogil:
     # Rows as (outer, heads, inner): `heads` is the last axis along which the
     # cache does not change but changes after it (e.g. x (batch, heads, seq,
     # dim) with a (seq, pairs) cache).  Work items are blocks of inner rows,
@@ -154,36 +152,44 @@ cdef void _rotate_walk(const char* x, char* out, const char* c, const char* s,
             for j in range(k + 1, walk.naxes):
                 inner *= walk.shape[j]
             outer = walk.rows // (heads * inner)
-            block = _positions_in(POSENC_POSITION_BLOCK_BYTES, 16, walk.npairs, table_itemsize)
+            block = _positions_in(POSENC_POSITION_BLOCK_BYTES, 16, walk.npairs, table.itemsize)
             last = walk.naxes - 1
             if call.blocks and k + 1 == last and walk.cos_step[last] == walk.sin_step[last]:
-                table_step = walk.cos_step[last] // table_itemsize
-                block = _positions_in(POSENC_ROW_BLOCK_BYTES, 1, walk.npairs, table_itemsize)
+                table_step = walk.cos_step[last] // table.itemsize
+                block = _positions_in(POSENC_ROW_BLOCK_BYTES, 1, walk.npairs, table.itemsize)
             break
     nblocks = (inner + block - 1) // block
-    cdef WalkJob job = WalkJob(table_step, heads, inner, block, nblocks, x, out, c, s, walk, call)
+    cdef WalkJob job = WalkJob(table_step, heads, inner, block, nblocks, x, out, table, walk, call)
     posenc_parallel_for(outer * nblocks * heads, num_threads, _rotate_walk_item, &job)
 
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
                     const CacheWalk* walk, bint half, bint inverse, Py_ssize_t start):
+    cdef CosSinTable table = _walk_table(_data(cos_cache), _data(sin_cache), walk, cnp.PyArray_ITEMSIZE(cos_cache),
+                                         _dtype(cos_cache))
     _walk_rows(_data(x), _data(out), _dtype(x), cnp.PyArray_ITEMSIZE(x),
-               cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1], _data(cos_cache), _data(sin_cache),
-               _dtype(cos_cache), cnp.PyArray_ITEMSIZE(cos_cache), walk, half, inverse, start)
+               cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1], &table, walk, half, inverse, start)
 
 
-cdef void _walk_rows(const char* x, char* out, int d, Py_ssize_t itemsize, Py_ssize_t dim, const char* c,
-                     const char* s, int table, Py_ssize_t table_itemsize, const CacheWalk* walk, bint half,
-                     bint inverse, Py_ssize_t start) noexcept:
-    # x's walk.rows rows of dim items (C-contiguous, dtype index d) rotated into out by c and s.
+cdef inline CosSinTable _walk_table(const char* c, const char* s, const CacheWalk* walk, Py_ssize_t itemsize,
+                                    int dtype) noexcept:
+    # A caller's cos/sin as the table the walk reads: its rows lie where the walk's per-axis steps
+    # say (no row strides of its own).
+    return CosSinTable(c, s, 0, 0, walk.npairs, itemsize, dtype)
+
+
+cdef void _walk_rows(const char* x, char* out, int d, Py_ssize_t itemsize, Py_ssize_t dim,
+                     const CosSinTable* table, const CacheWalk* walk, bint half, bint inverse,
+                     Py_ssize_t start) noexcept:
+    # x's walk.rows rows of dim items (C-contiguous, dtype index d) rotated into out by `table`.
     cdef Py_ssize_t nbytes = walk.rows * dim * itemsize
-    cdef RowCall call = _row_call(d, table, itemsize, table_itemsize, walk.npairs, dim, half, inverse,
+    cdef RowCall call = _row_call(d, table.dtype, itemsize, table.itemsize, walk.npairs, dim, half, inverse,
                                   x == out, nbytes, start)
     cdef int threads = _threads_for(walk.rows * dim)
     if walk.rows == 0 or dim == 0:
         return
     with nogil:
-        _rotate_walk(x, out, c, s, walk, &call, table_itemsize, threads)
+        _rotate_walk(x, out, table, walk, &call, threads)
 
 
 cdef inline bint _fast_cache(object a):
