@@ -165,9 +165,10 @@ cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
                     const CacheWalk* walk, bint half, bint inverse, Py_ssize_t start):
+    # (dtypes the callers checked)
     cdef CosSinTable table = _walk_table(_data(cos_cache), _data(sin_cache), walk, cnp.PyArray_ITEMSIZE(cos_cache),
-                                         _dtype(cos_cache))
-    _walk_rows(_data(x), _data(out), _dtype(x), cnp.PyArray_ITEMSIZE(x),
+                                         posenc_dtype_index(cnp.PyArray_TYPE(cos_cache)))
+    _walk_rows(_data(x), _data(out), posenc_dtype_index(cnp.PyArray_TYPE(x)), cnp.PyArray_ITEMSIZE(x),
                cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1], &table, walk, half, inverse, start)
 
 
