@@ -79,10 +79,12 @@ cdef void _rotate_walk_rows(const char* x, char* out, const CosSinTable* table,
     # cache offsets.
     cdef Py_ssize_t index[MAX_WALK_AXES]
     cdef Py_ssize_t co, so, r
+    cdef const char* c = table.cos  # held in registers: the row calls through pointers could change *table
+    cdef const char* s = table.sin
     cdef int k
     _walk_start(walk, first, index, &co, &so)
     for r in range(first, stop):
-        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, table.cos + co, table.sin + so, call)
+        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c + co, s + so, call)
         k = walk.naxes - 1
         while k >= 0:
             index[k] += 1
