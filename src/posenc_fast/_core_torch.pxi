@@ -5,8 +5,9 @@
 # Here a plain, strided CPU tensor of a known dtype is read as its data
 # pointer, sizes and strides (`Strided`; an ndarray over its memory, the
 # tensor its base, where a NumPy path takes it: TensorRotation, the
-# drop-ins' decode call, makes none, ~2 us less a call), read through DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack
-# 1.3; torch 2.13 has it: one C call a tensor) where torch has one, else
+# drop-ins' decode call, makes none, ~2 us less a call), read through
+# DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack 1.3;
+# torch 2.13 has it: one C call a tensor) where torch has one, else
 # through the tensor's attributes (seven reads a tensor); new tensors are
 # handed to torch through the same table (a block of our own: cheaper than
 # torch.from_numpy, and NumPy has no bfloat16 for torch to map).  Anything
@@ -313,7 +314,8 @@ cdef object _new_output(const Strided* like, char** data):
         a = cnp.PyArray_EMPTY(like.nd, <cnp.npy_intp*>like.dims, typenum, 0)
         data[0] = _data(a)
         return _from_numpy(a)
-    t = _empty(tuple([like.dims[k] for k in range(like.nd)]), dtype=_bfloat16, device="cpu")  # never the default device
+    shape = tuple([like.dims[k] for k in range(like.nd)])
+    t = _empty(shape, dtype=_bfloat16, device="cpu")  # never the default device
     data[0] = <char*><Py_ssize_t>_data_ptr(t)
     return t
 

@@ -360,7 +360,7 @@ MUTANTS = [
     Mutant("a result's block never freed", "integrations", PKG + "_core_torch.pxi",
            "    free(managed.manager_ctx)", "    pass", ("tests/test_tensor_route.py", "-k", "memory")),
     Mutant("bfloat16 results allocated on torch's default device", "integrations", PKG + "_core_torch.pxi",
-           'dtype=_bfloat16, device="cpu")', "dtype=_bfloat16)",
+           '_empty(shape, dtype=_bfloat16, device="cpu")', "_empty(shape, dtype=_bfloat16)",
            ("tests/test_tensor_route.py", "-k", "default_device")),
     Mutant("fast-path switch ignored by the compiled tensor route", "integrations", PKG + "_core_torch.pxi",
            "        if not _fast_paths_on or _Tensor is None", "        if _Tensor is None",
