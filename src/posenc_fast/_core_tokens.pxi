@@ -347,7 +347,7 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
     cdef Py_ssize_t n = len(xs), j, tokens = 0, size = 0
     cdef cnp.ndarray x
     cdef const long long* pos = NULL
-    cdef int d
+    cdef int d[2]
     cdef TokenRows rows[2]
     cdef TokenWalk w
     cdef CosSinTable cos_sin
@@ -358,8 +358,8 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
         if not _token_rows(xs[j], tokens, head_size, offset, &rows[j]):
             return False
         x = xs[j]
-        d = posenc_dtype_index(cnp.PyArray_TYPE(x))
-        if (not _vllm_table_takes(d, cos_sin.dtype) or K.rotate[d][cos_sin.dtype][0] == NULL
+        d[j] = posenc_dtype_index(cnp.PyArray_TYPE(x))
+        if (not _vllm_table_takes(d[j], cos_sin.dtype) or K.rotate[d[j]][cos_sin.dtype][0] == NULL
                 or not _disjoint(x, cos_sin_cache)):
             return False
         if j == 1 and cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>xs[0]):
@@ -369,7 +369,6 @@ cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_siz
         return False
     for j in range(n):  # each in place, its token's rows by its position's row
         x = xs[j]
-        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, posenc_dtype_index(cnp.PyArray_TYPE(x)),
-                       cnp.PyArray_ITEMSIZE(x))
+        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], cnp.PyArray_ITEMSIZE(x))
         _walk_tokens(&w, NULL, pos, &cos_sin, half, inverse, 0, _threads_for(size))
     return True

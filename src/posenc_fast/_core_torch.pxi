@@ -366,7 +366,7 @@ cdef class TensorRotation:
         self.dtypes = dtypes
 
     def __call__(self, tuple xs, cos, sin, unsqueeze_dim):
-        cdef Py_ssize_t n = len(xs), j, cnd, axis, k, width, dim, rotated
+        cdef Py_ssize_t n = len(xs), j, cnd, axis, k, width, dim, rotated, rows
         cdef Strided v[4]  # the data (one or two), then cos and sin
         cdef Strided* c = &v[2]
         cdef Strided* s = &v[3]
@@ -400,10 +400,10 @@ cdef class TensorRotation:
         width = c.dims[cnd - 1]
         if self.cache == CACHE_HALVES and width % 2:
             return None
+        rows = _count(c) // width if width else 0  # cos's rows, and sin's (the same shape)
         if self.cache == CACHE_HALVES and self.half and not (
-                _contiguous(c) and _contiguous(s)
-                and _rows_repeat(c.data, _count(c) // width if width else 0, width, itemsize, False)
-                and _rows_repeat(s.data, _count(s) // width if width else 0, width, itemsize, False)):
+                _contiguous(c) and _contiguous(s) and _rows_repeat(c.data, rows, width, itemsize, False)
+                and _rows_repeat(s.data, rows, width, itemsize, False)):
             return None  # halves that differ (the formula then rotates no pairs) or unread here
         for k in range(cnd + 1):
             j = k if k < axis else k - 1
