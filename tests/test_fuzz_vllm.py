@@ -28,8 +28,8 @@ BLOCKS, BLOCK_SIZE, MAX_POSITION = 3, 4, 24
 ODD = [None, "read-only query", "reversed query", "expanded query", "fortran key", "table inside query",
        "value inside query", "key inside query", "one cache for both", "a slot twice", "slot past the cache",
        "position past the table", "negative position", "float positions", "byte-swapped positions",
-       "2-D positions", "positions as a list", "weights of another size", "one weight", "eps negative",
-       "read-only cache", "cache of 3 axes"]
+       "strided positions", "2-D positions", "positions as a list", "weights of another size", "one weight",
+       "eps negative", "read-only cache", "cache of 3 axes"]
 EACH = settings(FUZZ, max_examples=max(EXAMPLES // 4, 10))  # per odd case
 
 
@@ -86,6 +86,7 @@ def build(c):
         "negative position": lambda: positions.__setitem__(0, -1),
         "float positions": lambda: a.update(positions=positions.astype(np.float64)),
         "byte-swapped positions": lambda: a.update(positions=positions.astype(">i8")),
+        "strided positions": lambda: a.update(positions=np.repeat(positions, 2)[::2]),
         "2-D positions": lambda: a.update(positions=positions[None]),
         "positions as a list": lambda: a.update(positions=positions.tolist()),
         "weights of another size": lambda: a.update(weights=[weights[0], weights[1][:-1]]),

@@ -270,6 +270,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     q_weight and k_weight both None, or both as apply_qk_norm_fast takes them.
     """
     cdef TokenRows rows[4]
+    cdef Strided v[5]  # the [cos | sin] cache, the positions, query, key, value
     cdef CosSinTable table
     cdef TokenWalk w
     cdef Py_ssize_t tokens = 0, j
@@ -288,10 +289,11 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
             return False
         (positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, q_weight,
          k_weight) = arrays
-    if not _token_table(cos_sin_cache, positions, head_size, &table, &tokens, &pos):
+    if not (_array_strided(cos_sin_cache, &v[0]) and _array_strided(positions, &v[1])
+            and _token_table(&v[0], &v[1], head_size, &table, &tokens, &pos)):
         return False
     for j, given in enumerate((query, key, value)):
-        if (not _token_rows(given, tokens, head_size, 0, &rows[j + 1])
+        if (not _array_strided(given, &v[j + 2]) or not _token_rows(&v[j + 2], tokens, head_size, 0, &rows[j + 1])
                 or cnp.PyArray_TYPE(<cnp.ndarray>given) != cnp.PyArray_TYPE(<cnp.ndarray>query)):
             return False
     rows[0] = rows[1]  # query rotated in place

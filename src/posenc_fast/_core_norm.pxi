@@ -313,41 +313,30 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     compute dtype where they are a half type, as the general path does.
     """
     cdef TokenRows rows[2]
+    cdef Strided v[4]  # query, key, the [cos | sin] cache, the positions
     cdef CosSinTable cos_sin
-    cdef cnp.ndarray x, table_rows, widened = None
+    cdef cnp.ndarray table_rows, widened = None
     cdef Py_ssize_t tokens = 0, j, dim
     cdef const long long* pos = NULL
     cdef double e = 0.0
     cdef int d, compute
     cdef bint grad
     if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
-            or key is None):
+            or key is None or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)
+            or not _token_table(&v[2], &v[3], head_size, &cos_sin, &tokens, &pos)):
         return False
-    if _Tensor is not None and type(query) is _Tensor:  # viewed as rotate_tokens_fast views them
-        grad = _grad_enabled() is True
-        query, key = _tensor_array(query, grad, True), _tensor_array(key, grad, True)
-        q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
-        cos_sin_cache = _tensor_array(cos_sin_cache, grad, True)
-        positions = _tensor_array(positions, grad, False)
-        if query is None or key is None or cos_sin_cache is None or positions is None:
-            return False
-    dim = head_size
-    if not _token_table(cos_sin_cache, positions, dim, &cos_sin, &tokens, &pos):
-        return False
-    for j, given in enumerate((query, key)):
-        if not _token_rows(given, tokens, dim, 0, &rows[j]):
-            return False
-        x = <cnp.ndarray>given
-        if (not _vllm_table_takes(posenc_dtype_index(cnp.PyArray_TYPE(x)), cos_sin.dtype)
-                or cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>query)
-                or not _disjoint(x, cos_sin_cache)):
+    dim, d = head_size, _strided_dtype(&v[0])
+    for j in range(2):
+        if (not _token_rows(&v[j], tokens, dim, 0, &rows[j]) or not _vllm_table_takes(d, cos_sin.dtype)
+                or _strided_dtype(&v[j]) != d or not _strided_disjoint(&v[j], &v[2])):
             return False
     if not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
+    if type(query) is _Tensor:  # the weights read as tensors too
+        q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
     factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, dim, &e)
     if factors is None:
         return False
-    d = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>query))
     compute = POSENC_F64 if d == POSENC_F64 else POSENC_F32
     if cos_sin.dtype != compute:  # a half-type cache: the call's rows, widened (row t for token t)
         widened = _widened_rows(&cos_sin, pos, tokens)
@@ -356,7 +345,7 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     for j in range(2):
         at, table_rows = _token_tables(&rows[j], tokens, NULL if widened is not None else pos)
         _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads, dim, d,
-                   cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
+                   _itemsize(&v[0]), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
                    &cos_sin, <const Py_ssize_t*>_data(table_rows), is_neox,
                    _threads_for(tokens * rows[j].heads * dim), 0, _offsets(at), _offsets(at))
     return True

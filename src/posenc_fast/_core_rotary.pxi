@@ -235,16 +235,17 @@ cdef inline bint _fast_array(object x, Py_ssize_t dim):
             and cnp.PyArray_DIMS(arr)[cnp.PyArray_NDIM(arr) - 1] == dim)
 
 
-cdef inline void _byte_range(cnp.ndarray a, char** low, char** high):
-    # The lowest byte of a's elements and one past the highest, whatever its
-    # strides (a sliced or reversed cos/sin cache reaches past its nbytes, or
-    # below its data pointer).
-    cdef char* lo = <char*>cnp.PyArray_DATA(a)
-    cdef char* hi = lo + cnp.PyArray_ITEMSIZE(a)
+cdef inline void _byte_range(char* data, int nd, const cnp.npy_intp* dims, const cnp.npy_intp* steps,
+                             Py_ssize_t itemsize, char** low, char** high) noexcept:
+    # The lowest byte of an array's items (none of size 0) and one past the
+    # highest, whatever its strides (a sliced or reversed cos/sin cache
+    # reaches past its nbytes, or below its data pointer).
+    cdef char* lo = data
+    cdef char* hi = data + itemsize
     cdef Py_ssize_t extent
     cdef int k
-    for k in range(cnp.PyArray_NDIM(a)):
-        extent = cnp.PyArray_STRIDE(a, k) * (cnp.PyArray_DIMS(a)[k] - 1)
+    for k in range(nd):
+        extent = steps[k] * (dims[k] - 1)
         if extent < 0:
             lo += extent
         else:
@@ -261,8 +262,10 @@ cdef inline bint _disjoint(cnp.ndarray a, cnp.ndarray b):
     cdef char* b_high
     if cnp.PyArray_SIZE(a) == 0 or cnp.PyArray_SIZE(b) == 0:
         return True
-    _byte_range(a, &a_low, &a_high)
-    _byte_range(b, &b_low, &b_high)
+    _byte_range(_data(a), cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a), cnp.PyArray_STRIDES(a),
+                cnp.PyArray_ITEMSIZE(a), &a_low, &a_high)
+    _byte_range(_data(b), cnp.PyArray_NDIM(b), cnp.PyArray_DIMS(b), cnp.PyArray_STRIDES(b),
+                cnp.PyArray_ITEMSIZE(b), &b_low, &b_high)
     return a_high <= b_low or b_high <= a_low
 
 

@@ -9,9 +9,74 @@
 # the features from rope_dim_offset on), one int64 position per token, the
 # [cos | sin] cache read where it lies.  All checks in C; a call it does not
 # take returns False, having written nothing, and vllm.py's general path
-# validates and raises.
+# validates and raises.  The arrays are read as `Strided` (an ndarray's or a
+# plain CPU tensor's memory; _core_torch.pxi reads tensors), so a call on
+# tensors makes no ndarray.
 
+from cpython.object cimport PyObject
 from libc.string cimport memset
+
+
+cdef struct Strided:
+    # An ndarray's or a tensor's memory as read here: its NumPy dtype (borrowed), shape, byte steps.
+    PyObject* descr
+    char* data
+    int nd
+    bint writeable
+    cnp.npy_intp dims[32]  # 32: NumPy 1's limit
+    cnp.npy_intp steps[32]
+
+
+cdef bint _array_strided(object a, Strided* v):
+    # An exact, aligned, native ndarray's memory into v, or False.
+    cdef cnp.ndarray arr
+    cdef int k
+    if not cnp.PyArray_CheckExact(a):
+        return False
+    arr = <cnp.ndarray>a
+    if not (cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr)):
+        return False
+    v.descr, v.data, v.nd = <PyObject*>cnp.PyArray_DESCR(arr), _data(arr), cnp.PyArray_NDIM(arr)
+    v.writeable = cnp.PyArray_ISWRITEABLE(arr)
+    for k in range(v.nd):
+        v.dims[k], v.steps[k] = cnp.PyArray_DIMS(arr)[k], cnp.PyArray_STRIDES(arr)[k]
+    return True
+
+
+cdef inline bint _strided_of(object a, bint tensor, bint grad, bint floats_only, Strided* v):
+    # A plain CPU tensor's (tensor) or an ndarray's memory into v, or False.
+    return _tensor_strided(a, grad, floats_only, v) if tensor else _array_strided(a, v)
+
+
+cdef inline int _strided_dtype(const Strided* v) noexcept:
+    # v's kernel dtype index, or -1.
+    return posenc_dtype_index((<cnp.dtype>v.descr).type_num)
+
+
+cdef inline Py_ssize_t _itemsize(const Strided* v) noexcept:
+    return (<cnp.dtype>v.descr).itemsize
+
+
+cdef Py_ssize_t _count(const Strided* v) noexcept:
+    # v's number of items.
+    cdef Py_ssize_t count = 1
+    cdef int k
+    for k in range(v.nd):
+        count *= v.dims[k]
+    return count
+
+
+cdef bint _strided_disjoint(const Strided* a, const Strided* b) noexcept:
+    # _disjoint of two Strided.
+    cdef char* a_low
+    cdef char* a_high
+    cdef char* b_low
+    cdef char* b_high
+    if _count(a) == 0 or _count(b) == 0:
+        return True
+    _byte_range(a.data, a.nd, a.dims, a.steps, _itemsize(a), &a_low, &a_high)
+    _byte_range(b.data, b.nd, b.dims, b.steps, _itemsize(b), &b_low, &b_high)
+    return a_high <= b_low or b_high <= a_low
 
 
 cdef struct TokenRows:
@@ -23,36 +88,28 @@ cdef struct TokenRows:
     Py_ssize_t extent  # bytes a token's heads span
 
 
-cdef bint _token_rows(object a, Py_ssize_t tokens, Py_ssize_t head_size, Py_ssize_t offset,
-                      TokenRows* rows):
-    # vLLM's (tokens, heads * head_size) or (tokens, heads, head_size): an exact,
-    # aligned, native, writeable ndarray with unit stride within a head and
+cdef bint _token_rows(const Strided* a, Py_ssize_t tokens, Py_ssize_t head_size, Py_ssize_t offset,
+                      TokenRows* rows) noexcept:
+    # vLLM's (tokens, heads * head_size) or (tokens, heads, head_size): aligned,
+    # writeable, of a kernel dtype, with unit stride within a head and
     # non-negative token and head strides; the features from `offset` on.
-    cdef cnp.ndarray arr
-    cdef int nd
-    cdef Py_ssize_t itemsize
-    if not cnp.PyArray_CheckExact(a):
-        return False
-    arr = <cnp.ndarray>a
-    nd = cnp.PyArray_NDIM(arr)
-    itemsize = cnp.PyArray_ITEMSIZE(arr)
-    if (nd not in (2, 3) or cnp.PyArray_DIMS(arr)[0] != tokens
-            or posenc_dtype_index(cnp.PyArray_TYPE(arr)) < 0 or not cnp.PyArray_ISALIGNED(arr)
-            or not cnp.PyArray_ISNOTSWAPPED(arr) or not cnp.PyArray_ISWRITEABLE(arr)
-            or cnp.PyArray_STRIDE(arr, nd - 1) != itemsize or cnp.PyArray_STRIDE(arr, 0) < 0):
+    cdef int nd = a.nd
+    cdef Py_ssize_t itemsize = _itemsize(a)
+    if (nd < 2 or nd > 3 or a.dims[0] != tokens or _strided_dtype(a) < 0 or not a.writeable
+            or <size_t>a.data % itemsize or a.steps[nd - 1] != itemsize or a.steps[0] < 0):
         return False
     if nd == 2:
-        if cnp.PyArray_DIMS(arr)[1] % head_size:
+        if a.dims[1] % head_size:
             return False
-        rows.heads = cnp.PyArray_DIMS(arr)[1] // head_size
+        rows.heads = a.dims[1] // head_size
         rows.head_stride = head_size * itemsize
     else:
-        if cnp.PyArray_DIMS(arr)[2] != head_size or cnp.PyArray_STRIDE(arr, 1) < head_size * itemsize:
+        if a.dims[2] != head_size or a.steps[1] < head_size * itemsize:
             return False
-        rows.heads = cnp.PyArray_DIMS(arr)[1]
-        rows.head_stride = cnp.PyArray_STRIDE(arr, 1)
-    rows.data = _data(arr) + offset * itemsize
-    rows.token_stride = cnp.PyArray_STRIDE(arr, 0)
+        rows.heads = a.dims[1]
+        rows.head_stride = a.steps[1]
+    rows.data = a.data + offset * itemsize
+    rows.token_stride = a.steps[0]
     rows.extent = max(rows.heads - 1, 0) * rows.head_stride + head_size * itemsize
     # tokens that share memory (an expanded view) would rotate twice: vllm.py refuses them
     return tokens < 2 or rows.token_stride >= rows.extent
@@ -275,29 +332,27 @@ cdef inline bint _vllm_table_takes(int data, int table) noexcept:
     return table == data or (table == POSENC_F32 and (data == POSENC_F16 or data == POSENC_BF16))
 
 
-cdef bint _token_table(object cos_sin_cache, object positions, Py_ssize_t width, CosSinTable* table,
-                       Py_ssize_t* tokens, const long long** pos):
+cdef bint _token_table(const Strided* c, const Strided* positions, Py_ssize_t width, CosSinTable* table,
+                       Py_ssize_t* tokens, const long long** pos) noexcept:
     # vLLM's [cos | sin] cache (n, rot_dim), rot_dim even with 2 <= rot_dim <= width, as a table
-    # (a position's cos entries, then its sin entries), and the positions: an index array each
-    # of whose entries is a row of it.
-    cdef cnp.ndarray c
-    cdef Py_ssize_t npairs
+    # (a position's cos entries, then its sin entries), and the positions: contiguous int64
+    # (tokens,), each entry a row of it.
+    cdef Py_ssize_t npairs, itemsize = _itemsize(c)
     cdef long long lowest = 0, highest = 0
-    if not (_fast_cache(cos_sin_cache) and _index_array(positions, -1)):
+    if (positions.nd != 1 or (<cnp.dtype>positions.descr).type_num != cnp.NPY_INT64
+            or <size_t>positions.data % 8 or (positions.dims[0] > 1 and positions.steps[0] != 8)
+            or c.nd != 2 or _strided_dtype(c) < 0 or <size_t>c.data % itemsize or c.steps[0] % itemsize
+            or c.steps[1] != itemsize):
         return False
-    c = cos_sin_cache
-    if cnp.PyArray_NDIM(c) != 2:
-        return False
-    npairs = cnp.PyArray_DIMS(c)[1] // 2
-    tokens[0] = cnp.PyArray_DIMS(<cnp.ndarray>positions)[0]
-    pos[0] = <const long long*>_data(<cnp.ndarray>positions)
+    npairs = c.dims[1] // 2
+    tokens[0] = positions.dims[0]
+    pos[0] = <const long long*>positions.data
     _position_range(pos[0], tokens[0], &lowest, &highest)
-    if (cnp.PyArray_DIMS(c)[1] % 2 or npairs < 1 or 2 * npairs > width
-            or tokens[0] and (lowest < 0 or highest >= cnp.PyArray_DIMS(c)[0])):
+    if (c.dims[1] % 2 or npairs < 1 or 2 * npairs > width
+            or tokens[0] and (lowest < 0 or highest >= c.dims[0])):
         return False
-    table[0] = CosSinTable(_data(c), _data(c) + npairs * cnp.PyArray_ITEMSIZE(c), cnp.PyArray_STRIDE(c, 0),
-                           cnp.PyArray_STRIDE(c, 0), npairs, cnp.PyArray_ITEMSIZE(c),
-                           posenc_dtype_index(cnp.PyArray_TYPE(c)))
+    table[0] = CosSinTable(c.data, c.data + npairs * itemsize, c.steps[0], c.steps[0], npairs, itemsize,
+                           _strided_dtype(c))
     return True
 
 
@@ -320,55 +375,54 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
     """vllm.rotary_embedding's common call, every check in C: True, or False (nothing written).
 
     Its arguments as it takes them, all exact ndarrays or all plain CPU torch
-    tensors (viewed in C; `key` may be None): query and key; the ``[cos |
+    tensors (read in C; `key` may be None): query and key; the ``[cos |
     sin]`` table (n, rot_dim) in their dtype (float32 also for half types); a
     contiguous int64 array of positions (tokens,); an int head_size and
     rope_dim_offset, bool is_neox and inverse.  Each head's features
     ``offset .. offset + rot_dim`` rotate in place by its token's row.
     """
+    cdef Strided v[4]  # query, key, the cache, the positions
     cdef bint grad
     if (type(head_size) is not int or type(rope_dim_offset) is not int or type(is_neox) is not bool
-            or type(inverse) is not bool):
+            or type(inverse) is not bool or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)):
         return False
-    if _Tensor is not None and type(query) is _Tensor:  # viewed as tensor_arrays views them
-        grad = _grad_enabled() is True
-        query, cos_sin_cache = _tensor_array(query, grad, True), _tensor_array(cos_sin_cache, grad, True)
-        key = None if key is None else _tensor_array(key, grad, True) if type(key) is _Tensor else False
-        positions = _tensor_array(positions, grad, False)
-        if query is None or key is False or cos_sin_cache is None or positions is None:
-            return False
-    return _rotate_tokens((query,) if key is None else (query, key), cos_sin_cache, positions, head_size,
-                          rope_dim_offset, is_neox, inverse)
+    return _rotate_tokens(v, 1 if key is None else 2, &v[2], &v[3], head_size, rope_dim_offset, is_neox, inverse)
 
 
-cdef bint _rotate_tokens(tuple xs, cos_sin_cache, positions, Py_ssize_t head_size, Py_ssize_t offset,
-                         bint half, bint inverse):
-    # rotate_tokens_fast's call on ndarrays: xs, query or query and key.
-    cdef Py_ssize_t n = len(xs), j, tokens = 0, size = 0
-    cdef cnp.ndarray x
+cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* grad):
+    # vLLM's arrays into v[0..3] (query, key (None: v[1] unread), the cache, the positions), all
+    # exact ndarrays or all plain CPU tensors; grad: tensors while autograd records.
+    cdef bint tensors = _Tensor is not None and type(query) is _Tensor
+    grad[0] = tensors and _grad_enabled() is True
+    return (_strided_of(query, tensors, grad[0], True, &v[0])
+            and (key is None or _strided_of(key, tensors, grad[0], True, &v[1]))
+            and _strided_of(cos_sin_cache, tensors, grad[0], True, &v[2])
+            and _strided_of(positions, tensors, grad[0], False, &v[3]))
+
+
+cdef bint _rotate_tokens(const Strided* xs, Py_ssize_t n, const Strided* cos_sin_cache, const Strided* positions,
+                         Py_ssize_t head_size, Py_ssize_t offset, bint half, bint inverse):
+    # rotate_tokens_fast's call: xs, query or query and key.
+    cdef Py_ssize_t j, tokens = 0, size = 0
     cdef const long long* pos = NULL
     cdef int d[2]
     cdef TokenRows rows[2]
     cdef TokenWalk w
     cdef CosSinTable cos_sin
-    if (not _fast_paths_on or n < 1 or n > 2 or head_size < 1 or offset < 0
+    if (not _fast_paths_on or head_size < 1 or offset < 0
             or not _token_table(cos_sin_cache, positions, head_size - offset, &cos_sin, &tokens, &pos)):
         return False
     for j in range(n):
-        if not _token_rows(xs[j], tokens, head_size, offset, &rows[j]):
+        if not _token_rows(&xs[j], tokens, head_size, offset, &rows[j]):
             return False
-        x = xs[j]
-        d[j] = posenc_dtype_index(cnp.PyArray_TYPE(x))
+        d[j] = _strided_dtype(&xs[j])
         if (not _vllm_table_takes(d[j], cos_sin.dtype) or K.rotate[d[j]][cos_sin.dtype][0] == NULL
-                or not _disjoint(x, cos_sin_cache)):
+                or not _strided_disjoint(&xs[j], cos_sin_cache) or d[j] != d[0]):
             return False
-        if j == 1 and cnp.PyArray_TYPE(x) != cnp.PyArray_TYPE(<cnp.ndarray>xs[0]):
-            return False
-        size += cnp.PyArray_SIZE(x)
+        size += _count(&xs[j])
     if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
     for j in range(n):  # each in place, its token's rows by its position's row
-        x = xs[j]
-        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], cnp.PyArray_ITEMSIZE(x))
+        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], _itemsize(&xs[j]))
         _walk_tokens(&w, NULL, pos, &cos_sin, half, inverse, 0, _threads_for(size))
     return True

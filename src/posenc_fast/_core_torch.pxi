@@ -3,9 +3,10 @@
 # A decode step hands an op a few small tensors; viewing them through
 # Tensor.numpy() and checking them in Python cost several times the kernel.
 # Here a plain, strided CPU tensor of a known dtype is read as its data
-# pointer, sizes and strides (`Strided`; an ndarray over its memory, the
-# tensor its base, where a NumPy path takes it: TensorRotation, the
-# drop-ins' decode call, makes none, ~2 us less a call), read through
+# pointer, sizes and strides (`Strided`, _core_tokens.pxi; an ndarray over
+# its memory, the tensor its base, only where a NumPy path takes it: the
+# drop-ins' decode call (TensorRotation) and vLLM's rotation and q/k norm
+# make none, ~1-2 us less a call), read through
 # DLPack's C exchange table (`__dlpack_c_exchange_api__`, DLPack 1.3;
 # torch 2.13 has it: one C call a tensor) where torch has one, else
 # through the tensor's attributes (seven reads a tensor); new tensors are
@@ -144,15 +145,6 @@ cdef inline int _log2_bytes(int bits) noexcept:
     return 0 if bits == 8 else 1 if bits == 16 else 2 if bits == 32 else 3 if bits == 64 else -1
 
 
-cdef struct Strided:
-    # A tensor's memory as read here: its NumPy dtype (borrowed from _descrs), shape and byte steps.
-    PyObject* descr
-    char* data
-    int nd
-    cnp.npy_intp dims[32]  # 32: NumPy 1's limit
-    cnp.npy_intp steps[32]
-
-
 cdef object _tensor_array(object t, bint grad, bint floats_only):
     # The ndarray over `t`'s memory, or None (see above).
     cdef Strided v
@@ -187,7 +179,7 @@ cdef bint _dlpack_strided(object t, bint grad, bint floats_only, Strided* v):
     found = _dl_descrs[4 * view.dtype.code + k]
     if found is None or floats_only and posenc_dtype_index((<cnp.dtype>found).type_num) < 0:
         return False
-    v.descr, v.nd, v.data = <PyObject*>found, view.ndim, <char*>view.data + view.byte_offset
+    v.descr, v.nd, v.data, v.writeable = <PyObject*>found, view.ndim, <char*>view.data + view.byte_offset, True
     for k in range(view.ndim):
         v.dims[k] = view.shape[k]
         v.steps[k] = view.strides[k] * (<cnp.dtype>found).itemsize
@@ -209,7 +201,7 @@ cdef bint _attribute_strided(object t, bint grad, bint floats_only, Strided* v):
     nd = len(shape)
     if address == 0 or nd > 32 or len(strides) != nd:
         return False
-    v.descr, v.nd, v.data = <PyObject*>found, <int>nd, <char*>address
+    v.descr, v.nd, v.data, v.writeable = <PyObject*>found, <int>nd, <char*>address, True
     for k in range(nd):
         v.dims[k] = shape[k]
         v.steps[k] = strides[k] * (<cnp.dtype>found).itemsize
@@ -436,12 +428,3 @@ cdef class TensorRotation:
             _walk_rows(v[j].data, outs[j], d[j], (<cnp.dtype>v[j].descr).itemsize, dim, &cos_sin, &walks[j],
                        self.half, self.inverse, dim - rotated if self.trailing else 0)
         return (made,) if n == 1 else (made, other)
-
-
-cdef Py_ssize_t _count(const Strided* v) noexcept:
-    # v's number of items.
-    cdef Py_ssize_t count = 1
-    cdef int k
-    for k in range(v.nd):
-        count *= v.dims[k]
-    return count
