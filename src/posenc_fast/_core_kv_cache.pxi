@@ -7,16 +7,16 @@ from libc.stdlib cimport calloc, free
 
 
 cdef TokenWalk _cache_walk(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
-                            Py_ssize_t itemsize, cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+                            Py_ssize_t itemsize, const Strided* k_cache, const Strided* v_cache) except *:
     # rows: q, out_q, k, v; the caches (num_blocks, block_size, kv_heads, dim) views.
     cdef TokenWalk w
-    cdef int cache = _dtype(k_cache)
+    cdef int cache = _strided_dtype(k_cache)
     if not _cache_takes(data, cache):
-        raise TypeError(f"no cache store of this data into a {k_cache.dtype} cache")
+        raise TypeError(f"no cache store of this data into a {<object>k_cache.descr} cache")
     w = _rows_walk(&rows[0], &rows[1], tokens, dim, data, itemsize)
     w.k, w.v = rows[2], rows[3]
     w.cache = cache
-    w.cache_row_bytes = dim * cnp.PyArray_ITEMSIZE(k_cache)
+    w.cache_row_bytes = dim * _itemsize(k_cache)
     w.narrow = NULL if cache == data else K.from_f32[cache]
     w.k_layout = _slot_layout(k_cache)
     w.v_layout = _slot_layout(v_cache)
@@ -32,8 +32,11 @@ cdef TokenWalk _arrays_walk(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp
                               cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
     # _cache_walk of (tokens, heads, dim) arrays.
     cdef TokenRows rows[4]
+    cdef Strided caches[2]
     rows[0], rows[1], rows[2], rows[3] = _array_rows(q), _array_rows(out_q), _array_rows(k), _array_rows(v)
-    return _cache_walk(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), k_cache, v_cache)
+    _fill_strided(k_cache, &caches[0])
+    _fill_strided(v_cache, &caches[1])
+    return _cache_walk(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), &caches[0], &caches[1])
 
 
 def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
@@ -109,27 +112,20 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
                   q_factors, k_factors, eps)
 
 
-cdef inline bint _cache_array(object a, Py_ssize_t kv_heads, Py_ssize_t dim):
-    # An exact, writeable, aligned, native ndarray (num_blocks, block_size,
-    # kv_heads, dim) whose strides place every element apart
-    # (_kv_cache.slot_strides_apart, the general path's rule).
-    cdef cnp.ndarray arr
+cdef inline bint _cache_array(const Strided* a, Py_ssize_t kv_heads, Py_ssize_t dim) noexcept:
+    # A writeable, aligned array of a kernel dtype (num_blocks, block_size, kv_heads, dim) whose
+    # strides place every element apart (_kv_cache.slot_strides_apart, the general path's rule).
     cdef Py_ssize_t stride[3]
     cdef Py_ssize_t extent[3]
-    cdef Py_ssize_t inner, i, j, swap
-    if not cnp.PyArray_CheckExact(a):
+    cdef Py_ssize_t inner, i, j, swap, itemsize = _itemsize(a)
+    if not (a.nd == 4 and _strided_dtype(a) >= 0 and a.writeable and <size_t>a.data % itemsize == 0
+            and a.dims[2] == kv_heads and a.dims[3] == dim and (a.steps[3] == itemsize or a.dims[3] <= 1)):
         return False
-    arr = <cnp.ndarray>a
-    if not (posenc_dtype_index(cnp.PyArray_TYPE(arr)) >= 0 and cnp.PyArray_ISWRITEABLE(arr)
-            and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr)
-            and cnp.PyArray_NDIM(arr) == 4 and arr.shape[2] == kv_heads and arr.shape[3] == dim
-            and (cnp.PyArray_STRIDE(arr, 3) == cnp.PyArray_ITEMSIZE(arr) or arr.shape[3] <= 1)):
-        return False
-    if cnp.PyArray_ISCARRAY(arr) or cnp.PyArray_SIZE(arr) == 0:
+    if _count(a) == 0:
         return True
     for i in range(3):  # the outer axes by stride, each past the extent of those inside it
-        stride[i] = cnp.PyArray_STRIDE(arr, i)
-        extent[i] = arr.shape[i]
+        stride[i] = a.steps[i]
+        extent[i] = a.dims[i]
         if stride[i] < 0:
             return False
     for i in range(3):
@@ -137,7 +133,7 @@ cdef inline bint _cache_array(object a, Py_ssize_t kv_heads, Py_ssize_t dim):
             if stride[j] > stride[j + 1]:
                 swap = stride[j]; stride[j] = stride[j + 1]; stride[j + 1] = swap
                 swap = extent[j]; extent[j] = extent[j + 1]; extent[j + 1] = swap
-    inner = arr.shape[3] * cnp.PyArray_ITEMSIZE(arr)
+    inner = a.dims[3] * itemsize
     for i in range(3):
         if extent[i] > 1:
             if stride[i] < inner:
@@ -176,22 +172,21 @@ cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots
     return True
 
 
-cdef bint _caches_valid(object k_cache, object v_cache, Py_ssize_t kv_heads, Py_ssize_t dim, int data,
-                        tuple inputs, const long long* slots, Py_ssize_t tokens):
+cdef bint _caches_valid(const Strided* kc, const Strided* vc, Py_ssize_t kv_heads, Py_ssize_t dim, int data,
+                        const Strided* inputs, Py_ssize_t n_inputs, const long long* slots, Py_ssize_t tokens):
     # The general path's rules (_kv_cache.check_call) for a key and a value cache of the call's
     # rows: each a _cache_array of one dtype and shape, taking `data`, apart from each other and
     # from every input array; every slot -1 or in them, none twice.
-    cdef cnp.ndarray kc, vc
-    if not (_cache_array(k_cache, kv_heads, dim) and _cache_array(v_cache, kv_heads, dim)):
+    cdef Py_ssize_t j
+    if not (_cache_array(kc, kv_heads, dim) and _cache_array(vc, kv_heads, dim)):
         return False
-    kc, vc = <cnp.ndarray>k_cache, <cnp.ndarray>v_cache
-    if (cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc) or vc.shape[0] != kc.shape[0]
-            or vc.shape[1] != kc.shape[1] or not _cache_takes(data, _dtype(kc)) or not _disjoint(kc, vc)):
+    if (_strided_dtype(vc) != _strided_dtype(kc) or vc.dims[0] != kc.dims[0] or vc.dims[1] != kc.dims[1]
+            or not _cache_takes(data, _strided_dtype(kc)) or not _strided_disjoint(kc, vc)):
         return False
-    for other in inputs:
-        if not (_disjoint(kc, <cnp.ndarray>other) and _disjoint(vc, <cnp.ndarray>other)):
+    for j in range(n_inputs):
+        if not (_strided_disjoint(kc, &inputs[j]) and _strided_disjoint(vc, &inputs[j])):
             return False
-    return _slots_valid(slots, tokens, <long long>kc.shape[0] * kc.shape[1])
+    return _slots_valid(slots, tokens, <long long>kc.dims[0] * kc.dims[1])
 
 
 def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache, v_cache,
@@ -204,6 +199,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     a decode step is a few microseconds of checks here.
     """
     cdef cnp.ndarray qa, ka, va
+    cdef Strided s[7]  # q, k, v, positions, slot_mapping, then the key and value caches
     cdef Py_ssize_t n
     cdef long long lowest = 0, highest = 0
     cdef const long long* pos
@@ -225,12 +221,16 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
             or va.shape[0] != n or va.shape[1] != ka.shape[1]
             or cnp.PyArray_TYPE(ka) != cnp.PyArray_TYPE(qa)
             or cnp.PyArray_TYPE(va) != cnp.PyArray_TYPE(qa)
-            or not _index_array(positions, n) or not _index_array(slot_mapping, n)
-            or not _caches_valid(k_cache, v_cache, ka.shape[1], fast.dim, _dtype(qa),
-                                 (qa, ka, va, positions, slot_mapping),
-                                 <const long long*>_data(<cnp.ndarray>slot_mapping), n)):
+            or not (_array_strided(positions, &s[3]) and _index_strided(&s[3], n))
+            or not (_array_strided(slot_mapping, &s[4]) and _index_strided(&s[4], n))
+            or not (_array_strided(k_cache, &s[5]) and _array_strided(v_cache, &s[6]))):
         return None
-    pos = <const long long*>_data(<cnp.ndarray>positions)
+    _fill_strided(qa, &s[0])
+    _fill_strided(ka, &s[1])
+    _fill_strided(va, &s[2])
+    if not _caches_valid(&s[5], &s[6], ka.shape[1], fast.dim, _dtype(qa), s, 5, <const long long*>s[4].data, n):
+        return None
+    pos = <const long long*>s[3].data
     _position_range(pos, n, &lowest, &highest)
     if lowest < 0 or highest >= fast.valid_below:
         return None
@@ -244,20 +244,10 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
                            _table_of(qa))
     w = _arrays_walk(qa, <cnp.ndarray>result, ka, va, k_cache, v_cache)
     if qk_norm is None:
-        _walk_tokens(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, False, fast.start,
-                     _cache_threads(&w))
+        _walk_tokens(&w, <const long long*>s[4].data, pos, &table, fast.half, False, fast.start, _cache_threads(&w))
     else:
-        _write_normed(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, fast.half, fast.start,
-                      factors[0], factors[1], e)
+        _write_normed(&w, <const long long*>s[4].data, pos, &table, fast.half, fast.start, factors[0], factors[1], e)
     return result
-
-
-cdef object _kv_layout_view(object cache, bint hnd):
-    # A cache as (num_blocks, block_size, kv_heads, dim): "HND" (num_blocks, kv_heads, block_size, dim)
-    # swapped to it; None where it is not a 4-D exact ndarray.
-    if not (cnp.PyArray_CheckExact(cache) and cnp.PyArray_NDIM(<cnp.ndarray>cache) == 4):
-        return None
-    return cnp.PyArray_SwapAxes(<cnp.ndarray>cache, 1, 2) if hnd else cache
 
 
 def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
@@ -270,52 +260,52 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     q_weight and k_weight both None, or both as apply_qk_norm_fast takes them.
     """
     cdef TokenRows rows[4]
-    cdef Strided v[5]  # the [cos | sin] cache, the positions, query, key, value
+    cdef Strided v[8]  # query, key, the [cos | sin] cache, positions, value, slot_mapping, the key and value caches
     cdef CosSinTable table
     cdef TokenWalk w
-    cdef Py_ssize_t tokens = 0, j
+    cdef Py_ssize_t tokens = 0, j, i
     cdef const long long* pos = NULL
+    cdef const long long* slots
     cdef double e = 0.0
     cdef int d
+    cdef bint grad, tensors
     cdef cnp.ndarray widened = None
     if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
             or type(kv_cache_layout) is not str or kv_cache_layout not in ("NHD", "HND")
-            or (q_weight is None) != (k_weight is None)):
+            or (q_weight is None) != (k_weight is None) or key is None
+            or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)):
         return False
-    if _Tensor is not None and type(query) is _Tensor:  # all viewed in C (the weights may be None), or declined
-        arrays = tensor_arrays((positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache,
-                                q_weight, k_weight), 0b1100000000, 0b1000001)
-        if arrays is None:
+    tensors = type(query) is _Tensor
+    if not (_strided_of(value, tensors, grad, True, &v[4]) and _strided_of(slot_mapping, tensors, grad, False, &v[5])
+            and _strided_of(key_cache, tensors, grad, True, &v[6])
+            and _strided_of(value_cache, tensors, grad, True, &v[7])
+            and _token_table(&v[2], &v[3], head_size, &table, &tokens, &pos)):
+        return False
+    d = _strided_dtype(&v[0])
+    for j in range(3):  # query, key, value as rows 1-3; rows[0], the query's result, is the query
+        i = 4 if j == 2 else j
+        if not _token_rows(&v[i], tokens, head_size, 0, &rows[j + 1]) or _strided_dtype(&v[i]) != d:
             return False
-        (positions, query, key, value, key_cache, value_cache, slot_mapping, cos_sin_cache, q_weight,
-         k_weight) = arrays
-    if not (_array_strided(cos_sin_cache, &v[0]) and _array_strided(positions, &v[1])
-            and _token_table(&v[0], &v[1], head_size, &table, &tokens, &pos)):
-        return False
-    for j, given in enumerate((query, key, value)):
-        if (not _array_strided(given, &v[j + 2]) or not _token_rows(&v[j + 2], tokens, head_size, 0, &rows[j + 1])
-                or cnp.PyArray_TYPE(<cnp.ndarray>given) != cnp.PyArray_TYPE(<cnp.ndarray>query)):
-            return False
-    rows[0] = rows[1]  # query rotated in place
-    d = posenc_dtype_index(cnp.PyArray_TYPE(<cnp.ndarray>query))
-    if not _vllm_table_takes(d, table.dtype):
-        return False
-    key_cache = _kv_layout_view(key_cache, kv_cache_layout == "HND")
-    value_cache = _kv_layout_view(value_cache, kv_cache_layout == "HND")
-    if (not _disjoint(<cnp.ndarray>query, <cnp.ndarray>cos_sin_cache) or rows[2].heads != rows[3].heads
+    rows[0] = rows[1]
+    if (not _vllm_table_takes(d, table.dtype) or v[6].nd != 4 or v[7].nd != 4
+            or not _strided_disjoint(&v[0], &v[2]) or rows[2].heads != rows[3].heads
             or not _rows_disjoint(&rows[0], &rows[2], tokens) or not _rows_disjoint(&rows[0], &rows[3], tokens)
-            or not _index_array(slot_mapping, tokens)
-            or not _caches_valid(key_cache, value_cache, rows[2].heads, head_size, d,
-                                 (query, key, value, positions, slot_mapping, cos_sin_cache),
-                                 <const long long*>_data(<cnp.ndarray>slot_mapping), tokens)):
+            or not _index_strided(&v[5], tokens)):
         return False
-    w = _cache_walk(rows, tokens, head_size, d, cnp.PyArray_ITEMSIZE(<cnp.ndarray>query), key_cache, value_cache)
+    if kv_cache_layout == "HND":  # (num_blocks, kv_heads, block_size, dim) read as NHD
+        _swap_axes(&v[6], 1, 2)
+        _swap_axes(&v[7], 1, 2)
+    slots = <const long long*>v[5].data
+    if not _caches_valid(&v[6], &v[7], rows[2].heads, head_size, d, v, 6, slots, tokens):
+        return False
+    w = _cache_walk(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
     if q_weight is None:
         if K.rotate[d][table.dtype][0] == NULL:
             return False
-        _walk_tokens(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), pos, &table, is_neox, False, 0,
-                     _cache_threads(&w))
+        _walk_tokens(&w, slots, pos, &table, is_neox, False, 0, _cache_threads(&w))
         return True
+    if tensors:  # the weights read as tensors too
+        q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
     factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
     if factors is None:
         return False
@@ -323,6 +313,5 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
         widened = _widened_rows(&table, pos, tokens)
     if not (_norm_takes(d, d, table.dtype, is_neox, False) and _norm_takes(d, w.cache, table.dtype, is_neox, True)):
         return False
-    _write_normed(&w, <const long long*>_data(<cnp.ndarray>slot_mapping), NULL if widened is not None else pos,
-                  &table, is_neox, 0, factors[0], factors[1], e)
+    _write_normed(&w, slots, NULL if widened is not None else pos, &table, is_neox, 0, factors[0], factors[1], e)
     return True

@@ -29,18 +29,25 @@ cdef struct Strided:
 
 cdef bint _array_strided(object a, Strided* v):
     # An exact, aligned, native ndarray's memory into v, or False.
-    cdef cnp.ndarray arr
-    cdef int k
-    if not cnp.PyArray_CheckExact(a):
+    if not (cnp.PyArray_CheckExact(a) and cnp.PyArray_ISALIGNED(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
         return False
-    arr = <cnp.ndarray>a
-    if not (cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr)):
-        return False
-    v.descr, v.data, v.nd = <PyObject*>cnp.PyArray_DESCR(arr), _data(arr), cnp.PyArray_NDIM(arr)
-    v.writeable = cnp.PyArray_ISWRITEABLE(arr)
-    for k in range(v.nd):
-        v.dims[k], v.steps[k] = cnp.PyArray_DIMS(arr)[k], cnp.PyArray_STRIDES(arr)[k]
+    _fill_strided(<cnp.ndarray>a, v)
     return True
+
+
+cdef void _fill_strided(cnp.ndarray a, Strided* v) noexcept:
+    # a's memory into v, whatever it is.
+    cdef int k
+    v.descr, v.data, v.nd = <PyObject*>cnp.PyArray_DESCR(a), _data(a), cnp.PyArray_NDIM(a)
+    v.writeable = cnp.PyArray_ISWRITEABLE(a)
+    for k in range(v.nd):
+        v.dims[k], v.steps[k] = cnp.PyArray_DIMS(a)[k], cnp.PyArray_STRIDES(a)[k]
+
+
+cdef inline void _swap_axes(Strided* v, int i, int j) noexcept:
+    v.dims[i], v.dims[j] = v.dims[j], v.dims[i]
+    v.steps[i], v.steps[j] = v.steps[j], v.steps[i]
 
 
 cdef inline bint _strided_of(object a, bint tensor, bint grad, bint floats_only, Strided* v):
@@ -164,13 +171,14 @@ cdef struct TokenWalk:
     SlotLayout v_layout
 
 
-cdef inline SlotLayout _slot_layout(cnp.ndarray cache) noexcept:
+cdef inline SlotLayout _slot_layout(const Strided* cache) noexcept:
+    # A (num_blocks, block_size, kv_heads, dim) cache's layout.
     cdef SlotLayout layout
-    layout.data = _data(cache)
-    layout.block_size = cache.shape[1]
-    layout.block_stride = cnp.PyArray_STRIDE(cache, 0)
-    layout.offset_stride = cnp.PyArray_STRIDE(cache, 1)
-    layout.head_stride = cnp.PyArray_STRIDE(cache, 2)
+    layout.data = cache.data
+    layout.block_size = cache.dims[1]
+    layout.block_stride = cache.steps[0]
+    layout.offset_stride = cache.steps[1]
+    layout.head_stride = cache.steps[2]
     return layout
 
 
@@ -319,12 +327,10 @@ cdef inline TokenRows _array_rows(cnp.ndarray a) noexcept:
     return rows
 
 
-cdef inline bint _index_array(object a, Py_ssize_t n):
-    # An exact, C-contiguous, aligned, native int64 ndarray (ISCARRAY_RO: all three) of shape
-    # (n,); n < 0: any length.
-    return (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_INT64
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1
-            and (n < 0 or cnp.PyArray_DIMS(<cnp.ndarray>a)[0] == n))
+cdef inline bint _index_strided(const Strided* a, Py_ssize_t n) noexcept:
+    # A contiguous, aligned int64 array of shape (n,); n < 0: any length.
+    return ((<cnp.dtype>a.descr).type_num == cnp.NPY_INT64 and a.nd == 1 and <size_t>a.data % 8 == 0
+            and (a.dims[0] < 2 or a.steps[0] == 8) and (n < 0 or a.dims[0] == n))
 
 
 cdef inline bint _vllm_table_takes(int data, int table) noexcept:
@@ -339,10 +345,8 @@ cdef bint _token_table(const Strided* c, const Strided* positions, Py_ssize_t wi
     # (tokens,), each entry a row of it.
     cdef Py_ssize_t npairs, itemsize = _itemsize(c)
     cdef long long lowest = 0, highest = 0
-    if (positions.nd != 1 or (<cnp.dtype>positions.descr).type_num != cnp.NPY_INT64
-            or <size_t>positions.data % 8 or (positions.dims[0] > 1 and positions.steps[0] != 8)
-            or c.nd != 2 or _strided_dtype(c) < 0 or <size_t>c.data % itemsize or c.steps[0] % itemsize
-            or c.steps[1] != itemsize):
+    if (not _index_strided(positions, -1) or c.nd != 2 or _strided_dtype(c) < 0 or <size_t>c.data % itemsize
+            or c.steps[0] % itemsize or c.steps[1] != itemsize):
         return False
     npairs = c.dims[1] // 2
     tokens[0] = positions.dims[0]
