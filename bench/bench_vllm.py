@@ -8,7 +8,7 @@ cache float32): a prefill of 4096 tokens at positions 0..4095, and a decode
 step of 16 sequences, one token each.  Rows:
 
 * ``posenc_fast numpy`` / ``posenc_fast torch``: the in-place call on NumPy
-  arrays / on CPU tensors (viewed, not copied); ``torch.ops`` through the
+  arrays / on CPU tensors (read in C, not copied); ``torch.ops`` through the
   custom op of `posenc_fast.torch_ops` (dispatcher overhead included);
 * ``apply_qk``: `RotaryEmbedding.apply_qk` rotating the same NumPy arrays in
   place, as (tokens, heads, head_size) with a position per token: the kernel
