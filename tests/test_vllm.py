@@ -376,6 +376,32 @@ def test_bad_input_refused_with_nothing_written(case):
         assert untouched(a, np.asarray(call[name])), f"{name} was written"
 
 
+def test_arrays_of_more_than_32_axes_refused_by_the_checks():
+    """NumPy 2 makes arrays of up to 64 axes; the compiled paths read at most 32 and leave others to the checks.
+
+    Without that limit the reader writes past a stack array: a build with
+    ``-fsanitize=address`` fails here (a plain build may not notice).
+    """
+    if np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        pytest.skip("NumPy 1 makes arrays of at most 32 axes: no such array exists there")
+    call = valid_call()
+    value, weight = np.ones((4, 8), np.float32), np.ones(8, np.float32)
+    calls = {
+        "rotary_embedding": (vllm.rotary_embedding, call),
+        "fused_qk_norm_rope": (vllm.fused_qk_norm_rope, dict(call, q_weight=weight, k_weight=weight)),
+        "apply_qk_to_cache": (vllm.apply_qk_to_cache, dict(
+            call, value=value, key_cache=np.zeros((2, 4, 1, 8), np.float32),
+            value_cache=np.zeros((2, 4, 1, 8), np.float32), slot_mapping=np.arange(4))),
+    }
+    for function, args in calls.values():
+        function(**{name: np.array(a, copy=True) if isinstance(a, np.ndarray) else a for name, a in args.items()})
+        for name, a in args.items():
+            if isinstance(a, np.ndarray) and a.ndim:
+                deep = dict(args, **{name: a.reshape((1,) * (64 - a.ndim) + a.shape)})
+                with pytest.raises((TypeError, ValueError)):
+                    function(**deep)
+
+
 def test_bad_torch_input_refused_with_nothing_written():
     torch = pytest.importorskip("torch")
     base = {name: (torch.from_numpy(a) if isinstance(a, np.ndarray) else a)

@@ -28,8 +28,10 @@ cdef struct Strided:
 
 
 cdef bint _array_strided(object a, Strided* v):
-    # An exact, aligned, native ndarray's memory into v, or False.
-    if not (cnp.PyArray_CheckExact(a) and cnp.PyArray_ISALIGNED(<cnp.ndarray>a)
+    # An exact, aligned, native ndarray of at most 32 axes (NumPy 2 has up to 64): its memory into v,
+    # or False.
+    if not (cnp.PyArray_CheckExact(a) and cnp.PyArray_NDIM(<cnp.ndarray>a) <= 32
+            and cnp.PyArray_ISALIGNED(<cnp.ndarray>a)
             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
         return False
     _fill_strided(<cnp.ndarray>a, v)
@@ -37,7 +39,7 @@ cdef bint _array_strided(object a, Strided* v):
 
 
 cdef void _fill_strided(cnp.ndarray a, Strided* v) noexcept:
-    # a's memory into v, whatever it is.
+    # a's memory into v, whatever it is but for its axes (at most 32).
     cdef int k
     v.descr, v.data, v.nd = <PyObject*>cnp.PyArray_DESCR(a), _data(a), cnp.PyArray_NDIM(a)
     v.writeable = cnp.PyArray_ISWRITEABLE(a)

@@ -163,7 +163,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    0.99 and 1.42 1.17 1.11 1.56 1.83; beside the hog 8, 16, 32 KiB gave 1.58
    1.49 1.44 and 1.25 1.30 1.48, in place 1.20 1.04 1.04 and 1.58 1.46 1.70;
    AVX2 and float64 also best or within noise of best at 16 KiB.  At 6-8 MiB
-   the blocks still beat the row walk (1.1-1.5x against 1.4-1.6x). */
+   the blocks still beat the row walk (1.1-1.5x against 1.4-1.6x).  On the
+   AMD EPYC Zen 3 (32 KiB L1d; bench/sweeps.md, 2026-12-06, quiet and hog)
+   8, 16 and 32 KiB run the cache rows within each other's ranges. */
 #ifndef POSENC_ROW_BLOCK_BYTES
 #define POSENC_ROW_BLOCK_BYTES (16 * 1024)
 #endif
