@@ -24,6 +24,9 @@ from libc.string cimport memcmp, memcpy
 
 from posenc_fast._kernel_table cimport *
 
+cdef extern from "posenc_numpy_compat.h":
+    pass
+
 cdef extern from "posenc_pool.h" nogil:
     ctypedef void (*posenc_item_fn)(void* ctx, Py_ssize_t item, int slot) noexcept nogil
     int POSENC_POOL
