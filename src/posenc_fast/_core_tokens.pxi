@@ -23,7 +23,7 @@ cdef struct Strided:
     char* data
     int nd
     bint writeable
-    cnp.npy_intp dims[32]  # 32: NumPy 1's limit
+    cnp.npy_intp dims[32]  # 32 axes, NumPy 1's limit: arrays of more are not read
     cnp.npy_intp steps[32]
 
 
