@@ -29,14 +29,20 @@ cdef inline int _cache_threads(const TokenWalk* w) noexcept:
 
 
 cdef TokenWalk _arrays_walk(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
-                              cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
-    # _cache_walk of (tokens, heads, dim) arrays.
+                            const Strided* caches) except *:
+    # _cache_walk of (tokens, heads, dim) arrays; caches: the key's, then the value's.
     cdef TokenRows rows[4]
-    cdef Strided caches[2]
     rows[0], rows[1], rows[2], rows[3] = _array_rows(q), _array_rows(out_q), _array_rows(k), _array_rows(v)
+    return _cache_walk(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), &caches[0], &caches[1])
+
+
+cdef inline TokenWalk _cache_arrays_walk(cnp.ndarray q, cnp.ndarray out_q, cnp.ndarray k, cnp.ndarray v,
+                                         cnp.ndarray k_cache, cnp.ndarray v_cache) except *:
+    # _arrays_walk of caches given as ndarrays.
+    cdef Strided caches[2]
     _fill_strided(k_cache, &caches[0])
     _fill_strided(v_cache, &caches[1])
-    return _cache_walk(rows, q.shape[0], q.shape[2], _dtype(q), cnp.PyArray_ITEMSIZE(q), &caches[0], &caches[1])
+    return _arrays_walk(q, out_q, k, v, caches)
 
 
 def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
@@ -59,7 +65,7 @@ def rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None,
     thread: bitwise the same for any count.
     """
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef TokenWalk w = _arrays_walk(q, out_q, k, v, k_cache, v_cache)
+    cdef TokenWalk w = _cache_arrays_walk(q, out_q, k, v, k_cache, v_cache)
     _walk_tokens(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, False, start,
                  _cache_threads(&w))
 
@@ -107,7 +113,7 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
     """rotate_into_kv_cache with each q and k row RMSNormed first (norm_rotate_rows' rule:
     q_factors, k_factors C-contiguous float64 (dim,), `eps`)."""
     cdef CosSinTable table = _table_from(cos_table, sin_table)
-    cdef TokenWalk w = _arrays_walk(q, out_q, k, v, k_cache, v_cache)
+    cdef TokenWalk w = _cache_arrays_walk(q, out_q, k, v, k_cache, v_cache)
     _write_normed(&w, <const long long*>_data(slots), <const long long*>_data(rows), &table, half_layout, start,
                   q_factors, k_factors, eps)
 
@@ -242,7 +248,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
         return None
     table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs, cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache),
                            _table_of(qa))
-    w = _arrays_walk(qa, <cnp.ndarray>result, ka, va, k_cache, v_cache)
+    w = _arrays_walk(qa, <cnp.ndarray>result, ka, va, &s[5])
     if qk_norm is None:
         _walk_tokens(&w, <const long long*>s[4].data, pos, &table, fast.half, False, fast.start, _cache_threads(&w))
     else:

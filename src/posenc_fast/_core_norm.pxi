@@ -326,9 +326,11 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
             or not _token_table(&v[2], &v[3], head_size, &cos_sin, &tokens, &pos)):
         return False
     dim, d = head_size, _strided_dtype(&v[0])
+    if not _vllm_table_takes(d, cos_sin.dtype):
+        return False
     for j in range(2):
-        if (not _token_rows(&v[j], tokens, dim, 0, &rows[j]) or not _vllm_table_takes(d, cos_sin.dtype)
-                or _strided_dtype(&v[j]) != d or not _strided_disjoint(&v[j], &v[2])):
+        if (not _token_rows(&v[j], tokens, dim, 0, &rows[j]) or _strided_dtype(&v[j]) != d
+                or not _strided_disjoint(&v[j], &v[2])):
             return False
     if not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False

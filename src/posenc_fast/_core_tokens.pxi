@@ -17,20 +17,23 @@ from cpython.object cimport PyObject
 from libc.string cimport memset
 
 
+cdef enum:
+    STRIDED_AXES = 32  # NumPy 1's limit (NumPy 2's is 64): arrays of more axes are not read
+
+
 cdef struct Strided:
     # An ndarray's or a tensor's memory as read here: its NumPy dtype (borrowed), shape, byte steps.
     PyObject* descr
     char* data
     int nd
     bint writeable
-    cnp.npy_intp dims[32]  # 32 axes, NumPy 1's limit: arrays of more are not read
-    cnp.npy_intp steps[32]
+    cnp.npy_intp dims[STRIDED_AXES]
+    cnp.npy_intp steps[STRIDED_AXES]
 
 
 cdef bint _array_strided(object a, Strided* v):
-    # An exact, aligned, native ndarray of at most 32 axes (NumPy 2 has up to 64): its memory into v,
-    # or False.
-    if not (cnp.PyArray_CheckExact(a) and cnp.PyArray_NDIM(<cnp.ndarray>a) <= 32
+    # An exact, aligned, native ndarray of at most STRIDED_AXES axes: its memory into v, or False.
+    if not (cnp.PyArray_CheckExact(a) and cnp.PyArray_NDIM(<cnp.ndarray>a) <= STRIDED_AXES
             and cnp.PyArray_ISALIGNED(<cnp.ndarray>a)
             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
         return False
@@ -39,7 +42,7 @@ cdef bint _array_strided(object a, Strided* v):
 
 
 cdef void _fill_strided(cnp.ndarray a, Strided* v) noexcept:
-    # a's memory into v, whatever it is but for its axes (at most 32).
+    # a's memory into v, whatever it is but for its axes (at most STRIDED_AXES).
     cdef int k
     v.descr, v.data, v.nd = <PyObject*>cnp.PyArray_DESCR(a), _data(a), cnp.PyArray_NDIM(a)
     v.writeable = cnp.PyArray_ISWRITEABLE(a)
@@ -392,7 +395,7 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
     if (type(head_size) is not int or type(rope_dim_offset) is not int or type(is_neox) is not bool
             or type(inverse) is not bool or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)):
         return False
-    return _rotate_tokens(v, 1 if key is None else 2, &v[2], &v[3], head_size, rope_dim_offset, is_neox, inverse)
+    return _rotate_tokens(v, 1 if key is None else 2, head_size, rope_dim_offset, is_neox, inverse)
 
 
 cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* grad):
@@ -406,9 +409,9 @@ cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* 
             and _strided_of(positions, tensors, grad[0], False, &v[3]))
 
 
-cdef bint _rotate_tokens(const Strided* xs, Py_ssize_t n, const Strided* cos_sin_cache, const Strided* positions,
-                         Py_ssize_t head_size, Py_ssize_t offset, bint half, bint inverse):
-    # rotate_tokens_fast's call: xs, query or query and key.
+cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, Py_ssize_t offset, bint half,
+                         bint inverse):
+    # rotate_tokens_fast's call on _token_arrays' v: its first n, query or query and key.
     cdef Py_ssize_t j, tokens = 0, size = 0
     cdef const long long* pos = NULL
     cdef int d[2]
@@ -416,19 +419,19 @@ cdef bint _rotate_tokens(const Strided* xs, Py_ssize_t n, const Strided* cos_sin
     cdef TokenWalk w
     cdef CosSinTable cos_sin
     if (not _fast_paths_on or head_size < 1 or offset < 0
-            or not _token_table(cos_sin_cache, positions, head_size - offset, &cos_sin, &tokens, &pos)):
+            or not _token_table(&v[2], &v[3], head_size - offset, &cos_sin, &tokens, &pos)):
         return False
     for j in range(n):
-        if not _token_rows(&xs[j], tokens, head_size, offset, &rows[j]):
+        if not _token_rows(&v[j], tokens, head_size, offset, &rows[j]):
             return False
-        d[j] = _strided_dtype(&xs[j])
+        d[j] = _strided_dtype(&v[j])
         if (not _vllm_table_takes(d[j], cos_sin.dtype) or K.rotate[d[j]][cos_sin.dtype][0] == NULL
-                or not _strided_disjoint(&xs[j], cos_sin_cache) or d[j] != d[0]):
+                or not _strided_disjoint(&v[j], &v[2]) or d[j] != d[0]):
             return False
-        size += _count(&xs[j])
+        size += _count(&v[j])
     if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
     for j in range(n):  # each in place, its token's rows by its position's row
-        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], _itemsize(&xs[j]))
+        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], _itemsize(&v[j]))
         _walk_tokens(&w, NULL, pos, &cos_sin, half, inverse, 0, _threads_for(size))
     return True

@@ -174,7 +174,7 @@ cdef bint _dlpack_strided(object t, bint grad, bint floats_only, Strided* v):
         return False
     k = _log2_bytes(view.dtype.bits)
     if (view.device.device_type != DL_CPU or view.dtype.lanes != 1 or view.data == NULL
-            or view.dtype.code > DL_BOOL or k < 0 or view.ndim > 32):
+            or view.dtype.code > DL_BOOL or k < 0 or view.ndim > STRIDED_AXES):
         return False
     found = _dl_descrs[4 * view.dtype.code + k]
     if found is None or floats_only and posenc_dtype_index((<cnp.dtype>found).type_num) < 0:
@@ -199,7 +199,7 @@ cdef bint _attribute_strided(object t, bint grad, bint floats_only, Strided* v):
     except Exception:  # e.g. a functorch wrapper without storage
         return False
     nd = len(shape)
-    if address == 0 or nd > 32 or len(strides) != nd:
+    if address == 0 or nd > STRIDED_AXES or len(strides) != nd:
         return False
     v.descr, v.nd, v.data, v.writeable = <PyObject*>found, <int>nd, <char*>address, True
     for k in range(nd):
@@ -246,8 +246,8 @@ def tensor_arrays(tuple args, unsigned int optional, unsigned int integers):
 cdef struct OwnedBlock:
     # One malloc'd block: the managed tensor torch takes, its shape and strides, then the data.
     DLManagedTensorVersioned managed
-    int64_t shape[32]
-    int64_t strides[32]
+    int64_t shape[STRIDED_AXES]  # like's
+    int64_t strides[STRIDED_AXES]
 
 
 cdef void _free_block(DLManagedTensorVersioned* managed) noexcept nogil:
@@ -362,9 +362,9 @@ cdef class TensorRotation:
         cdef Strided v[4]  # the data (one or two), then cos and sin
         cdef Strided* c = &v[2]
         cdef Strided* s = &v[3]
-        cdef cnp.npy_intp dims[32]
-        cdef cnp.npy_intp cos_steps[32]
-        cdef cnp.npy_intp sin_steps[32]
+        cdef cnp.npy_intp dims[STRIDED_AXES]
+        cdef cnp.npy_intp cos_steps[STRIDED_AXES]
+        cdef cnp.npy_intp sin_steps[STRIDED_AXES]
         cdef CacheWalk walks[2]
         cdef CosSinTable cos_sin
         cdef char* outs[2]
