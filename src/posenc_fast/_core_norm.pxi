@@ -7,6 +7,8 @@
 # 1 / sqrt(sum / dim + eps) and by its weight (K.scale_row), rotated by the
 # float32 (float64) row kernel, and stored, a half type rounded once: to the
 # next row of `out`, or (a paged KV cache) to the byte offset of its own row.
+# Rows rotated whole (the half layout, a float32 table) are scaled, rotated
+# and stored by one kernel (K.norm_half) where the variant has vectors.
 # A row's scale (two divisions and a square root, each waiting on the last)
 # is formed before the next row's sum, which runs meanwhile.
 
@@ -31,6 +33,7 @@ cdef struct NormJob:
     int data                 # x's dtype index
     char* scratch            # NORM_SCRATCH_ROWS * dim compute items per thread
     const RowCall* call      # the compute dtype's rotation of one row
+    posenc_norm_half_fn fused  # scale, rotation and store in one pass (K.norm_half), or NULL: the passes
 
 
 cdef enum:
@@ -87,6 +90,11 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
             continue
         else:
             out_row = job.out + job.out_at[r]
+        if job.fused != NULL:
+            job.fused(<const float*>row, out_row, job.weight32, scale,
+                      <const float*>(job.table.cos + job.rows[r] * job.table.cos_stride),
+                      <const float*>(job.table.sin + job.rows[r] * job.table.sin_stride), dim // 2)
+            continue
         # a widened row is normalized where it lies; x's own row into the scratch row not holding the next
         normed = <char*>row if job.data != compute else buffers + ((r - first + 1) & 1) * row_bytes
         K.scale_row[compute](row, normed, weight, dim, scale)
@@ -128,8 +136,11 @@ cdef int _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, 
     aligned = _data(block) + ((64 - (<size_t>_data(block) & 63)) & 63)
     for i in range(dim):
         (<float*>aligned)[i] = <float>weight[i]
+    # rows rotated whole by a float32 table (the half layout) in one pass where the variant has it
+    cdef posenc_norm_half_fn fused = (K.norm_half[store] if compute == POSENC_F32 and table.dtype == POSENC_F32
+                                      and half_layout and 2 * table.npairs == dim and start == 0 else NULL)
     cdef NormJob job = NormJob(rows, x, out, table[0], nrows, dim, itemsize, in_at, at, store,
-                               weight, <const float*>aligned, eps, data, aligned + weight_bytes, &call)
+                               weight, <const float*>aligned, eps, data, aligned + weight_bytes, &call, fused)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
     return 0

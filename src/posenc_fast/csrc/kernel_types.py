@@ -108,6 +108,10 @@ FUNCTION_TYPES = [
     FunctionType("scale_row", ("out[i] = (x[i] * scale) * weight[i], scale rounded to the row's type, float or",
                                "double (out may be x).",),
                  ("const void* x, void* out, const void* weight, Py_ssize_t n, double scale",)),
+    FunctionType("norm_half", ("scale_row of a float row of 2n features, rotated (pairs (i, i + n) by c[i], s[i])",
+                               "and stored in the table's dtype, rounded once: the three passes in one.",),
+                 ("const float* x, void* out, const float* weight, double scale,",
+                  "const float* c, const float* s, Py_ssize_t n")),
 ]
 
 
@@ -142,6 +146,7 @@ TABLE_FIELDS = [
     TableField("posenc_convert_fn", "to_f32", _BY_DTYPE),
     TableField("posenc_sum_squares_fn", "sum_squares", _BY_DTYPE, "NULL: a half type (normed in float32)"),
     TableField("posenc_scale_row_fn", "scale_row", _BY_DTYPE, "NULL: a half type"),
+    TableField("posenc_norm_half_fn", "norm_half", _BY_DTYPE, "by the stored dtype; NULL: no vectors for it"),
 ]
 
 

@@ -140,6 +140,7 @@ typedef __m512i posenc_hv_packed;
 #define posenc_hv_mul _mm512_mul_ps
 #define posenc_hv_add _mm512_add_ps
 #define posenc_hv_sub _mm512_sub_ps
+#define posenc_hv_set1 _mm512_set1_ps
 static inline posenc_hv posenc_hv_load_bf16(const posenc_bf16* p) {
     __m256i h = _mm256_loadu_si256((const __m256i*)p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -202,6 +203,7 @@ typedef __m256i posenc_hv_packed;
 #define posenc_hv_mul _mm256_mul_ps
 #define posenc_hv_add _mm256_add_ps
 #define posenc_hv_sub _mm256_sub_ps
+#define posenc_hv_set1 _mm256_set1_ps
 /* Eight bfloat16 values into the high halves of eight float lanes: the 16 bytes in both 128-bit
    lanes (a broadcast load), one byte shuffle (zero-extending and shifting took two operations:
    a row of bfloat16 in cache 2-5% faster, AMD Zen 3). */
