@@ -152,16 +152,18 @@ def test_add_position_table_with_a_16m_row_table():
 
 
 # Rotations of results past 512 KiB prefetch each row's successors, and past
-# 16 MiB write with non-temporal stores: bits as from calls on small pieces.
+# 16 MiB write with non-temporal stores (in place, rows of 256 bytes or less
+# go a head's block of positions in one call): bits as from calls on small pieces.
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("positions", ["arange", "float"])
 @pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dim", [128, 64])
 def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, positions,
-                                                                 in_place):
-    rope = pf.RotaryEmbedding(128, layout=layout)
-    seq = (17 * 2**20) // (4 * 128 * np.dtype(dtype).itemsize) + 3  # 17 MiB over 4 heads
-    x = np.random.default_rng(5).standard_normal((1, 4, seq, 128)).astype(dtype)
+                                                                 in_place, dim):
+    rope = pf.RotaryEmbedding(dim, layout=layout)
+    seq = (17 * 2**20) // (4 * dim * np.dtype(dtype).itemsize) + 3  # 17 MiB over 4 heads
+    x = np.random.default_rng(5).standard_normal((1, 4, seq, dim)).astype(dtype)
     # Integer positions take the compiled fast path, float ones the general path.
     pos = np.arange(seq) + 11 if positions == "arange" else np.arange(seq) + 11.0
     want = np.empty_like(x)

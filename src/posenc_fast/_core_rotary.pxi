@@ -51,12 +51,22 @@ cdef struct PlannedJob:
 cdef void _rotate_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
     # Work item = (block of block_size positions, outer index): the cache
     # rows of a block (half an L2) serve every head of every batch in turn,
-    # while each head's rows of the block are one long contiguous stream.
+    # while each head's rows of the block are one long contiguous stream
+    # (rows of POSENC_BLOCK_ROW_BYTES or less in place: one kernel call).
     cdef const PlannedJob* job = <const PlannedJob*>job_
     cdef const RowPlan* plan = job.plan
     cdef const RowCall* call = job.call
     cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, r
-    for s in range(block * job.block_size, min((block + 1) * job.block_size, plan.seq)):
+    cdef Py_ssize_t first = block * job.block_size, stop = min(first + job.block_size, plan.seq)
+    if (plan.inner == 1 and plan.positions == NULL and not call.stream
+            and call.row_bytes <= POSENC_BLOCK_ROW_BYTES):  # short rows in place: one call
+        r = o * plan.seq + first
+        _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, stop - first,
+                      job.table.cos + (plan.base + first) * job.table.cos_stride,
+                      job.table.sin + (plan.base + first) * job.table.sin_stride,
+                      job.table.cos_stride // job.table.itemsize, call)
+        return
+    for s in range(first, stop):
         r = (o * plan.seq + s) * plan.inner  # the first of the plan.inner rows (o, s, :)
         _rotate_position(job.x + r * call.row_bytes, job.out + r * call.row_bytes, plan.inner,
                          plan.base + (plan.positions[s] if plan.positions != NULL else s),

@@ -169,6 +169,18 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 #ifndef POSENC_ROW_BLOCK_BYTES
 #define POSENC_ROW_BLOCK_BYTES (16 * 1024)
 #endif
+/* Rows of at most this many bytes, rotated in place past POSENC_STREAM_BYTES
+   (the walk of position blocks across heads), go a head's rows of a block in
+   one rotate_position call, not one row kernel call (and prefetch) a row: a
+   row's own cost weighs most on short rows.  AMD EPYC Zen 3 (2026-12-06, in
+   place, time / np.multiply or a copy, medians of 9, two runs): float32
+   head_dim 64 1.36-1.37x -> 1.23-1.27x, bfloat16 head_dim 128 1.12-1.45x ->
+   0.97-1.09x, bfloat16 64 1.27-1.29x -> 1.08-1.13x; longer rows lose so
+   (float32 128 1.09-1.16x -> 1.20-1.28x, 256 1.21-1.25x -> 1.37-1.61x: their
+   row kernel and prefetch run better past the caches).  0: never. */
+#ifndef POSENC_BLOCK_ROW_BYTES
+#define POSENC_BLOCK_ROW_BYTES 256
+#endif
 /* Elements per pool work item of the loops whose rows are short (ALiBi,
    T5 buckets, the heads of a block of the in-cache RoPE walk:
    _rows_per_item of _core).  Sweep 2026-12-01 of 4096,
