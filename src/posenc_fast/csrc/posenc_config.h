@@ -169,6 +169,17 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 #ifndef POSENC_ROW_BLOCK_BYTES
 #define POSENC_ROW_BLOCK_BYTES (16 * 1024)
 #endif
+/* Half-layout rows rotated in place past POSENC_STREAM_BYTES take the scalar
+   row kernel (1, GCC's own vectors of a plain loop) or the explicit vector
+   one (0).  1 since the first layered kernels (2026-11-30, no measurement
+   recorded).  Sweep on the AMD EPYC Zen 3 (2026-12-06, bench/sweeps.md): 0
+   reads float64 in place 1.33x -> 1.25x (beside the hog 1.30x -> 1.19x) and
+   head_dim 100 1.33x -> 1.19x, but head_dim 80, 160, 192 0.03-0.07x higher
+   quiet: kept at 1 until the Zen 5 and the Intel Xeon (where every in-place
+   row met its goal with 1) are swept too. */
+#ifndef POSENC_LARGE_IN_PLACE_SCALAR
+#define POSENC_LARGE_IN_PLACE_SCALAR 1
+#endif
 /* Rows of at most this many bytes, rotated in place past POSENC_STREAM_BYTES
    (the walk of position blocks across heads), go a head's rows of a block in
    one rotate_position call, not one row kernel call (and prefetch) a row: a
