@@ -46,20 +46,20 @@ cdef struct PlannedJob:
     const CosSinTable* table
     const RowPlan* plan
     const RowCall* call
+    bint whole_blocks  # each head's rows of a block in one kernel call (short rows, not streamed)
 
 
 cdef void _rotate_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
     # Work item = (block of block_size positions, outer index): the cache
     # rows of a block (half an L2) serve every head of every batch in turn,
     # while each head's rows of the block are one long contiguous stream
-    # (rows of POSENC_BLOCK_ROW_BYTES or less in place: one kernel call).
+    # (job.whole_blocks: one kernel call).
     cdef const PlannedJob* job = <const PlannedJob*>job_
     cdef const RowPlan* plan = job.plan
     cdef const RowCall* call = job.call
     cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, r
     cdef Py_ssize_t first = block * job.block_size, stop = min(first + job.block_size, plan.seq)
-    if (plan.inner == 1 and plan.positions == NULL and not call.stream
-            and call.row_bytes <= POSENC_BLOCK_ROW_BYTES):  # short rows in place: one call
+    if job.whole_blocks:
         r = o * plan.seq + first
         _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, stop - first,
                       job.table.cos + (plan.base + first) * job.table.cos_stride,
@@ -127,6 +127,7 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
     # table: a _stacked_table (the blocked walk steps its cos and sin rows by one stride).
     cdef Py_ssize_t block
     cdef PlannedJob job
+    cdef bint consecutive = plan.inner == 1 and plan.positions == NULL  # rows (outer, seq), positions in order
     if num_threads == 1 and plan.seq == 1:  # one position (decode): one call for all its rows
         _rotate_position(x, out, plan.outer * plan.inner,
                          plan.base + (plan.positions[0] if plan.positions != NULL else 0), table,
@@ -134,11 +135,13 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
         if call.stream:
             posenc_sfence()
         return
-    if call.blocks and plan.inner == 1 and plan.positions == NULL:
+    if call.blocks and consecutive:
         _rotate_blocks(x, out, table, plan, call, num_threads)
         return
     block = _positions_in(POSENC_POSITION_BLOCK_BYTES, 16, call.npairs, call.table_itemsize)
-    job = PlannedJob(block, x, out, table, plan, call)
+    # past the caches, rows of at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go a block a call
+    job = PlannedJob(block, x, out, table, plan, call,
+                     consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES)
     posenc_parallel_for((plan.seq + block - 1) // block * plan.outer, num_threads, _rotate_item,
                         &job)
 

@@ -183,17 +183,14 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 /* Rows of at most this many bytes, rotated in place past POSENC_STREAM_BYTES
    (the walk of position blocks across heads), go a head's rows of a block in
    one rotate_position call, not one row kernel call (and prefetch) a row: a
-   row's own cost weighs most on short rows.  AMD EPYC Zen 3 (2026-12-06, in
-   place, time / np.multiply or a copy, medians of 9, two runs): float32
-   head_dim 64 1.36-1.37x -> 1.23-1.27x, bfloat16 head_dim 128 1.12-1.45x ->
-   0.97-1.09x, bfloat16 64 1.27-1.29x -> 1.08-1.13x; longer rows lose so
-   (float32 128 1.09-1.16x -> 1.20-1.28x, 256 1.21-1.25x -> 1.37-1.61x: their
-   row kernel and prefetch run better past the caches).  Sweep of 0, 256, 512
-   (bench/sweeps.md): 256 meets the in-place goals on every row quiet and
-   beside the hog (0 misses float32 64 and bfloat16 128 quiet: 1.39x, 1.37x),
-   though beside the hog those rows read 0.1-0.16 higher than with 0 (within
-   the ranges); 512 loses head_dim 80, 96 and float32 128.  Not measured on
-   the Zen 5 or the Intel Xeon.  0: never. */
+   row's own cost weighs most on short rows.  Sweep of 0, 256, 512 on the AMD
+   EPYC Zen 3 (2026-12-06, bench/sweeps.md): 256 meets the in-place goals on
+   every row quiet and beside the hog (0 misses float32 head_dim 64 and
+   bfloat16 128 quiet: 1.39x, 1.37x against 1.26x, 1.09x), though beside the
+   hog those rows read 0.1-0.16 higher than with 0 (within the ranges); 512
+   loses head_dim 80, 96 and float32 128 (longer rows: their row kernel and
+   prefetch run better past the caches).  Not measured on the Zen 5 or the
+   Intel Xeon.  0: never. */
 #ifndef POSENC_BLOCK_ROW_BYTES
 #define POSENC_BLOCK_ROW_BYTES 256
 #endif

@@ -206,7 +206,7 @@ typedef __m256i posenc_hv_packed;
 #define posenc_hv_set1 _mm256_set1_ps
 /* Eight bfloat16 values into the high halves of eight float lanes: the 16 bytes in both 128-bit
    lanes (a broadcast load), one byte shuffle (zero-extending and shifting took two operations:
-   a row of bfloat16 in cache 2-5% faster, AMD Zen 3). */
+   a row of bfloat16 in cache 2-4% faster, AMD Zen 3). */
 static inline posenc_hv posenc_hv_load_bf16(const posenc_bf16* p) {
     const __m256i high_halves = _mm256_setr_epi8(
         -128, -128, 0, 1, -128, -128, 2, 3, -128, -128, 4, 5, -128, -128, 6, 7,
