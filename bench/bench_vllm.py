@@ -10,6 +10,8 @@ step of 16 sequences, one token each.  Rows:
 * ``posenc_fast numpy`` / ``posenc_fast torch``: the in-place call on NumPy
   arrays / on CPU tensors (read in C, not copied); ``torch.ops`` through the
   custom op of `posenc_fast.torch_ops` (dispatcher overhead included);
+  ``torch.ops no-op``: an op of the same schema whose kernel does nothing,
+  what torch's call of the op costs by itself (the floor of ``torch.ops``);
 * ``apply_qk``: `RotaryEmbedding.apply_qk` rotating the same NumPy arrays in
   place, as (tokens, heads, head_size) with a position per token: the kernel
   behind the op without the op's glue;
@@ -67,6 +69,19 @@ def native_formula(torch, positions, query, key, cache):
     return rotate(query), rotate(key)
 
 
+_NO_OP = {}  # the torch.library.Library of the no-op op, kept alive
+
+
+def no_op(torch):
+    """An op of ``torch.ops.posenc_fast.rotary_embedding``'s schema whose kernel does nothing."""
+    if not _NO_OP:
+        _NO_OP["library"] = torch.library.Library("posenc_fast_bench", "DEF")
+        schema = str(torch.ops.posenc_fast.rotary_embedding.default._schema)
+        _NO_OP["library"].define(schema.removeprefix("posenc_fast::"))
+        _NO_OP["library"].impl("rotary_embedding", lambda *args: None, "CPU")
+    return torch.ops.posenc_fast_bench.rotary_embedding
+
+
 def contenders(positions: np.ndarray, dtype: str) -> dict:
     rng = np.random.default_rng(0)
     tokens = positions.size
@@ -109,7 +124,7 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
         vllm.rotary_embedding(t_positions, check_q, check_k, HEAD_SIZE, t_cache, True)
         same = torch.equal(check_q, expected[0]) and torch.equal(check_k, expected[1])
         print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
-    op = torch.ops.posenc_fast.rotary_embedding
+    op, op_no_op = torch.ops.posenc_fast.rotary_embedding, no_op(torch)
     t_kv, t_slots = torch.from_numpy(kv.view(np.int16)).view(t_dtype), torch.from_numpy(slots)
     t_value = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32)).to(t_dtype)
     kv_args = (t_positions, t_query, t_key, t_value, t_kv[0], t_kv[1], t_slots, HEAD_SIZE, t_cache, True, "HND")
@@ -119,6 +134,7 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
         "posenc_fast torch": lambda: vllm.rotary_embedding(t_positions, t_query, t_key,
                                                            HEAD_SIZE, t_cache, True),
         "torch.ops": lambda: op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
+        "torch.ops no-op": lambda: op_no_op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
         "vLLM native": lambda: native_formula(torch, t_positions, t_query, t_key, t_cache),
     })
     return calls
