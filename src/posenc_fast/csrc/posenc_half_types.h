@@ -214,15 +214,15 @@ static inline posenc_hv posenc_hv_load_bf16(const posenc_bf16* p) {
     __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
     return _mm256_castsi256_ps(_mm256_shuffle_epi8(h, high_halves));
 }
-/* The bfloat16 bit patterns of v, rounded to nearest even, in 32-bit lanes; `nan`: its NaN lanes
-   made quiet NaNs (else the rounding of a NaN may carry into its sign). */
+/* The bfloat16 bit patterns of v, rounded to nearest even, in the high 16 bits of each 32-bit lane
+   (as AVX-512's); `nan`: its NaN lanes made quiet NaNs (else the rounding of a NaN may carry into
+   its sign). */
 static inline __m256i posenc_hv_round_bf16(posenc_hv v, int nan) {
-    __m256i u = _mm256_castps_si256(v), high = _mm256_srli_epi32(u, 16);
-    __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
     if (!nan) return rounded;
-    __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+    __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
     return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }
 /* Whether a lane of v0 or v1 is NaN: one comparison for both (a NaN is rare; its blend is not). */
@@ -233,17 +233,20 @@ static inline int posenc_hv_any_nan(posenc_hv v0, posenc_hv v1) {
 static inline posenc_hv_packed posenc_hv_pack2_bf16(posenc_hv v0, posenc_hv v1) {
     int nan = posenc_hv_any_nan(v0, v1);
     return _mm256_permute4x64_epi64(
-        _mm256_packus_epi32(posenc_hv_round_bf16(v0, nan), posenc_hv_round_bf16(v1, nan)), 0xD8);
+        _mm256_packus_epi32(_mm256_srli_epi32(posenc_hv_round_bf16(v0, nan), 16),
+                            _mm256_srli_epi32(posenc_hv_round_bf16(v1, nan), 16)), 0xD8);
 }
 static inline void posenc_hv_load_pairs_bf16(const posenc_bf16* p, posenc_hv* a, posenc_hv* b) {
     __m256i x = _mm256_loadu_si256((const __m256i*)p);
     *a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
     *b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
 }
+/* A pair's second value is in the high halves already: a shift and a blend (was a shift back and
+   an OR). */
 static inline posenc_hv_packed posenc_hv_pack_pairs_bf16(posenc_hv ra, posenc_hv rb) {
     int nan = posenc_hv_any_nan(ra, rb);
-    return _mm256_or_si256(posenc_hv_round_bf16(ra, nan),
-                           _mm256_slli_epi32(posenc_hv_round_bf16(rb, nan), 16));
+    return _mm256_blend_epi16(_mm256_srli_epi32(posenc_hv_round_bf16(ra, nan), 16),
+                              posenc_hv_round_bf16(rb, nan), 0xAA);
 }
 #if defined(__F16C__)
 #define POSENC_HV_F16 1
