@@ -37,6 +37,14 @@ def read_only(a):
     return a
 
 
+def positions_inside(array):
+    """Five valid positions (3, 1, 4, 1, 5) as int64 in the first bytes of `array`, which the call
+    rotates in place: read while the kernels write, they would change under them."""
+    positions = array.reshape(-1)[:10].view(np.int64)
+    positions[:] = [3, 1, 4, 1, 5]
+    return positions
+
+
 def outcome(call, args):
     """What `call(**args)` returned, or the TypeError/ValueError it raised."""
     try:
@@ -124,6 +132,7 @@ APPLY_CASES = {
     "out x read-only": apply_args(x=lambda x: read_only(x), out=lambda x: x),
     "out another view of x": apply_args(out=lambda x: x.reshape(x.shape)),
     "out overlapping x, both contiguous": x_and_out_overlapping,
+    "positions inside x, in place": apply_args(positions=positions_inside, out=lambda x: x),
     "x of the wrong width": apply_args(x=data((2, 3, 5, DIM - 2))),
     "x float16": apply_args(x=lambda x: x.astype(np.float16)),
     "x without a sequence axis": apply_args(x=data((DIM,))),
@@ -178,6 +187,10 @@ QK_CASES = {
     "out_k of another dtype": qk_args(out_k=lambda a: np.zeros(a["k"].shape)),
     "q and k overlapping": q_and_k_overlapping,
     "q and k the same array": qk_args(k=lambda a: a["q"]),
+    "positions inside q, in place": qk_args(positions=lambda a: positions_inside(a["q"]), out_q=lambda a: a["q"],
+                                            out_k=lambda a: a["k"]),
+    "positions inside out_k": qk_args(out_k=lambda a: np.zeros_like(a["k"]),
+                                      positions=lambda a: positions_inside(a["out_k"])),
 }
 
 
@@ -251,6 +264,8 @@ NORM_DECLINED = {
     "out_k q itself": norm_call_args(k=data((2, 4, 5, DIM)), out_k=lambda a: a["q"]),
     "out_q read-only": norm_call_args(out_q=lambda a: read_only(np.zeros_like(a["q"]))),
     "out_q k reversed": norm_call_args(k=data((2, 4, 5, DIM)), out_q=lambda a: a["k"][::-1]),
+    "positions inside k, in place": norm_call_args(positions=lambda a: positions_inside(a["k"]),
+                                                   out_q=lambda a: a["q"], out_k=lambda a: a["k"]),
 }
 NORM_CASES = {**NORM_TAKEN, **NORM_DECLINED}
 

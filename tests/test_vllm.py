@@ -316,6 +316,15 @@ def _f32(*shape):
     return np.ones(shape, np.float32)
 
 
+def _positions_in(name):
+    """The call's positions (valid values) written into the memory of its argument `name`."""
+    def change(call):
+        positions = call[name].reshape(-1)[:8].view(np.int64)
+        positions[:] = call["positions"]
+        return positions
+    return change
+
+
 # name: (change to the valid call: a value, or a function of the call; error; message)
 BAD_NUMPY = {
     "position past the cache": (dict(positions=np.array([0, 6, 1, 1])), ValueError,
@@ -356,6 +365,11 @@ BAD_NUMPY = {
                          ValueError, "query and key share memory"),
     "cache inside query": (dict(cos_sin_cache=lambda c: c["query"].reshape(-1)[:48].reshape(6, 8)),
                            ValueError, "query shares memory with cos_sin_cache"),
+    "positions inside query": (dict(positions=_positions_in("query")), ValueError,
+                               "positions shares memory with query"),
+    "positions inside key": (dict(positions=_positions_in("key")), ValueError, "positions shares memory with key"),
+    "head_size past int64": (dict(head_size=2**70), ValueError, "head_size = 1180591620717411303424"),
+    "rope_dim_offset past int64": (dict(rope_dim_offset=2**70), ValueError, "rope_dim_offset = 1180591620717411303424"),
     "head_size a bool": (dict(head_size=True), TypeError, "head_size must be an integer"),
     "head_size 0": (dict(head_size=0), ValueError, "head_size must be >= 1"),
     "is_neox a string": (dict(is_neox="neox"), TypeError, "is_neox must be a bool"),

@@ -116,8 +116,22 @@ def _query_holds_the_key_cache(call):
     return memory[call["query"].size - 8:][:call["key_cache"].size].reshape(call["key_cache"].shape)
 
 
+def _index_in_query(name):
+    """The call's `name` (positions or slot_mapping, valid values) written into query's memory."""
+    def change(call):
+        index = call["query"].reshape(-1)[:10].view(np.int64)
+        index[:] = call[name]
+        return index
+    return change
+
+
 # name: (change to a valid call: a value, or a function of the call; error; message)
 BAD = {
+    "positions inside query": (dict(positions=_index_in_query("positions")), ValueError,
+                               "positions shares memory with q"),
+    "slots inside query": (dict(slot_mapping=_index_in_query("slot_mapping")), ValueError,
+                           "slot_mapping shares memory with q"),
+    "head_size past int64": (dict(head_size=2**70), ValueError, "head_size = 1180591620717411303424"),
     "position past the table": (dict(positions=lambda c: np.where(np.arange(5) == 2, 40, c["positions"])),
                                 ValueError, "positions must lie in [0, 40)"),
     "byte-swapped position past the table": (dict(positions=_swapped_positions), ValueError,

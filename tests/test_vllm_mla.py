@@ -117,12 +117,30 @@ def _bad(case):
      "k_pe must have rot_dim"),
     (dict(kv_cache=np.zeros((2, 16, 96), np.float64)), TypeError, "kv_cache must have kv_c's dtype"),
     (dict(kv_cache=[[0.0]]), TypeError, "kv_cache must be a numpy.ndarray"),
+    (dict(kv_cache=np.lib.stride_tricks.as_strided(np.zeros((16, 96), np.float32), (64, 16, 96), (0, 384, 4))),
+     ValueError, "kv_cache of strides \\(0, 384, 4\\) has entries that share memory"),
 ])
 def test_bad_input_writes_nothing(change, error, match):
     args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
     args.update(change)
     before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
     with pytest.raises(error, match=match):
+        vllm.concat_and_cache_mla_rope_fused(**args)
+    for name, a in args.items():
+        if isinstance(a, np.ndarray):
+            assert untouched(before[name], a), name
+
+
+@pytest.mark.parametrize("index", ["positions", "slot_mapping"])
+@pytest.mark.parametrize("holder", ["q_pe", "k_pe"])
+def test_indices_inside_a_rotated_input_are_refused(index, holder):
+    # the rotation would change them before they are read (slots: a write past the cache)
+    args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
+    inside = args[holder].reshape(-1)[:8].view(np.int64)
+    inside[:] = args[index]
+    args[index] = inside
+    before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
+    with pytest.raises(ValueError, match=f"{index} shares memory with {holder}"):
         vllm.concat_and_cache_mla_rope_fused(**args)
     for name, a in args.items():
         if isinstance(a, np.ndarray):

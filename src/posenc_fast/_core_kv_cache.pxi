@@ -240,7 +240,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     _position_range(pos, n, &lowest, &highest)
     if lowest < 0 or highest >= fast.valid_below:
         return None
-    result = _fast_out(qa, out_q, (ka, va, k_cache, v_cache))
+    result = _fast_out(qa, out_q, (ka, va, k_cache, v_cache, positions, slot_mapping))
     if result is None:
         return None
     cache = fast._cache_for(_table_of(qa), highest)
@@ -276,7 +276,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     cdef int d
     cdef bint grad, tensors
     cdef cnp.ndarray widened = None
-    if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
+    if (not _fast_paths_on or not _size_int(head_size) or type(is_neox) is not bool or head_size < 1
             or type(kv_cache_layout) is not str or kv_cache_layout not in ("NHD", "HND")
             or (q_weight is None) != (k_weight is None) or key is None
             or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)):
@@ -296,7 +296,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     if (not _vllm_table_takes(d, table.dtype) or v[6].nd != 4 or v[7].nd != 4
             or not _strided_disjoint(&v[0], &v[2]) or rows[2].heads != rows[3].heads
             or not _rows_disjoint(&rows[0], &rows[2], tokens) or not _rows_disjoint(&rows[0], &rows[3], tokens)
-            or not _index_strided(&v[5], tokens)):
+            or not _index_strided(&v[5], tokens) or not _strided_disjoint(&v[5], &v[0])):
         return False
     if kv_cache_layout == "HND":  # (num_blocks, kv_heads, block_size, dim) read as NHD
         _swap_axes(&v[6], 1, 2)

@@ -275,8 +275,9 @@ def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, posit
             or not _disjoint(<cnp.ndarray>q, <cnp.ndarray>k)):
         return None
     factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, fast.dim, &e)
-    q_out = _fast_out(<cnp.ndarray>q, out_q, (k,))
-    k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
+    q_out = _fast_out(<cnp.ndarray>q, out_q, _with_positions((k,), positions, &q_plan))
+    k_out = _fast_out(<cnp.ndarray>k, out_k, _with_positions((q,) if q_out is None else (q, q_out), positions,
+                                                             &k_plan))
     if factors is None or q_out is None or k_out is None:
         return None
     q_factors, k_factors = factors
@@ -332,7 +333,7 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     cdef double e = 0.0
     cdef int d, compute
     cdef bint grad
-    if (not _fast_paths_on or type(head_size) is not int or type(is_neox) is not bool or head_size < 1
+    if (not _fast_paths_on or not _size_int(head_size) or type(is_neox) is not bool or head_size < 1
             or key is None or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)
             or not _token_table(&v[2], &v[3], head_size, &cos_sin, &tokens, &pos)):
         return False

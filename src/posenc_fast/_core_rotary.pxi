@@ -282,6 +282,12 @@ cdef inline bint _disjoint(cnp.ndarray a, cnp.ndarray b):
     return a_high <= b_low or b_high <= a_low
 
 
+cdef inline tuple _with_positions(tuple others, object positions, const RowPlan* plan):
+    # `others`, and the positions array where the walk reads it while it writes (an alias of
+    # the result would change them under it).
+    return others + (positions,) if plan.positions != NULL else others
+
+
 cdef object _fast_out(cnp.ndarray x, object out, tuple others):
     """The array to write: new, x itself, or a valid `out`; None to fall back."""
     cdef cnp.ndarray arr
@@ -552,7 +558,7 @@ cdef class RotaryBase:
         if (flag < 0 or not _plan_rows(<cnp.ndarray>x, positions, seq_axis, offset_value, &plan)
                 or not self._usable(&plan)):
             return None
-        result = _fast_out(<cnp.ndarray>x, out, ())
+        result = _fast_out(<cnp.ndarray>x, out, _with_positions((), positions, &plan))
         if result is None:
             return None
         cache = self._cache_for(_table_of(x), plan.highest,
@@ -579,8 +585,9 @@ cdef class RotaryBase:
                 or not self._usable(&q_plan) or not self._usable(&k_plan)
                 or not _disjoint(<cnp.ndarray>q, <cnp.ndarray>k)):
             return None
-        q_out = _fast_out(<cnp.ndarray>q, out_q, (k,))
-        k_out = _fast_out(<cnp.ndarray>k, out_k, (q,) if q_out is None else (q, q_out))
+        q_out = _fast_out(<cnp.ndarray>q, out_q, _with_positions((k,), positions, &q_plan))
+        k_out = _fast_out(<cnp.ndarray>k, out_k,
+                          _with_positions((q,) if q_out is None else (q, q_out), positions, &k_plan))
         if q_out is None or k_out is None:
             return None
         q_cache = self._cache_for(_table_of(q), q_plan.highest,

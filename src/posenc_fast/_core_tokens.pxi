@@ -17,6 +17,17 @@ from cpython.object cimport PyObject
 from libc.string cimport memset
 
 
+cdef inline bint _size_int(object x):
+    # An int argument the fast paths take (head_size, rope_dim_offset): a Python int within
+    # +-2**62, so that no product of sizes overflows; larger ones go to the general path's error.
+    cdef int overflow = 0
+    cdef long long value
+    if type(x) is not int:
+        return False
+    value = PyLong_AsLongLongAndOverflow(x, &overflow)
+    return not overflow and -(1LL << 62) <= value <= (1LL << 62)
+
+
 cdef enum:
     STRIDED_AXES = 32  # NumPy 1's limit (NumPy 2's is 64): arrays of more axes are not read
 
@@ -392,7 +403,7 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
     """
     cdef Strided v[4]  # query, key, the cache, the positions
     cdef bint grad
-    if (type(head_size) is not int or type(rope_dim_offset) is not int or type(is_neox) is not bool
+    if (not _size_int(head_size) or not _size_int(rope_dim_offset) or type(is_neox) is not bool
             or type(inverse) is not bool or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)):
         return False
     return _rotate_tokens(v, 1 if key is None else 2, head_size, rope_dim_offset, is_neox, inverse)
@@ -400,13 +411,15 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
 
 cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* grad):
     # vLLM's arrays into v[0..3] (query, key (None: v[1] unread), the cache, the positions), all
-    # exact ndarrays or all plain CPU tensors; grad: tensors while autograd records.
+    # exact ndarrays or all plain CPU tensors, the positions apart from query and key (the walk
+    # reads them while it writes); grad: tensors while autograd records.
     cdef bint tensors = _Tensor is not None and type(query) is _Tensor
     grad[0] = tensors and _grad_enabled() is True
     return (_strided_of(query, tensors, grad[0], True, &v[0])
             and (key is None or _strided_of(key, tensors, grad[0], True, &v[1]))
             and _strided_of(cos_sin_cache, tensors, grad[0], True, &v[2])
-            and _strided_of(positions, tensors, grad[0], False, &v[3]))
+            and _strided_of(positions, tensors, grad[0], False, &v[3])
+            and _strided_disjoint(&v[3], &v[0]) and (key is None or _strided_disjoint(&v[3], &v[1])))
 
 
 cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, Py_ssize_t offset, bint half,

@@ -128,6 +128,7 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
                              f"slot_mapping)")
     out_q, in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
                                must_not_overlap=(k, v_, k_cache, v_cache))
+    v.indices_apart({"positions": positions, "slot_mapping": slots}, {"q": out_q})
     return CacheCall(q, np.ascontiguousarray(k), np.ascontiguousarray(v_), k_cache, v_cache,
                      positions, slots, RowOutput(q, out_q, in_place))
 

@@ -45,6 +45,9 @@ def _mla_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype) -> tuple:
                         f"got {kv_cache.dtype}")
     if not kv_cache.flags.writeable:
         raise ValueError("kv_cache must be writeable")
+    if kv_cache.size and not v.elements_apart(kv_cache):
+        raise ValueError(f"kv_cache of strides {kv_cache.strides} has entries that share memory (an expanded "
+                         f"view?): two slots would be one; pass a cache of its own")
     slots = _slots(slot_mapping, kv_c.shape[0], kv_cache.shape[0] * kv_cache.shape[1])
     if any(v.overlaps(kv_cache, x) for x in (kv_c, k_pe, slots)):
         raise ValueError("kv_cache shares memory with kv_c, k_pe or slot_mapping")
@@ -134,6 +137,7 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
     kv_c, k_rows, kv_cache, slots = _mla_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
     if any(v.overlaps(kv_cache, x) for x in (q_pe, np.asarray(positions), np.asarray(cos_sin_cache))):
         raise ValueError("kv_cache shares memory with q_pe, positions or cos_sin_cache")
+    v.indices_apart({"positions": np.asarray(positions), "slot_mapping": slots}, {"q_pe": q_pe, "k_pe": k_rows})
     rot_dim = np.shape(cos_sin_cache)[-1] if np.ndim(cos_sin_cache) == 2 else 0
     if k_rows.shape[1] != rot_dim:
         raise ValueError(f"k_pe must have rot_dim = cos_sin_cache.shape[1] = {rot_dim} features, "

@@ -272,6 +272,16 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
     return np.may_share_memory(a, b) and np.shares_memory(a, b)
 
 
+def indices_apart(indices: dict, written: dict) -> None:
+    """Raise ValueError if an index array (positions, slots) shares memory with an array the call
+    writes: the kernels read the indices while they write, so a rotation would change them."""
+    for name, x in indices.items():
+        for other, w in written.items():
+            if w is not None and overlaps(x, w):
+                raise ValueError(f"{name} shares memory with {other}, which the call writes; pass separate "
+                                 f"arrays")
+
+
 def elements_apart(x: np.ndarray) -> bool:
     """True when no two elements of `x` can share memory: along its axes sorted by stride, each
     stride spans the axes before it (an expanded, stride-0 view fails; so may a rare

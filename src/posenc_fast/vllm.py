@@ -135,6 +135,7 @@ def _query_key_cache(positions: np.ndarray, query, key, head_size: int, cache, o
             raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
         if v.overlaps(query, key):
             raise ValueError("query and key share memory; pass separate arrays")
+    v.indices_apart({"positions": positions}, {"query": query, "key": key})
     cache = np.asarray(cache)
     cos, sin = _cos_sin(cache, query.dtype, head_size - offset, offset)
     for x, name in ((query, "query"), (key, "key")):
