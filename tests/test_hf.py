@@ -306,6 +306,8 @@ def test_errors():
         hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
     with pytest.raises(ValueError, match=r"unsqueeze_dim must be in \[-4, 3\]"):
         hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=4)
+    with pytest.raises(ValueError, match=r"unsqueeze_dim must be in \[-1, 0\] for cos of shape \(\)"):
+        hf.apply_rotary_pos_emb(q, k, torch.tensor(1.0), torch.tensor(0.0))
     with pytest.raises(TypeError, match="q must be a float16, bfloat16, float32 or float64 array, got dtype int64"):
         hf.apply_rotary_pos_emb(np.zeros((1, 4, 5, 16), int), k.numpy(), cos.numpy(),
                                 sin.numpy())

@@ -510,15 +510,24 @@ def test_pickle_round_trip():
     np.testing.assert_array_equal(clone.apply(x, offset=3), rope.apply(x, offset=3))
 
 
-def test_cos_sin_out():
-    rope = pf.RotaryEmbedding(16, rotary_dim=12)
+@pytest.mark.parametrize("streams", [None, [0, 1, 1, 0, 1, 0]])
+def test_cos_sin_out(streams):
+    rope = pf.RotaryEmbedding(16, rotary_dim=12, pair_streams=streams)
     positions = np.array([[0, 3, 9], [100, 101, 5000]])
+    if streams is not None:  # two streams of those positions
+        positions = np.stack((positions, positions[::-1]))
     want_cos, want_sin = rope.cos_sin(positions, dtype=np.float64)
     cos, sin = np.empty((2, 3, 6)), np.empty((6, 3, 2)).T  # one contiguous, one strided
     got = rope.cos_sin(positions, dtype=np.float64, out=(cos, sin))
     assert got[0] is cos and got[1] is sin
     np.testing.assert_array_equal(cos, want_cos)
     np.testing.assert_array_equal(sin, want_sin)
+    for j in range(2):  # None: that result a new array, as np.divmod's out=(None, r)
+        given = np.zeros((2, 3, 6))
+        got = rope.cos_sin(positions, dtype=np.float64, out=(given, None) if j == 0 else (None, given))
+        assert got[j] is given and got[1 - j] is not given
+        np.testing.assert_array_equal(got[0], want_cos)
+        np.testing.assert_array_equal(got[1], want_sin)
     for out, error, match in [
         ([cos, sin], TypeError, "out must be a tuple"),
         ((cos,), TypeError, "out must be a tuple"),

@@ -70,7 +70,7 @@ def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     if torch.compiler.is_compiling():  # no NumPy in a graph: posenc_fast's op, which the graph keeps
         return _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim)
     arrays = [numpy_view(torch, t) for t in (*xs, cos, sin)]
-    if (_fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
+    if (cos.ndim and _fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[-2]) and _cache_repeats(function, arrays[-1]))):
         _fell_back(torch, xs, "cos/sin entries do not repeat")
         return None  # its formula is then no rotation of pairs

@@ -500,8 +500,8 @@ class RotaryEmbedding(kernels.RotaryBase):
         dtype : {np.float32, np.float64, np.float16, "bfloat16"}, optional
         out : tuple of two ndarrays, optional
             ``(cos, sin)`` to write, each of the shape returned and dtype
-            `dtype` (as NumPy's ``out=`` of a function with two results,
-            e.g. ``np.divmod``).
+            `dtype`, or None for a new array (as NumPy's ``out=`` of a
+            function with two results, e.g. ``np.divmod``).
 
         Returns
         -------
@@ -524,23 +524,20 @@ class RotaryEmbedding(kernels.RotaryBase):
         if self._pair_streams is not None:
             distinct, token_rows = _streams.distinct_rows(values)
             tables = self._table(distinct, dtype)
-            cos, sin = (_streams.gather(t, token_rows, self._pair_streams) for t in tables)
-            if out is None:
-                return cos.reshape(shape), sin.reshape(shape)
-            np.copyto(out[0], cos.reshape(shape))
-            np.copyto(out[1], sin.reshape(shape))
-            return out
-        seq_len = _seq_len(values)
-        cos, sin = cos_sin_table(values.reshape(-1), self.inv_freq_for(seq_len),
-                                 float(self._frequencies.attention_factor_for(seq_len)), dtype,
-                                 None if out is None else (out[0].reshape(-1, shape[-1]),
-                                                           out[1].reshape(-1, shape[-1])))
-        if out is None:
-            return cos.reshape(shape), sin.reshape(shape)
-        for target, result in zip(out, (cos, sin)):
-            if not np.shares_memory(target, result):
-                np.copyto(target, result.reshape(shape))
-        return out
+            results = [_streams.gather(t, token_rows, self._pair_streams) for t in tables]
+        else:
+            seq_len = _seq_len(values)
+            results = cos_sin_table(values.reshape(-1), self.inv_freq_for(seq_len),
+                                    float(self._frequencies.attention_factor_for(seq_len)), dtype,
+                                    None if out is None else tuple(None if t is None else t.reshape(-1, shape[-1])
+                                                                   for t in out))
+        results = [result.reshape(shape) for result in results]
+        for j, target in enumerate((None, None) if out is None else out):
+            if target is not None:  # filled where it lies, or a copy of the rows
+                if not np.shares_memory(target, results[j]):
+                    np.copyto(target, results[j])
+                results[j] = target
+        return results[0], results[1]
 
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
