@@ -106,6 +106,33 @@ def test_torch_tensors_take_the_compiled_path():
         assert not torch.equal(got[1], torch.from_numpy(query))
 
 
+def test_weights_held_as_parameters():
+    # a model's q_norm/k_norm weights are nn.Parameters that require grad: read as the tensors they are
+    # under no_grad and inference_mode (by the compiled path), refused while autograd records
+    torch = pytest.importorskip("torch")
+    positions, query, key, value, kv, rest = call_args(np.random.default_rng(3), "fused qkv", np.float32,
+                                                       np.float32, "NHD", 5, True)
+
+    def call(weights):
+        t = torch.from_numpy
+        return (t(positions), t(query.copy()), t(key), t(value), t(kv[0].copy()), t(kv[1].copy()), t(rest[0]),
+                rest[1], t(rest[2]), *rest[3:5], *weights)
+
+    want = call([torch.from_numpy(w) for w in rest[5:]])
+    vllm.apply_qk_to_cache(*want)
+    parameters = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in rest[5:]]
+    for mode in (torch.no_grad, torch.inference_mode):
+        got = call(parameters)
+        with mode(), taking("fast"):
+            vllm.apply_qk_to_cache(*got)
+        for w, g in zip(want[1:6], got[1:6]):
+            assert torch.equal(w.view(torch.int32), g.view(torch.int32))  # bitwise (unused slots NaN)
+    got = call(parameters)
+    with pytest.raises(ValueError, match="q_weight requires grad"):
+        vllm.apply_qk_to_cache(*got)
+    assert torch.equal(got[1], torch.from_numpy(query))
+
+
 def _swapped_positions(call):
     return (np.arange(5) * 2**56).astype(">i8")  # its bytes read as native: 0..4, rows of the table
 

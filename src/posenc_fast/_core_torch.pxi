@@ -2,8 +2,9 @@
 #
 # A decode step hands an op a few small tensors; viewing them through
 # Tensor.numpy() and checking them in Python cost several times the kernel.
-# Here a plain, strided CPU tensor of a known dtype is read as its data
-# pointer, sizes and strides (`Strided`, _core_tokens.pxi; an ndarray over
+# Here a plain, strided CPU tensor (or nn.Parameter: a model's weights) of a
+# known dtype is read as its data pointer, sizes and strides (`Strided`,
+# _core_tokens.pxi; an ndarray over
 # its memory, the tensor its base, only where a NumPy path takes it: the
 # drop-ins' decode call (TensorRotation) and vLLM's rotation and q/k norm
 # make none, ~1-2 us less a call), read through
@@ -78,6 +79,7 @@ cdef enum:
     DL_BOOL = 6
 
 cdef object _Tensor = None        # torch.Tensor
+cdef object _Parameter = None     # torch.nn.Parameter (a model's weights): read as a plain tensor
 cdef object _strided = None       # torch.strided
 cdef object _grad_enabled = None  # torch.is_grad_enabled
 cdef object _from_numpy = None    # torch.from_numpy
@@ -97,7 +99,7 @@ def register_torch(torch, dict descrs, bint by_dlpack=True):
     `by_dlpack` False: through the tensors' attributes even where torch has
     DLPack's C exchange table (for tests: the two readers agree).
     """
-    global _Tensor, _strided, _grad_enabled, _from_numpy, _bfloat16, _descrs
+    global _Tensor, _Parameter, _strided, _grad_enabled, _from_numpy, _bfloat16, _descrs
     global _stride, _data_ptr, _is_neg, _empty, _dl_descrs, _dlpack
     _empty = torch.empty
     _strided, _grad_enabled, _from_numpy = torch.strided, torch.is_grad_enabled, torch.from_numpy
@@ -110,7 +112,7 @@ def register_torch(torch, dict descrs, bint by_dlpack=True):
                 else DL_UINT if d.kind == "u" else DL_FLOAT)
         _dl_descrs[4 * code + d.itemsize.bit_length() - 1] = d
     _dlpack = _exchange_table(torch.Tensor) if by_dlpack else NULL
-    _Tensor = torch.Tensor
+    _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
 
 cdef const DLPackExchangeAPI* _exchange_table(object tensor_type):
@@ -155,7 +157,7 @@ cdef object _tensor_array(object t, bint grad, bint floats_only):
 
 cdef bint _tensor_strided(object t, bint grad, bint floats_only, Strided* v):
     # `t`'s memory into v, or False (see above).
-    if type(t) is not _Tensor:
+    if type(t) is not _Tensor and type(t) is not _Parameter:
         return False
     return _dlpack_strided(t, grad, floats_only, v) if _dlpack != NULL else _attribute_strided(t, grad, floats_only, v)
 

@@ -187,7 +187,7 @@ def _token_positions(positions) -> np.ndarray:
 
 def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
     """The NumPy view of a CPU tensor's memory (never a copy)."""
-    if type(t) is not torch.Tensor:
+    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:  # a model's weights are Parameters
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor like query (or all NumPy arrays), "
                             f"got {type(t).__name__}")
