@@ -181,6 +181,7 @@ BAD = {
                         "the caches must have q's dtype float32"),
     "caches of two dtypes": (dict(value_cache=lambda c: c["value_cache"].astype(np.float16)), TypeError,
                              "v_cache must have k_cache's dtype"),
+    "a read-only query": (dict(query=lambda c: _read_only(c["query"])), ValueError, "query must be writeable"),
     "a read-only cache": (dict(key_cache=lambda c: _read_only(c["key_cache"])),
                           ValueError, "k_cache must be writeable"),
     "caches the layout does not fit": (dict(kv_cache_layout="HND"), ValueError, "k_cache must have shape"),

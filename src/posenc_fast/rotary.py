@@ -373,7 +373,10 @@ class RotaryEmbedding(kernels.RotaryBase):
         q_weight, k_weight : array_like of shape (dim,)
             The q_norm and k_norm weights.
         eps : float, optional
-            Added to the mean of squares.
+            Added to the mean of squares.  With ``eps=0`` a row of float32
+            subnormals (root mean square below ~2.9e-39) has no float32
+            scale: it overflows to inf, and the row becomes NaN, as in
+            transformers' float32 RMSNorm.
         q, k, positions, offset, seq_axis, out_q, out_k
             As in `apply_qk` (one position stream).
 

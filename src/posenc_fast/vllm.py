@@ -317,6 +317,8 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     if isinstance(query, np.ndarray) and not query.dtype.isnative:  # a converted copy is lost
         raise ValueError("query must be in native byte order to be rotated in place")
     query = _apart(_token_heads(query, "query", positions.shape, head_size), "query")
+    if not query.flags.writeable:  # (check_call would name it out_q)
+        raise ValueError("query must be writeable")
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
     cos, sin = _cos_sin(cache, query.dtype, head_size)
@@ -385,6 +387,7 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
     q_weight, k_weight : torch.Tensor or ndarray of shape (head_size,)
         The norms' weights (any float dtype).
     eps : float, optional
+        As in `RotaryEmbedding.apply_qk_norm`.
     weight_offset : float, optional
         1.0 for Gemma's ``(1 + weight)``.
 
