@@ -39,6 +39,10 @@ def qk(shape_q, shape_k, dtype, layout, seed=1):
         if layout == "transposed":  # Llama: a (b, h, s, d) view of the (b, s, h, d) projection
             b, h, s, d = shape
             return torch.randn((b, s, h, d), generator=generator, dtype=dtype).transpose(1, 2)
+        if layout == "fused qkv":  # the same view of a slice of one q/k/v projection (two heads more)
+            b, h, s, d = shape
+            qkv = torch.randn((b, s, (h + 2) * d), generator=generator, dtype=dtype)
+            return qkv[..., :h * d].view(b, s, h, d).transpose(1, 2)
         return torch.randn(shape[:-1] + (2 * shape[-1],), generator=generator,
                            dtype=dtype)[..., 1::2]  # strided last axis: needs a copy
 
@@ -49,7 +53,7 @@ def qk(shape_q, shape_k, dtype, layout, seed=1):
 # the function
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "fused qkv", "strided"])
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_equals_transformers(dtype, unsqueeze_dim, layout):

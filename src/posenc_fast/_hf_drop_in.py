@@ -364,13 +364,14 @@ def _rotate_arrays(xs, cos, sin, unsqueeze_dim, function, names):
 
 
 def _rotate_in_memory_order(x, cos, sin, function, start):
-    """Rotate `x` (features from `start` on) after permuting its leading axes into memory order, if
-    that avoids a copy."""
+    """Rotate `x` (features from `start` on) after permuting its leading axes into memory order: the
+    result then has x's order of axes in memory, as torch's elementwise result (a transposed view
+    of a fused qkv projection, too)."""
     axes = sorted(range(x.ndim - 1), key=lambda axis: -x.strides[axis]) + [x.ndim - 1]
-    x_t = x.transpose(axes)
     kwargs = dict(layout=function.kernel_layout, inverse=function.inverse, rotary_start=start)
-    if x.flags.c_contiguous or not x_t.flags.c_contiguous:
+    if x.flags.c_contiguous or axes == list(range(x.ndim)):
         return apply_rotary_cos_sin(x, cos, sin, **kwargs)
+    x_t = x.transpose(axes)
     lead = (1,) * (x.ndim - cos.ndim)  # broadcasting's implicit leading axes, made explicit
     cos_t, sin_t = (t.reshape(lead + t.shape).transpose(axes) for t in (cos, sin))
     return apply_rotary_cos_sin(x_t, cos_t, sin_t, **kwargs).transpose(np.argsort(axes))
