@@ -93,3 +93,28 @@ def test_scaling_entries_follow_the_same_rules(entry, match):
     else:
         with pytest.raises(ValueError, match=match):
             resolve_rope_scaling(scaling, rotary_dim=8, base=1e4)
+
+
+def _overlapping(shape):
+    """A writeable float32 array of `shape` whose rows overlap by half (a row's stride half its bytes)."""
+    strides = (4 * shape[-1] // 2,) * (len(shape) - 1) + (4,)
+    return np.lib.stride_tricks.as_strided(np.zeros(4 * int(np.prod(shape)), np.float32), shape, strides)
+
+
+OVERLAPPING_OUT = {
+    "apply": lambda out: pf.RotaryEmbedding(8).apply(X, out=out),
+    "apply in place": lambda out: pf.RotaryEmbedding(8).apply(out, out=out),
+    "add_alibi": lambda out: pf.add_alibi(SCORES, out=out),
+    "add_position_table": lambda out: pf.add_position_table(X, TABLE, out=out),
+}
+
+
+@pytest.mark.parametrize("call", OVERLAPPING_OUT.values(), ids=OVERLAPPING_OUT.keys())
+def test_an_out_whose_elements_share_memory_is_refused(call):
+    # each result would depend on the order of the writes
+    shape = SCORES.shape if call is OVERLAPPING_OUT["add_alibi"] else X.shape
+    out = _overlapping(shape)
+    before = out.copy()
+    with pytest.raises(ValueError, match="out of strides .* has elements that share memory"):
+        call(out)
+    np.testing.assert_array_equal(out, before)

@@ -312,6 +312,9 @@ def output(out, name: str, shape: tuple, dtype: np.dtype, *, may_be=(), must_not
         raise ValueError(f"{name} must have dtype {dtype}, got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{name} must be writeable")
+    if out.size and not elements_apart(out):  # the result would depend on the order of the writes
+        raise ValueError(f"{name} of strides {out.strides} has elements that share memory (an expanded "
+                         f"view?); pass an array of its own")
     in_place = False
     for other in may_be:
         if _same_view(out, other):
