@@ -109,7 +109,7 @@ ALL = ["baseline", "avx2", "avx512"]
 
 
 @pytest.mark.parametrize("cpu, expected, measured", [
-    (ZEN5, "avx512", True), (ZEN4, "avx2", True), (SKYLAKE_SP, "avx2", True),
+    (ZEN5, "avx512", True), (ZEN4, "avx512", True), (SKYLAKE_SP, "avx2", True),
     (("GenuineIntel", 6, 0xCF), "avx512", True), (("GenuineIntel", 6, 0xA7), "avx512", True),
     (("GenuineIntel", 6, 0x8F), "avx512", False), (("", 0, 0), "avx2", False)])
 def test_avx512_is_chosen_where_measurements_favour_it(cpu, expected, measured):

@@ -58,17 +58,22 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     most rows (W1 out of place 1.97x -> 1.57x a copy).  Other Intel models
     after Skylake-SP take what those two favour, and say they were not
     measured.
-    Zen 4 (family 0x19) runs 512-bit operations as two 256-bit halves, so
-    the loops bound by the core gain little there; Intel Skylake-SP and
-    Cascade Lake (family 6, model 0x55) lower the clock for 512-bit
-    floating-point work, also for the other cores' code.  Those stay on AVX2
+    On AMD EPYC Zen 4 (family 0x19 model 0x11, a 2-core KVM guest; every
+    family 0x19 CPU with AVX-512 is a Zen 4), avx512 / avx2, two runs: W1
+    from memory float32 0.98, float64 1.02-1.08 out of place, 0.86-0.88 in
+    place (float32 1.04), W3 0.96-1.05, W4/W5 tables 0.85-1.03, apply_qk
+    0.96-1.00, add_alibi 0.99, float16 W1 0.92-0.96, bfloat16 W1 0.87-0.92,
+    in cache (``--small``) 0.76-1.01 but W3 1.10: half types and float64 in
+    place gain, though Zen 4 runs 512-bit operations as two 256-bit halves.
+    Intel Skylake-SP and Cascade Lake (family 6, model 0x55) lower the clock
+    for 512-bit floating-point work, also for the other cores' code: AVX2
     until a measurement says otherwise (``python -m posenc_fast tune``
     measures this machine).
     """
     if vendor == "AuthenticAMD" and family >= 0x1A:
         return True, "measured faster on AMD Zen 5 and later"
     if vendor == "AuthenticAMD" and family == 0x19:
-        return False, "AMD Zen 4 runs 512-bit operations as two 256-bit halves"
+        return True, "measured faster on AMD Zen 4 (model 0x11) in half precision and float64 in place"
     if vendor == "GenuineIntel" and family == 6 and model == 0x55:
         return False, "Intel Skylake-SP/Cascade Lake lower the clock for 512-bit work"
     if vendor == "GenuineIntel" and family == 6 and model in (0xCF, 0xA7):
