@@ -132,7 +132,8 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    1.98/2.34 against 2.30/2.68, quiet/hog), 8 MiB lost up to 35% on the 4M
    rows; 512 KiB since (was 1 MiB).  After the in-cache block walk took those
    rows (commit 90551d9), 256 KiB / 512 KiB / 1 MiB ran every cache row
-   within noise (W1 oop 4M 1.31/1.14/1.13 quiet). */
+   within noise (W1 oop 4M 1.31/1.14/1.13 quiet).  Zen 4 (2026-12-06):
+   never prefetching loses float64 in place 1.70 -> 2.39. */
 #ifndef POSENC_PREFETCH_BYTES
 #define POSENC_PREFETCH_BYTES (512 * 1024)
 #endif
@@ -141,7 +142,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    8 rows (W1 in place 64M f32 1.42/1.29/1.24/1.28, f64 1.24/1.19/1.16/1.23)
    and best or within the spread under the hog, except W1 in place 4M (2.06
    against 1.87 at 4 KiB, ranges 1.86-10.1 and 1.84-2.04).  An earlier sweep
-   from 2 to 16 KiB found 6-8 KiB best. */
+   from 2 to 16 KiB found 6-8 KiB best.  AMD EPYC Zen 4 (2026-12-06, quiet,
+   bench/sweeps.md): 4 KiB 0.03-0.18 better on float32 rows, worse on float64
+   in place (1.62 against 1.41) and head_dim 256; 16-32 KiB worse. */
 #ifndef POSENC_PREFETCH_DISTANCE
 #define POSENC_PREFETCH_DISTANCE 8192
 #endif
@@ -175,8 +178,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    recorded).  Sweep on the AMD EPYC Zen 3 (2026-12-06, bench/sweeps.md): 0
    reads float64 in place 1.33x -> 1.25x (beside the hog 1.30x -> 1.19x) and
    head_dim 100 1.33x -> 1.19x, but head_dim 80, 160, 192 0.03-0.07x higher
-   quiet: kept at 1 until the Zen 5 and the Intel Xeon (where every in-place
-   row met its goal with 1) are swept too. */
+   quiet.  On the AMD EPYC Zen 4 (2026-12-06) 0 loses every row but head_dim 80
+   and 100 (float32 1.75x -> 1.97x, float64 1.40x -> 2.03x, bfloat16 1.52x ->
+   2.11x): 1, on two CPUs now (the Intel Xeon met every in-place row with 1). */
 #ifndef POSENC_LARGE_IN_PLACE_SCALAR
 #define POSENC_LARGE_IN_PLACE_SCALAR 1
 #endif

@@ -127,8 +127,10 @@ static inline void posenc_narrow_f16(const float* src, posenc_f16* dst, Py_ssize
    rounded as above lane by lane, two vectors packed into posenc_hv_packed
    (2 * POSENC_HV_LANES half values) to store; interleaved pairs through
    load_pairs/pack_pairs (float16's: posenc_kernels.h).  bfloat16 rounds with
-   integer operations in every variant: AVX512_BF16's vcvtne2ps2bf16 flushes
-   subnormals to zero and would need a fix-up and a variant of its own. */
+   integer operations in every variant: AVX512_BF16's vcvtne2ps2bf16 gives
+   these bits for every float32 but the nonzero subnormals (read as zero; all
+   2^32 inputs on an AMD Zen 4, bench/README.md), so it would need a fix-up
+   where a lane is subnormal and a variant of its own (-mavx512bf16). */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define POSENC_HV_LANES 16
 #define POSENC_HV_BF16 1
