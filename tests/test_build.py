@@ -123,6 +123,25 @@ def test_avx512_is_chosen_where_measurements_favour_it(cpu, expected, measured):
     assert _dispatch.prefer_avx512(*cpu)[0] == (expected == "avx512")
 
 
+@pytest.mark.parametrize("cpu, expected, words", [
+    (ZEN4, 4 << 20, "AMD Zen 4, measured"), (("AuthenticAMD", 0x19, 0x61), 4 << 20, "not measured on this model"),
+    (("AuthenticAMD", 0x19, 0x01), None, "the build's"), (ZEN5, None, "the build's"),
+    (("GenuineIntel", 6, 0xCF), None, "the build's")])
+def test_position_blocks_are_chosen_by_cpu(cpu, expected, words):
+    from posenc_fast import _core, _dispatch
+
+    nbytes, reason = _dispatch.position_block_bytes(*cpu)
+    assert nbytes == expected and words in reason
+    if cpu == _cpu_identity():  # this CPU's row is what the walks use
+        assert pf.build_info()["position_block_bytes"] == _core.position_block_bytes()[0] == expected
+
+
+def _cpu_identity():
+    from posenc_fast import _cpu
+
+    return _cpu.cpu_identity()
+
+
 @pytest.mark.parametrize("built, supported, expected, why", [
     (ALL, ["baseline", "avx2"], "avx2", "avx512 not supported by the CPU (or its OS)"),
     (["baseline", "avx2"], ALL, "avx2", "avx512 not built"),

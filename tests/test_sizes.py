@@ -182,6 +182,24 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("block_bytes", [1, 4 << 20])  # blocks of 16 positions; Zen 4's 4 MiB
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dim", [128, 64])
+def test_the_position_blocks_past_the_caches_change_no_bit(block_bytes, in_place, dim):
+    # _dispatch sets the cos/sin bytes per work item for the CPU (a speed matter only)
+    from posenc_fast import _core
+
+    rope = pf.RotaryEmbedding(dim, layout="half")
+    x = np.random.default_rng(6).standard_normal((1, 8, (17 * 2**20) // (32 * dim) + 5, dim)).astype(np.float32)
+    want = rope.apply(x)
+    before = _core.set_position_block_bytes(block_bytes)
+    try:
+        got = rope.apply(x, out=x if in_place else None)
+    finally:
+        _core.set_position_block_bytes(before)
+    assert got.tobytes() == want.tobytes()
+
+
 # ---------------------------------------------------------------------------
 # more than 2**31 elements (memory permitting)
 

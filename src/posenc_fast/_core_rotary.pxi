@@ -11,10 +11,31 @@
 from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
 
+# Bytes of cos/sin rows per work item of the blocked walks past the caches: the build's
+# POSENC_POSITION_BLOCK_BYTES, or this CPU's measured value (set once, at import, by _dispatch).
+cdef Py_ssize_t _position_block_bytes = POSENC_POSITION_BLOCK_BYTES
+
+
+def set_position_block_bytes(Py_ssize_t nbytes):
+    """Set the bytes of cos/sin rows per work item of the blocked walks past the caches (at
+    import, before any call); return the value before.  Results do not depend on it."""
+    global _position_block_bytes
+    if nbytes < 1:
+        raise ValueError(f"nbytes must be >= 1, got {nbytes}")
+    before, _position_block_bytes = _position_block_bytes, nbytes
+    return before
+
+
+def position_block_bytes():
+    """The bytes of cos/sin rows per work item of the blocked walks past the caches, and whether
+    the build was given them (-DPOSENC_POSITION_BLOCK_BYTES: then they stand)."""
+    return _position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)
+
+
 cdef inline Py_ssize_t _positions_in(Py_ssize_t nbytes, Py_ssize_t least, Py_ssize_t npairs,
                                       Py_ssize_t itemsize) noexcept nogil:
     # Positions whose cos/sin rows take about nbytes, at least `least`:
-    # POSENC_POSITION_BLOCK_BYTES (half an L2) for the blocked walks,
+    # _position_block_bytes for the blocked walks,
     # POSENC_ROW_BLOCK_BYTES (in L1) for the blocks of one kernel call.
     return max(least, nbytes // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
@@ -138,7 +159,7 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
     if call.blocks and consecutive:
         _rotate_blocks(x, out, table, plan, call, num_threads)
         return
-    block = _positions_in(POSENC_POSITION_BLOCK_BYTES, 16, call.npairs, call.table_itemsize)
+    block = _positions_in(_position_block_bytes, 16, call.npairs, call.table_itemsize)
     # past the caches, rows of at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go a block a call
     job = PlannedJob(block, x, out, table, plan, call,
                      consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES)

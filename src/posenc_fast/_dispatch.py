@@ -84,6 +84,40 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     return False, "not measured faster on this CPU"
 
 
+def position_block_bytes(vendor: str, family: int, model: int) -> tuple[int | None, str]:
+    """Bytes of cos/sin rows per work item of the blocked walks past the caches on this CPU.
+
+    Parameters
+    ----------
+    vendor, family, model
+        ``_cpu.cpu_identity()``.
+
+    Returns
+    -------
+    (int or None, str)
+        The bytes, or None for the build's ``POSENC_POSITION_BLOCK_BYTES``
+        (512 KiB); the reason in words.
+
+    Notes
+    -----
+    Measured with ``bench/sweep.py POSENC_POSITION_BLOCK_BYTES`` (bench/sweeps.md).
+    AMD EPYC Zen 4 (family 0x19 model 0x11), 512 KiB against 4 MiB, quiet:
+    W1 in place float32 1.67 -> 1.48x its limit, float64 1.44 -> 1.21x,
+    bfloat16 1.49 -> 1.06x, float16 1.42 -> 0.81x, head_dim 64-256
+    0.15-0.3x lower; out of place and apply_qk up to 0.3x lower; beside the
+    hog alike; 16 MiB about as 4 MiB, 128 KiB worse.  AMD EPYC Zen 5 (family
+    0x1A, 2026-12-01): 512 KiB best, 1 MiB lost float64 in place (1.21
+    against 1.13x).  Zen 4's other models take its value, unmeasured.
+    """
+    if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
+        measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
+        return 4 << 20, f"4 MiB: AMD Zen 4, {measured}"
+    return None, "512 KiB: the build's (measured on AMD Zen 5)"
+
+
+_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
+
+
 def tune_file() -> Path:
     """Where ``python -m posenc_fast tune`` stores its choices: ``POSENC_FAST_TUNE_FILE``, else
     ``$XDG_CACHE_HOME/posenc_fast/tune.json`` (``~/.cache`` without it)."""
@@ -195,5 +229,10 @@ ISA_IN_USE, ISA_REASON = choose(BUILT, CPU_SUPPORTS, os.environ.get(ENV_VAR, "")
                                 _cpu.cpu_identity(), _read_tuned(_cpu.cpu_identity()))
 if ISA_IN_USE != "baseline":
     _core.use_kernels(variant_module(ISA_IN_USE).KERNELS)
+POSITION_BLOCK_BYTES, POSITION_BLOCK_REASON = position_block_bytes(*_cpu.cpu_identity())
+if _core.position_block_bytes()[1]:
+    POSITION_BLOCK_REASON = "set by the build (-DPOSENC_POSITION_BLOCK_BYTES)"
+elif POSITION_BLOCK_BYTES is not None:
+    _core.set_position_block_bytes(POSITION_BLOCK_BYTES)
 _core.set_bfloat16_typenum(np.dtype(ml_dtypes.bfloat16).num)
 kernels = _core

@@ -22,7 +22,9 @@ def build_info() -> dict[str, Any]:
         a CPU in no row says "not measured"), ``cpu`` (vendor, family, model), ``simd`` (the
         widest SIMD level that variant was compiled for); ``thread_pool``
         (True where large calls can use worker threads: the pthread pool);
-        ``num_threads``.
+        ``num_threads``; ``position_block_bytes`` (cos/sin bytes per work
+        item of the walks past the caches: by CPU) and
+        ``position_block_reason``.
     """
     kernels = _dispatch.kernels
     return {
@@ -36,4 +38,6 @@ def build_info() -> dict[str, Any]:
         "simd": kernels.simd_level(),
         "thread_pool": kernels.thread_pool_enabled(),
         "num_threads": get_num_threads(),
+        "position_block_bytes": kernels.position_block_bytes()[0],
+        "position_block_reason": _dispatch.POSITION_BLOCK_REASON,
     }
