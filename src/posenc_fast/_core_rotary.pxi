@@ -11,8 +11,9 @@
 from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
 
-# Bytes of cos/sin rows per work item of the blocked walks past the caches: the build's
-# POSENC_POSITION_BLOCK_BYTES, or this CPU's measured value (set once, at import, by _dispatch).
+# Bytes of cos/sin rows per work item of the blocked walks past the caches that are not streamed
+# (_block_bytes): the build's POSENC_POSITION_BLOCK_BYTES, or this CPU's measured value (set once, at
+# import, by _dispatch).
 cdef Py_ssize_t _position_block_bytes = POSENC_POSITION_BLOCK_BYTES
 
 
@@ -32,10 +33,17 @@ def position_block_bytes():
     return _position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)
 
 
+cdef inline Py_ssize_t _block_bytes(const RowCall* call) noexcept nogil:
+    # Cos/sin bytes per work item of a blocked walk: this CPU's value, but the build's for streamed
+    # (out-of-place) results: on the Zen 4 4 MiB blocks ran head_dim 100 out of place beside a busy
+    # neighbour at 3.8-4.2x its copy in some processes (1.1x with 512 KiB), and gained little there.
+    return POSENC_POSITION_BLOCK_BYTES if call.stream else _position_block_bytes
+
+
 cdef inline Py_ssize_t _positions_in(Py_ssize_t nbytes, Py_ssize_t least, Py_ssize_t npairs,
                                       Py_ssize_t itemsize) noexcept nogil:
     # Positions whose cos/sin rows take about nbytes, at least `least`:
-    # _position_block_bytes for the blocked walks,
+    # _block_bytes for the blocked walks,
     # POSENC_ROW_BLOCK_BYTES (in L1) for the blocks of one kernel call.
     return max(least, nbytes // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
@@ -159,7 +167,7 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
     if call.blocks and consecutive:
         _rotate_blocks(x, out, table, plan, call, num_threads)
         return
-    block = _positions_in(_position_block_bytes, 16, call.npairs, call.table_itemsize)
+    block = _positions_in(_block_bytes(call), 16, call.npairs, call.table_itemsize)
     # past the caches, rows of at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go a block a call
     job = PlannedJob(block, x, out, table, plan, call,
                      consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES)

@@ -154,7 +154,7 @@ cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const
             for j in range(k + 1, walk.naxes):
                 inner *= walk.shape[j]
             outer = walk.rows // (heads * inner)
-            block = _positions_in(_position_block_bytes, 16, walk.npairs, table.itemsize)
+            block = _positions_in(_block_bytes(call), 16, walk.npairs, table.itemsize)
             last = walk.naxes - 1
             if call.blocks and k + 1 == last and walk.cos_step[last] == walk.sin_step[last]:
                 table_step = walk.cos_step[last] // table.itemsize

@@ -85,7 +85,8 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
 
 
 def position_block_bytes(vendor: str, family: int, model: int) -> tuple[int | None, str]:
-    """Bytes of cos/sin rows per work item of the blocked walks past the caches on this CPU.
+    """Bytes of cos/sin rows per work item of the blocked walks past the caches on this CPU (in
+    place; streamed results keep the build's ``POSENC_POSITION_BLOCK_BYTES``).
 
     Parameters
     ----------
@@ -104,8 +105,10 @@ def position_block_bytes(vendor: str, family: int, model: int) -> tuple[int | No
     AMD EPYC Zen 4 (family 0x19 model 0x11), 512 KiB against 4 MiB, quiet:
     W1 in place float32 1.67 -> 1.48x its limit, float64 1.44 -> 1.21x,
     bfloat16 1.49 -> 1.06x, float16 1.42 -> 0.81x, head_dim 64-256
-    0.15-0.3x lower; out of place and apply_qk up to 0.3x lower; beside the
-    hog alike; 16 MiB about as 4 MiB, 128 KiB worse.  AMD EPYC Zen 5 (family
+    0.15-0.3x lower; out of place and apply_qk up to 0.3x lower, but beside
+    the hog head_dim 100 out of place ran 3.8-4.2x its copy in some processes
+    (1.1x with 512 KiB): so for in-place walks only; 16 MiB about as 4 MiB,
+    128 KiB worse.  AMD EPYC Zen 5 (family
     0x1A, 2026-12-01): 512 KiB best, 1 MiB lost float64 in place (1.21
     against 1.13x).  Zen 4's other models take its value, unmeasured.
     """

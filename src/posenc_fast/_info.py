@@ -23,7 +23,7 @@ def build_info() -> dict[str, Any]:
         widest SIMD level that variant was compiled for); ``thread_pool``
         (True where large calls can use worker threads: the pthread pool);
         ``num_threads``; ``position_block_bytes`` (cos/sin bytes per work
-        item of the walks past the caches: by CPU) and
+        item of the in-place walks past the caches: by CPU) and
         ``position_block_reason``.
     """
     kernels = _dispatch.kernels

@@ -153,10 +153,10 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    128 KiB-1 MiB (7 processes, load average 2-3; bench/sweeps.md): 512 KiB
    is best or within 0.03 of it on every 64M row; 1 MiB loses in place f64
    (1.21/1.24 against 1.13/1.18, quiet/hog), 128-256 KiB lose in place f32
-   quiet (1.30-1.33 against 1.24).  Kept at 512 KiB.  The build's value: a
-   CPU measured otherwise takes its own at import (_dispatch.position_block_bytes:
-   4 MiB on AMD Zen 4), unless the build was given one (-D, as bench/sweep.py
-   does). */
+   quiet (1.30-1.33 against 1.24).  Kept at 512 KiB.  The build's value: in
+   place, a CPU measured otherwise takes its own at import
+   (_dispatch.position_block_bytes: 4 MiB on AMD Zen 4), unless the build was
+   given one (-D, as bench/sweep.py does). */
 #ifndef POSENC_POSITION_BLOCK_BYTES
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
 #define POSENC_POSITION_BLOCK_BYTES_GIVEN 0
