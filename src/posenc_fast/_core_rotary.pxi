@@ -18,7 +18,7 @@ cdef Py_ssize_t _position_block_bytes = POSENC_POSITION_BLOCK_BYTES
 
 
 def set_position_block_bytes(Py_ssize_t nbytes):
-    """Set the bytes of cos/sin rows per work item of the blocked walks past the caches (at
+    """Set the bytes of cos/sin rows per work item of the in-place walks past the caches (at
     import, before any call); return the value before.  Results do not depend on it."""
     global _position_block_bytes
     if nbytes < 1:
@@ -28,7 +28,7 @@ def set_position_block_bytes(Py_ssize_t nbytes):
 
 
 def position_block_bytes():
-    """The bytes of cos/sin rows per work item of the blocked walks past the caches, and whether
+    """The bytes of cos/sin rows per work item of the in-place walks past the caches, and whether
     the build was given them (-DPOSENC_POSITION_BLOCK_BYTES: then they stand)."""
     return _position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)
 
