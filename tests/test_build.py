@@ -124,22 +124,20 @@ def test_avx512_is_chosen_where_measurements_favour_it(cpu, expected, measured):
 
 
 @pytest.mark.parametrize("cpu, expected, words", [
-    (ZEN4, 4 << 20, "AMD Zen 4, measured"), (("AuthenticAMD", 0x19, 0x61), 4 << 20, "not measured on this model"),
-    (("AuthenticAMD", 0x19, 0x01), None, "the build's"), (ZEN5, None, "the build's"),
-    (("GenuineIntel", 6, 0xCF), None, "the build's")])
-def test_position_blocks_are_chosen_by_cpu(cpu, expected, words):
-    from posenc_fast import _core, _dispatch
+    (ZEN4, (4 << 20, 8 << 10), "AMD Zen 4, measured"),
+    (("AuthenticAMD", 0x19, 0x61), (4 << 20, 8 << 10), "not measured on this model"),
+    (("AuthenticAMD", 0x19, 0x01), (None, None), "the build's"), (ZEN5, (None, None), "the build's"),
+    (("GenuineIntel", 6, 0xCF), (None, None), "the build's")])
+def test_block_sizes_are_chosen_by_cpu(cpu, expected, words):
+    from posenc_fast import _core, _cpu, _dispatch
 
-    nbytes, reason = _dispatch.position_block_bytes(*cpu)
-    assert nbytes == expected and words in reason
-    if cpu == _cpu_identity():  # this CPU's row is what the walks use
-        assert pf.build_info()["position_block_bytes"] == _core.position_block_bytes()[0] == expected
-
-
-def _cpu_identity():
-    from posenc_fast import _cpu
-
-    return _cpu.cpu_identity()
+    sizes = _dispatch.block_bytes(*cpu)
+    assert (sizes["position"][0], sizes["row"][0]) == expected
+    assert all(words in why for _, why in sizes.values())
+    if cpu == _cpu.cpu_identity():  # this CPU's row is what the walks use
+        info, used = pf.build_info(), _core.block_bytes()
+        assert (info["position_block_bytes"], info["row_block_bytes"]) == (used["position"][0], used["row"][0])
+        assert (used["position"][0], used["row"][0]) == expected
 
 
 @pytest.mark.parametrize("built, supported, expected, why", [

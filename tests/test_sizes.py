@@ -182,21 +182,23 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("block_bytes", [1, 4 << 20])  # blocks of 16 positions; Zen 4's 4 MiB
+# (position, row) block bytes: blocks of 16 positions and of 1; Zen 4's 4 MiB and 8 KiB
+@pytest.mark.parametrize("block_bytes", [(1, 1), (4 << 20, 8 << 10)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
-def test_the_position_blocks_past_the_caches_change_no_bit(block_bytes, in_place, dim):
-    # _dispatch sets the cos/sin bytes per work item for the CPU (a speed matter only)
+@pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
+def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_bytes):
+    # _dispatch sets the walks' block sizes for the CPU (a speed matter only)
     from posenc_fast import _core
 
     rope = pf.RotaryEmbedding(dim, layout="half")
-    x = np.random.default_rng(6).standard_normal((1, 8, (17 * 2**20) // (32 * dim) + 5, dim)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((1, 8, seq_bytes // (32 * dim) + 5, dim)).astype(np.float32)
     want = rope.apply(x)
-    before = _core.set_position_block_bytes(block_bytes)
+    before = _core.set_block_bytes(*block_bytes)
     try:
         got = rope.apply(x, out=x if in_place else None)
     finally:
-        _core.set_position_block_bytes(before)
+        _core.set_block_bytes(*before)
     assert got.tobytes() == want.tobytes()
 
 

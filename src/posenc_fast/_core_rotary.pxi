@@ -12,25 +12,29 @@ from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
 
 # Bytes of cos/sin rows per work item of the blocked walks past the caches that are not streamed
-# (_block_bytes): the build's POSENC_POSITION_BLOCK_BYTES, or this CPU's measured value (set once, at
-# import, by _dispatch).
+# (_block_bytes), and per kernel call of the walks below them: the build's POSENC_POSITION_BLOCK_BYTES
+# and POSENC_ROW_BLOCK_BYTES, or this CPU's measured values (set once, at import, by _dispatch).
 cdef Py_ssize_t _position_block_bytes = POSENC_POSITION_BLOCK_BYTES
+cdef Py_ssize_t _row_block_bytes = POSENC_ROW_BLOCK_BYTES
 
 
-def set_position_block_bytes(Py_ssize_t nbytes):
-    """Set the bytes of cos/sin rows per work item of the in-place walks past the caches (at
-    import, before any call); return the value before.  Results do not depend on it."""
-    global _position_block_bytes
-    if nbytes < 1:
-        raise ValueError(f"nbytes must be >= 1, got {nbytes}")
-    before, _position_block_bytes = _position_block_bytes, nbytes
+def set_block_bytes(Py_ssize_t position, Py_ssize_t row):
+    """Set the bytes of cos/sin rows per work item of the in-place walks past the caches
+    (`position`) and per kernel call of the walks below them (`row`), at import, before any call;
+    return the two before.  Results do not depend on them."""
+    global _position_block_bytes, _row_block_bytes
+    if position < 1 or row < 1:
+        raise ValueError(f"position and row must be >= 1, got {position} and {row}")
+    before = (_position_block_bytes, _row_block_bytes)
+    _position_block_bytes, _row_block_bytes = position, row
     return before
 
 
-def position_block_bytes():
-    """The bytes of cos/sin rows per work item of the in-place walks past the caches, and whether
-    the build was given them (-DPOSENC_POSITION_BLOCK_BYTES: then they stand)."""
-    return _position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)
+def block_bytes():
+    """{"position": (bytes, given), "row": (bytes, given)}: the two block sizes in use, and whether
+    the build was given each (-DPOSENC_POSITION_BLOCK_BYTES, -DPOSENC_ROW_BLOCK_BYTES: then it stands)."""
+    return {"position": (_position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)),
+            "row": (_row_block_bytes, bool(POSENC_ROW_BLOCK_BYTES_GIVEN))}
 
 
 cdef inline Py_ssize_t _block_bytes(const RowCall* call) noexcept nogil:
@@ -44,7 +48,7 @@ cdef inline Py_ssize_t _positions_in(Py_ssize_t nbytes, Py_ssize_t least, Py_ssi
                                       Py_ssize_t itemsize) noexcept nogil:
     # Positions whose cos/sin rows take about nbytes, at least `least`:
     # _block_bytes for the blocked walks,
-    # POSENC_ROW_BLOCK_BYTES (in L1) for the blocks of one kernel call.
+    # _row_block_bytes (in L1) for the blocks of one kernel call.
     return max(least, nbytes // (2 * max(npairs, <Py_ssize_t>1) * itemsize))
 
 
@@ -137,13 +141,13 @@ cdef void _rotate_block_item(void* job_, Py_ssize_t item, int slot) noexcept nog
 cdef void _rotate_blocks(const char* x, char* out, const CosSinTable* table, const RowPlan* plan,
                          const RowCall* call, int num_threads) noexcept nogil:
     # Rows (outer, seq) of consecutive positions (plan.inner 1, no positions
-    # array): blocks of POSENC_ROW_BLOCK_BYTES of cache rows, each serving
+    # array): blocks of _row_block_bytes of cache rows, each serving
     # every outer index (head) in turn.  In cache, a row per kernel call ran
     # W1 1.6-2.4x its limit, a position's heads per call (cos/sin held in
     # registers) 2.2-2.8x out of place: x's and out's rows 128 KiB apart
     # alias in the low 12 address bits, each load waits on the stores.
     cdef Py_ssize_t block = max(<Py_ssize_t>1, min(plan.seq, _positions_in(
-        POSENC_ROW_BLOCK_BYTES, 1, call.npairs, call.table_itemsize)))
+        _row_block_bytes, 1, call.npairs, call.table_itemsize)))
     cdef Py_ssize_t group = _rows_per_item(block * call.dim)
     cdef BlockJob job = BlockJob(block, group, (plan.outer + group - 1) // group, x, out, table,
                                  plan, call)

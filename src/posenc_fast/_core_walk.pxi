@@ -140,7 +140,7 @@ cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const
     # rows are taken in order, in chunks.  Below POSENC_STREAM_BYTES, when
     # `inner` is x's last leading axis and cos and sin step alike along it
     # (a (seq, pairs) cache), a block is one kernel call over
-    # POSENC_ROW_BLOCK_BYTES of cos/sin rows, as in _rotate_blocks.
+    # _row_block_bytes of cos/sin rows, as in _rotate_blocks.
     cdef Py_ssize_t outer = 1, heads = 1, inner = walk.rows, block = POSENC_ROW_CHUNK
     cdef Py_ssize_t nblocks, table_step = 0
     cdef int k, j, last
@@ -158,7 +158,7 @@ cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const
             last = walk.naxes - 1
             if call.blocks and k + 1 == last and walk.cos_step[last] == walk.sin_step[last]:
                 table_step = walk.cos_step[last] // table.itemsize
-                block = _positions_in(POSENC_ROW_BLOCK_BYTES, 1, walk.npairs, table.itemsize)
+                block = _positions_in(_row_block_bytes, 1, walk.npairs, table.itemsize)
             break
     nblocks = (inner + block - 1) // block
     cdef WalkJob job = WalkJob(table_step, heads, inner, block, nblocks, x, out, table, walk, call)

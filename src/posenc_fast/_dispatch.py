@@ -84,9 +84,10 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     return False, "not measured faster on this CPU"
 
 
-def position_block_bytes(vendor: str, family: int, model: int) -> tuple[int | None, str]:
-    """Bytes of cos/sin rows per work item of the blocked walks past the caches on this CPU (in
-    place; streamed results keep the build's ``POSENC_POSITION_BLOCK_BYTES``).
+def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | None, str]]:
+    """The walks' block sizes on this CPU: ``"position"``, bytes of cos/sin rows per work item
+    of the in-place walks past the caches (streamed results keep the build's
+    ``POSENC_POSITION_BLOCK_BYTES``); ``"row"``, per kernel call of the walks below them.
 
     Parameters
     ----------
@@ -95,27 +96,32 @@ def position_block_bytes(vendor: str, family: int, model: int) -> tuple[int | No
 
     Returns
     -------
-    (int or None, str)
-        The bytes, or None for the build's ``POSENC_POSITION_BLOCK_BYTES``
-        (512 KiB); the reason in words.
+    dict of (int or None, str)
+        Each size, or None for the build's (512 KiB and 16 KiB), and the
+        reason in words.
 
     Notes
     -----
-    Measured with ``bench/sweep.py POSENC_POSITION_BLOCK_BYTES`` (bench/sweeps.md).
-    AMD EPYC Zen 4 (family 0x19 model 0x11), 512 KiB against 4 MiB, quiet:
+    Measured with ``bench/sweep.py`` (bench/sweeps.md).  AMD EPYC Zen 4
+    (family 0x19 model 0x11): position blocks of 4 MiB against 512 KiB, quiet,
     W1 in place float32 1.67 -> 1.48x its limit, float64 1.44 -> 1.21x,
-    bfloat16 1.49 -> 1.06x, float16 1.42 -> 0.81x, head_dim 64-256
-    0.15-0.3x lower; out of place and apply_qk up to 0.3x lower, but beside
-    the hog head_dim 100 out of place ran 3.8-4.2x its copy in some processes
-    (1.1x with 512 KiB): so for in-place walks only; 16 MiB about as 4 MiB,
-    128 KiB worse.  AMD EPYC Zen 5 (family
-    0x1A, 2026-12-01): 512 KiB best, 1 MiB lost float64 in place (1.21
-    against 1.13x).  Zen 4's other models take its value, unmeasured.
+    bfloat16 1.49 -> 1.06x, float16 1.42 -> 0.81x, head_dim 64-256 0.15-0.3x
+    lower, beside the hog alike; out of place up to 0.3x lower, but beside
+    the hog head_dim 100 out of place ran 3.8-4.2x its copy in some
+    processes (1.1x with 512 KiB): in place only.  Row blocks of 8 KiB
+    against 16 KiB, quiet and hog, 5 processes: the in-cache rows 0.05-0.35x
+    lower (W1 (1,32,256,128) out of place 1.55 -> 1.20x, apply_qk 1.49 ->
+    1.34x; (1,32,32,128) out of place 1.32 -> 1.03x).  AMD EPYC Zen 5
+    (family 0x1A, 2026-12-01): 512 KiB best (1 MiB lost float64 in place,
+    1.21 against 1.13x), 16 KiB best (8 KiB lost in place 1.15 against
+    1.02x).  Zen 4's other models take its values, unmeasured.
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
-        return 4 << 20, f"4 MiB: AMD Zen 4, {measured}"
-    return None, "512 KiB: the build's (measured on AMD Zen 5)"
+        return {"position": (4 << 20, f"4 MiB: AMD Zen 4, {measured}"),
+                "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}")}
+    return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
+            "row": (None, "16 KiB: the build's (measured on AMD Zen 5)")}
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -220,6 +226,18 @@ def _read_tuned(cpu: tuple[str, int, int]) -> str | None:
         return None
 
 
+def _use_block_bytes(cpu: tuple[str, int, int]) -> dict[str, str]:
+    """Set the walks' block sizes for `cpu` (a size the build was given stands); return why each."""
+    sizes, reasons = {}, {}
+    for kind, (nbytes, why) in block_bytes(*cpu).items():
+        built, given = _core.block_bytes()[kind]
+        if given:
+            why = f"set by the build (-DPOSENC_{kind.upper()}_BLOCK_BYTES)"
+        sizes[kind], reasons[kind] = built if given or nbytes is None else nbytes, why
+    _core.set_block_bytes(sizes["position"], sizes["row"])
+    return reasons
+
+
 def variant_module(name: str):
     """The compiled module of a vector variant (import only one the CPU supports)."""
     return importlib.import_module(f"posenc_fast._isa_{name}")
@@ -232,10 +250,6 @@ ISA_IN_USE, ISA_REASON = choose(BUILT, CPU_SUPPORTS, os.environ.get(ENV_VAR, "")
                                 _cpu.cpu_identity(), _read_tuned(_cpu.cpu_identity()))
 if ISA_IN_USE != "baseline":
     _core.use_kernels(variant_module(ISA_IN_USE).KERNELS)
-POSITION_BLOCK_BYTES, POSITION_BLOCK_REASON = position_block_bytes(*_cpu.cpu_identity())
-if _core.position_block_bytes()[1]:
-    POSITION_BLOCK_REASON = "set by the build (-DPOSENC_POSITION_BLOCK_BYTES)"
-elif POSITION_BLOCK_BYTES is not None:
-    _core.set_position_block_bytes(POSITION_BLOCK_BYTES)
+BLOCK_REASONS = _use_block_bytes(_cpu.cpu_identity())
 _core.set_bfloat16_typenum(np.dtype(ml_dtypes.bfloat16).num)
 kernels = _core

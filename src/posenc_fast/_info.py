@@ -22,11 +22,12 @@ def build_info() -> dict[str, Any]:
         a CPU in no row says "not measured"), ``cpu`` (vendor, family, model), ``simd`` (the
         widest SIMD level that variant was compiled for); ``thread_pool``
         (True where large calls can use worker threads: the pthread pool);
-        ``num_threads``; ``position_block_bytes`` (cos/sin bytes per work
-        item of the in-place walks past the caches: by CPU) and
-        ``position_block_reason``.
+        ``num_threads``; ``position_block_bytes`` and ``row_block_bytes``
+        (cos/sin bytes per work item of the in-place walks past the caches,
+        and per kernel call below them: by CPU) and their ``..._reason``.
     """
     kernels = _dispatch.kernels
+    blocks = kernels.block_bytes()
     return {
         "version": __version__,
         "compiler": _cpu.compiler(),
@@ -38,6 +39,8 @@ def build_info() -> dict[str, Any]:
         "simd": kernels.simd_level(),
         "thread_pool": kernels.thread_pool_enabled(),
         "num_threads": get_num_threads(),
-        "position_block_bytes": kernels.position_block_bytes()[0],
-        "position_block_reason": _dispatch.POSITION_BLOCK_REASON,
+        "position_block_bytes": blocks["position"][0],
+        "position_block_reason": _dispatch.BLOCK_REASONS["position"],
+        "row_block_bytes": blocks["row"][0],
+        "row_block_reason": _dispatch.BLOCK_REASONS["row"],
     }

@@ -174,9 +174,15 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    AVX2 and float64 also best or within noise of best at 16 KiB.  At 6-8 MiB
    the blocks still beat the row walk (1.1-1.5x against 1.4-1.6x).  On the
    AMD EPYC Zen 3 (32 KiB L1d; bench/sweeps.md, 2026-12-06, quiet and hog)
-   8, 16 and 32 KiB run the cache rows within each other's ranges. */
+   8, 16 and 32 KiB run the cache rows within each other's ranges.  On the AMD
+   EPYC Zen 4 8 KiB runs them 0.05-0.35x lower (bench/sweeps.md): the build's
+   value, a CPU measured otherwise takes its own at import
+   (_dispatch.block_bytes), unless the build was given one (-D). */
 #ifndef POSENC_ROW_BLOCK_BYTES
 #define POSENC_ROW_BLOCK_BYTES (16 * 1024)
+#define POSENC_ROW_BLOCK_BYTES_GIVEN 0
+#else
+#define POSENC_ROW_BLOCK_BYTES_GIVEN 1
 #endif
 /* Half-layout rows rotated in place past POSENC_STREAM_BYTES take the scalar
    row kernel (1, GCC's own vectors of a plain loop) or the explicit vector
