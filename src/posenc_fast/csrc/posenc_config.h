@@ -155,7 +155,7 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    (1.21/1.24 against 1.13/1.18, quiet/hog), 128-256 KiB lose in place f32
    quiet (1.30-1.33 against 1.24).  Kept at 512 KiB.  The build's value: in
    place, a CPU measured otherwise takes its own at import
-   (_dispatch.position_block_bytes: 4 MiB on AMD Zen 4), unless the build was
+   (_dispatch.block_bytes: 4 MiB on AMD Zen 4), unless the build was
    given one (-D, as bench/sweep.py does). */
 #ifndef POSENC_POSITION_BLOCK_BYTES
 #define POSENC_POSITION_BLOCK_BYTES (512 * 1024)
