@@ -40,6 +40,15 @@ def untouched(before: np.ndarray, after: np.ndarray) -> bool:
     return before.tobytes() == after.tobytes()
 
 
+def int64_inside(array: np.ndarray, values) -> np.ndarray:
+    """`values` written as int64 into the first bytes of `array` (a float array a call writes): an
+    index array (positions, slots) that shares its memory; returned as that view."""
+    values = np.asarray(values)
+    inside = array.reshape(-1)[:2 * values.size].view(np.int64)
+    inside[:] = values
+    return inside
+
+
 @contextlib.contextmanager
 def general_path_only():
     """Turn every compiled fast path off (``_core.set_fast_paths``): calls take their general paths."""

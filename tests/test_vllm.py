@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import general_path_only, server_qkv, untouched
+from helpers import general_path_only, int64_inside, server_qkv, untouched
 import posenc_fast as pf
 from posenc_fast import vllm
 
@@ -318,11 +318,7 @@ def _f32(*shape):
 
 def _positions_in(name):
     """The call's positions (valid values) written into the memory of its argument `name`."""
-    def change(call):
-        positions = call[name].reshape(-1)[:8].view(np.int64)
-        positions[:] = call["positions"]
-        return positions
-    return change
+    return lambda call: int64_inside(call[name], call["positions"])
 
 
 # name: (change to the valid call: a value, or a function of the call; error; message)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import general_path_only, server_qkv, taking, untouched
+from helpers import general_path_only, int64_inside, server_qkv, taking, untouched
 from posenc_fast import vllm
 
 BLOCKS, BLOCK_SIZE = 3, 4
@@ -145,11 +145,7 @@ def _query_holds_the_key_cache(call):
 
 def _index_in_query(name):
     """The call's `name` (positions or slot_mapping, valid values) written into query's memory."""
-    def change(call):
-        index = call["query"].reshape(-1)[:10].view(np.int64)
-        index[:] = call[name]
-        return index
-    return change
+    return lambda call: int64_inside(call["query"], call[name])
 
 
 # name: (change to a valid call: a value, or a function of the call; error; message)

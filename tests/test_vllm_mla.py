@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from posenc_fast import reference, vllm
-from helpers import untouched
+from helpers import int64_inside, untouched
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
@@ -136,9 +136,7 @@ def test_bad_input_writes_nothing(change, error, match):
 def test_indices_inside_a_rotated_input_are_refused(index, holder):
     # the rotation would change them before they are read (slots: a write past the cache)
     args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
-    inside = args[holder].reshape(-1)[:8].view(np.int64)
-    inside[:] = args[index]
-    args[index] = inside
+    args[index] = int64_inside(args[holder], args[index])
     before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
     with pytest.raises(ValueError, match=f"{index} shares memory with {holder}"):
         vllm.concat_and_cache_mla_rope_fused(**args)

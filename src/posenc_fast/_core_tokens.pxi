@@ -18,14 +18,14 @@ from libc.string cimport memset
 
 
 cdef inline bint _size_int(object x):
-    # An int argument the fast paths take (head_size, rope_dim_offset): a Python int within
-    # +-2**62, so that no product of sizes overflows; larger ones go to the general path's error.
+    # An int argument the fast paths take (head_size, rope_dim_offset): a Python int that _fits
+    # (|x| < 2**61, so that no product of sizes overflows); larger ones go to the general path's error.
     cdef int overflow = 0
     cdef long long value
     if type(x) is not int:
         return False
     value = PyLong_AsLongLongAndOverflow(x, &overflow)
-    return not overflow and -(1LL << 62) <= value <= (1LL << 62)
+    return not overflow and _fits(value, 0)
 
 
 cdef enum:

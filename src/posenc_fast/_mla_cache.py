@@ -135,9 +135,10 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
                         written=("q_pe", "k_pe", "kv_cache"))
     positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache = arrays
     kv_c, k_rows, kv_cache, slots = _mla_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
-    if any(v.overlaps(kv_cache, x) for x in (q_pe, np.asarray(positions), np.asarray(cos_sin_cache))):
+    positions = np.asarray(positions)
+    if any(v.overlaps(kv_cache, x) for x in (q_pe, positions, np.asarray(cos_sin_cache))):
         raise ValueError("kv_cache shares memory with q_pe, positions or cos_sin_cache")
-    v.indices_apart({"positions": np.asarray(positions), "slot_mapping": slots}, {"q_pe": q_pe, "k_pe": k_rows})
+    v.indices_apart({"positions": positions, "slot_mapping": slots}, {"q_pe": q_pe, "k_pe": k_rows})
     rot_dim = np.shape(cos_sin_cache)[-1] if np.ndim(cos_sin_cache) == 2 else 0
     if k_rows.shape[1] != rot_dim:
         raise ValueError(f"k_pe must have rot_dim = cos_sin_cache.shape[1] = {rot_dim} features, "
