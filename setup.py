@@ -12,8 +12,9 @@ their flags.
   cythonize.
 * The row kernels are compiled once per instruction set: into ``_core`` (the
   module compiled once, with the compiler's portable default) and on x86-64
-  into ``_isa_avx2`` (``-mavx2 -mf16c``) and ``_isa_avx512``, each where
-  the compiler accepts its flags (an older compiler builds without it).  The
+  into ``_isa_avx2`` (``-mavx2 -mf16c``), ``_isa_avx512`` and
+  ``_isa_avx512bf16`` (AVX-512 with AVX512_BF16's bfloat16 rounding), each
+  where the compiler accepts its flags (an older compiler builds without it).  The
   package asks the CPU first and imports only a variant it supports
   (``posenc_fast._dispatch``, which also decides where AVX-512 is worth it),
   so a wheel never executes an instruction the machine lacks.  No variant enables FMA: with ``-ffp-contract=off`` GCC
@@ -27,7 +28,7 @@ Environment variables (build time):
 ``POSENC_FAST_NATIVE=1``
     add ``-march=native`` to the baseline build (not distributable).
 ``POSENC_FAST_ISA_VARIANTS=baseline``
-    comma list of variants to build (default: baseline,avx2,avx512; baseline
+    comma list of variants to build (default: baseline,avx2,avx512,avx512bf16; baseline
     is always built, into ``_core``).
 ``POSENC_FAST_DEBUG=1``
     turn Cython bounds checks on and build with ``-O0 -g``.
@@ -62,7 +63,8 @@ ISA_FLAGS = {
     "avx2": ["-mavx2", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mf16c"],
 }
-DEFAULT_VARIANTS = ("baseline", "avx2", "avx512")
+ISA_FLAGS["avx512bf16"] = ISA_FLAGS["avx512"] + ["-mavx512bf16"]
+DEFAULT_VARIANTS = ("baseline", "avx2", "avx512", "avx512bf16")
 ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 DEBUG = os.environ.get("POSENC_FAST_DEBUG", "") not in ("", "0")
 SANITIZE = os.environ.get("POSENC_FAST_SANITIZE", "")

@@ -1,6 +1,7 @@
 """Kernel variants side by side: each built ISA variant's time / the limit, in one process.
 
     PYTHONPATH=src python3 bench/bench_isa.py [--rounds N] [--small] [--only KEY ...]
+                                              [--variants avx2,avx512]
 
 One thread.  For every workload of ``posenc_fast._bench.cases`` (and a few
 rows this table adds: float16/bfloat16 W1, float32 rows of dim 100, which
@@ -9,8 +10,10 @@ variant the CPU supports, switching the kernel table between samples
 (``_core.use_kernels``), interleaved with its limit: each column is the
 median over rounds of (variant's time / limit's time), and ``a/b`` the median
 of the per-round ratio of the last two variants (e.g. avx512 / avx2; below
-1: the wider variant is faster).  This is the measurement behind
-``_dispatch.prefer_avx512``.
+1: the wider variant is faster; ``--variants`` picks the columns).  This is
+the measurement behind ``_dispatch.prefer_avx512`` (``--variants
+avx2,avx512``) and behind ``avx512bf16`` before ``avx512`` (``--variants
+avx512,avx512bf16 --only extra``).
 """
 
 import argparse
@@ -36,11 +39,12 @@ WORKLOADS = [("w1_oop", "float32"), ("w1_oop", "float64"), ("w1_inplace", "float
              ("apply_qk", "float32"), ("alibi", "float32")]
 
 
-def _variant_tables():
-    """{name: kernel table capsule} of every variant built and supported, narrowest first."""
+def _variant_tables(wanted):
+    """{name: kernel table capsule} of the vector variants built, supported and wanted, narrowest first."""
     tables = {}
     for name in reversed(_dispatch.PREFERENCE):
-        if name in _dispatch.BUILT and name in _dispatch.CPU_SUPPORTS and name != "baseline":
+        if (name in _dispatch.BUILT and name in _dispatch.CPU_SUPPORTS and name != "baseline"
+                and (not wanted or name in wanted)):
             tables[name] = _dispatch.variant_module(name).KERNELS
     return tables
 
@@ -84,9 +88,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--small", action="store_true", help="the in-cache shapes")
     parser.add_argument("--only", nargs="*", default=(), help="workload keys, or 'extra'")
+    parser.add_argument("--variants", default="", help="comma list of vector variants (default: all here)")
     args = parser.parse_args()
     pf.set_num_threads(1)
-    tables = _variant_tables()
+    tables = _variant_tables([name for name in args.variants.split(",") if name])
     if len(tables) < 2:
         print(f"fewer than two vector variants to compare here: {list(tables)}")
         return

@@ -1,7 +1,7 @@
 """Sweep one tuning constant: build the package per value, time report.py's rows per build.
 
     python3 bench/sweep.py NAME VALUE [VALUE ...] --only REGEX [--passes 5] [--rounds 7]
-                           [--modes quiet,hog] [--variants baseline,avx512] [--isa avx2]
+                           [--modes quiet,hog] [--variants baseline,avx512bf16] [--isa avx2]
                            [--json FILE]
 
 NAME is a macro of ``csrc/posenc_config.h`` or ``posenc_trig.h`` guarded by
@@ -145,7 +145,7 @@ def main(argv=None):
                         help="interleaved rounds per process (report.py --rounds; default 7)")
     parser.add_argument("--modes", default="quiet,hog",
                         help="comma list of quiet, hog (default both)")
-    parser.add_argument("--variants", default="baseline,avx2,avx512",
+    parser.add_argument("--variants", default="baseline,avx2,avx512,avx512bf16",
                         help="POSENC_FAST_ISA_VARIANTS of the builds (default all)")
     parser.add_argument("--isa", help="POSENC_FAST_ISA for the measurements (default: "
                         "the package's choice)")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -24,7 +25,7 @@ def test_build_info_reports_the_build():
     assert info["compiler"]
     assert "baseline" in info["isa_built"] and "baseline" in info["isa_supported"]
     assert info["isa_in_use"] in info["isa_built"] and info["isa_in_use"] in info["isa_supported"]
-    assert info["simd"] in ("scalar", "sse2", "avx", "avx2", "avx512", "neon")
+    assert info["simd"] in ("scalar", "sse2", "avx", "avx2", "avx512", "avx512bf16", "neon")
     assert isinstance(info["thread_pool"], bool)
     assert info["num_threads"] == pf.get_num_threads()
 
@@ -153,6 +154,33 @@ def test_choice_without_a_wider_variant_says_what_is_missing(built, supported, e
 
     variant, reason = _dispatch.choose(built, supported, "", ZEN4)
     assert variant == expected and why in reason
+
+
+@pytest.mark.parametrize("cpu, supported, expected", [
+    (ZEN4, ALL + ["avx512bf16"], "avx512bf16"), (ZEN4, ALL, "avx512"), (SKYLAKE_SP, ALL + ["avx512bf16"], "avx2"),
+    (("GenuineIntel", 6, 0x8F), ALL + ["avx512bf16"], "avx512bf16")])
+def test_avx512bf16_is_the_avx512_choice_where_the_cpu_has_it(cpu, supported, expected):
+    from posenc_fast import _dispatch
+
+    built = ALL + ["avx512bf16"]
+    variant, reason = _dispatch.choose(built, supported, "", cpu)
+    assert variant == expected and reason.startswith(f"{expected}: ")
+    assert _dispatch.choose(built, supported, "avx512", cpu)[0] == "avx512"
+    assert _dispatch.choose(["baseline", "avx512bf16"], supported, "", cpu)[0] == (
+        "avx512bf16" if "avx512bf16" in supported else "baseline")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo") or platform.machine() != "x86_64",
+                    reason="reads the CPU flags of Linux's /proc/cpuinfo on x86-64")
+def test_the_variants_the_cpu_supports_are_those_linux_lists():
+    from posenc_fast import _cpu
+
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    supports = _cpu.cpu_supports()
+    assert ("avx2" in supports) == ({"avx2", "f16c"} <= flags)
+    assert ("avx512" in supports) == ({"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
+    assert ("avx512bf16" in supports) == ("avx512" in supports and "avx512_bf16" in flags)
 
 
 def test_requested_variant_is_forced_only_where_usable():

@@ -33,7 +33,7 @@ def test_example_passes_mypy_strict(tmp_path):
 @needs_mypy
 def test_stubs_match_compiled_modules():
     modules = ["posenc_fast._cpu", "posenc_fast._core"] + [
-        f"posenc_fast._isa_{name}" for name in ("avx2", "avx512")
+        f"posenc_fast._isa_{name}" for name in ("avx2", "avx512", "avx512bf16")
         if importlib.util.find_spec(f"posenc_fast._isa_{name}")]
     result = _run("mypy.stubtest", *modules)
     assert result.returncode == 0, result.stdout + result.stderr

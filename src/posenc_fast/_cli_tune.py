@@ -2,7 +2,7 @@
 
 Every variant gives bitwise the same results; which is fastest depends on
 the CPU (`_dispatch.prefer_avx512` holds the CPUs measured so far).  ``tune``
-times the widest two variants the CPU runs on a few workloads (one thread,
+times the widest AVX-512 variant against AVX2 on a few workloads (one thread,
 interleaved rounds, the kernel table switched between samples), and writes
 the faster one under this CPU's name into the tuning file
 (`_dispatch.tune_file`), which the next import reads.  ``POSENC_FAST_ISA``
@@ -66,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
     usable = [name for name in _dispatch.PREFERENCE
               if name in _dispatch.BUILT and name in _dispatch.CPU_SUPPORTS and name != "baseline"]
     cpu = _cpu.cpu_identity()
-    if len(usable) < 2:
-        print(f"{_dispatch.cpu_key(cpu)}: one vector variant usable here ({usable or 'none'}): "
-              "nothing to choose")
+    wide = [name for name in usable if name in _dispatch.AVX512]
+    if not wide or "avx2" not in usable:
+        print(f"{_dispatch.cpu_key(cpu)}: not both AVX-512 and AVX2 usable here "
+              f"({usable or 'no vector variant'}): nothing to choose")
         return 0
-    names = [usable[1], usable[0]]  # narrower, wider
+    names = ["avx2", wide[0]]  # narrower, wider
     threads = get_num_threads()
     set_num_threads(1)
     try:

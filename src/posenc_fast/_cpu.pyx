@@ -29,6 +29,10 @@ cdef extern from *:
         case 1: return (xcr0 & 0xe6) == 0xe6
                     && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
                     && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+        case 2: {  /* AVX512_BF16: CPUID leaf 7 subleaf 1, EAX bit 5 (older compilers lack its name) */
+            unsigned int a = 0, b, c, d;
+            return posenc_cpu_has(1) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+        }
         }
         return 0;
     }
@@ -80,6 +84,8 @@ def cpu_supports():
         names.append("avx2")
     if posenc_cpu_has(1):
         names.append("avx512")
+    if posenc_cpu_has(2):
+        names.append("avx512bf16")
     return names
 
 

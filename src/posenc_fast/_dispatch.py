@@ -1,14 +1,15 @@
 """Choose the row kernels for this CPU, then load only those.
 
 ``_core`` (compiled once, portable flags) carries the baseline kernels.
-setup.py also compiles them into ``_isa_avx2`` and ``_isa_avx512`` with
-wider instruction sets.  This module asks the CPU what it supports
+setup.py also compiles them into ``_isa_avx2``, ``_isa_avx512`` and
+``_isa_avx512bf16`` (AVX-512 kernels that round bfloat16 with AVX512_BF16)
+with wider instruction sets.  This module asks the CPU what it supports
 (``_cpu``, portable) before importing any variant: a variant's module may
 use its instructions anywhere, its init included, so importing it on a CPU
 without them would kill the interpreter.  Every variant gives bitwise the
 same results; the wider ones are only faster, and AVX-512 not on every CPU
 that has it (`prefer_avx512`).  The environment variable ``POSENC_FAST_ISA``
-(``baseline``, ``avx2``, ``avx512``) forces a variant, if it was built and
+(``baseline``, ``avx2``, ``avx512``, ``avx512bf16``) forces a variant, if it was built and
 the CPU supports it; without it, the choice ``python -m posenc_fast tune``
 stored for this CPU (`tune_file`) wins over the table of `prefer_avx512`.
 """
@@ -28,7 +29,9 @@ from . import _core, _cpu
 ENV_VAR = "POSENC_FAST_ISA"
 TUNE_ENV_VAR = "POSENC_FAST_TUNE_FILE"
 # Widest first.
-PREFERENCE = ("avx512", "avx2", "baseline")
+PREFERENCE = ("avx512bf16", "avx512", "avx2", "baseline")
+# The AVX-512 kernels; where AVX-512 is preferred, the first usable one.
+AVX512 = ("avx512bf16", "avx512")
 
 
 def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
@@ -187,6 +190,11 @@ def choose(built: list[str], supported: list[str], requested: str,
     tuned : str, optional
         The variant ``python -m posenc_fast tune`` measured fastest on this
         CPU (`tuned_variant`); it wins over `prefer_avx512` where usable.
+
+    Notes
+    -----
+    Where AVX-512 is preferred, ``avx512bf16`` comes before ``avx512``: the
+    same kernels, bfloat16 rounded by vcvtne2ps2bf16 to the same bits.
     """
     usable = [name for name in PREFERENCE if name in built and name in supported]
     requested = requested.strip().lower()
@@ -200,12 +208,13 @@ def choose(built: list[str], supported: list[str], requested: str,
     if tuned:
         warnings.warn(f"the tuning file names {tuned!r}, which is not usable here (usable: "
                       f"{usable}); choosing as if it did not", RuntimeWarning, stacklevel=3)
-    if "avx512" in usable:
+    wide = [name for name in usable if name in AVX512]
+    if wide:
         if "avx2" not in usable:
-            return "avx512", "avx512: supported; avx2 not built"
+            return wide[0], f"{wide[0]}: supported; avx2 not built"
         faster, why = prefer_avx512(*cpu)
         if faster:
-            return "avx512", f"avx512: supported, {why}"
+            return wide[0], f"{wide[0]}: supported, {why}"
         return "avx2", f"avx2: avx512 supported but {why}"
     best = usable[0]
     wider = PREFERENCE[:PREFERENCE.index(best)]

@@ -76,7 +76,7 @@ def main() -> int:
             compiled = mutant.path.endswith(COMPILED)
             build = None
             if compiled or built_for != "clean":
-                build = _build(tree, "baseline,avx2,avx512" if not compiled else
+                build = _build(tree, "baseline,avx2,avx512,avx512bf16" if not compiled else
                                ",".join(dict.fromkeys(("baseline", mutant.isa))))
                 built_for = "mutant" if compiled else "clean"
             if build is not None and build.returncode != 0:

@@ -12,7 +12,9 @@
 #include <string.h>
 #include <math.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define POSENC_SIMD "avx512bf16"
+#elif defined(__AVX512F__)
 #define POSENC_SIMD "avx512"
 #elif defined(__AVX2__)
 #define POSENC_SIMD "avx2"

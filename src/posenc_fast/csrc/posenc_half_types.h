@@ -127,10 +127,10 @@ static inline void posenc_narrow_f16(const float* src, posenc_f16* dst, Py_ssize
    rounded as above lane by lane, two vectors packed into posenc_hv_packed
    (2 * POSENC_HV_LANES half values) to store; interleaved pairs through
    load_pairs/pack_pairs (float16's: posenc_kernels.h).  bfloat16 rounds with
-   integer operations in every variant: AVX512_BF16's vcvtne2ps2bf16 gives
-   these bits for every float32 but the nonzero subnormals (read as zero; all
-   2^32 inputs on an AMD Zen 4, bench/README.md), so it would need a fix-up
-   where a lane is subnormal and a variant of its own (-mavx512bf16). */
+   integer operations, or in the avx512bf16 variant (-mavx512bf16) by
+   vcvtne2ps2bf16: it gives these bits for every float32 but the nonzero
+   subnormals, which it reads as zero (all 2^32 inputs on an AMD Zen 4,
+   bench/README.md), so a pack holding a subnormal takes the integer way. */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define POSENC_HV_LANES 16
 #define POSENC_HV_BF16 1
@@ -156,10 +156,19 @@ static inline __m512i posenc_hv_round_bf16(posenc_hv v) {
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
 }
+#if defined(__AVX512BF16__)
+static inline int posenc_hv_no_subnormal(posenc_hv v0, posenc_hv v1) {
+    return (_mm512_fpclass_ps_mask(v0, 0x20) | _mm512_fpclass_ps_mask(v1, 0x20)) == 0;  /* 0x20: subnormal */
+}
+#endif
 static inline posenc_hv_packed posenc_hv_pack2_bf16(posenc_hv v0, posenc_hv v1) {
     const __m512i high_words = _mm512_set_epi16(  /* the odd 16-bit lanes of v0, then of v1 */
         63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+#if defined(__AVX512BF16__)
+    if (__builtin_expect(posenc_hv_no_subnormal(v0, v1), 1))
+        return (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+#endif
     return _mm512_permutex2var_epi16(posenc_hv_round_bf16(v0), high_words,
                                      posenc_hv_round_bf16(v1));
 }
@@ -171,6 +180,13 @@ static inline void posenc_hv_load_pairs_bf16(const posenc_bf16* p, posenc_hv* a,
     *b = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
 static inline posenc_hv_packed posenc_hv_pack_pairs_bf16(posenc_hv ra, posenc_hv rb) {
+#if defined(__AVX512BF16__)
+    const __m512i zip = _mm512_set_epi16(  /* ra's value k to lane 2k, rb's to lane 2k + 1 */
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    if (__builtin_expect(posenc_hv_no_subnormal(ra, rb), 1))
+        return _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(rb, ra));
+#endif
     return _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(posenc_hv_round_bf16(ra), 16),
                                    posenc_hv_round_bf16(rb));
 }
