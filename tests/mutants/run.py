@@ -84,7 +84,9 @@ def main() -> int:
             else:
                 result = _tests(tree, mutant.tests, mutant.isa if compiled else "")
                 failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
-                status = "killed" if result.returncode != 0 else "SURVIVED"
+                # pytest's 4 and 5: a usage error, no test selected (a -k that matches nothing)
+                status = ("broken" if result.returncode in (4, 5) else
+                          "killed" if result.returncode != 0 else "SURVIVED")
                 why = failed[0][7:] if failed else result.stdout.strip().splitlines()[-1:]
             path.write_text(original)
             if compiled:
