@@ -265,6 +265,9 @@ def bad_calls():
     yield "out_q over k_cache", {"out_q": "k_cache.reshape(6, 4, 32)"}, ValueError, "out_q"
     yield "out_q of another shape", {"out_q": np.zeros((6, 4, 16), np.float32)}, ValueError, \
         "out_q must have shape"
+    yield "a NaN eps without weights", {"eps": float("nan")}, ValueError, "eps must be finite"
+    yield "a negative eps without weights", {"eps": -1.0}, ValueError, "eps must be >= 0"
+    yield "eps a list without weights", {"eps": [1e-6]}, TypeError, "eps must be a real number"
 
 
 @pytest.mark.parametrize("what, changes, error, message", list(bad_calls()),

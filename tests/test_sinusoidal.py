@@ -1,6 +1,7 @@
 """sinusoidal_table, sinusoidal and add_sinusoidal against the reference."""
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -289,7 +290,10 @@ def test_table_read_only_out_and_wrong_type():
 @pytest.mark.parametrize("positions, error, match", [
     ([0.0, float("nan")], ValueError, "positions must be finite, got nan"),
     ([0.0, float("inf")], ValueError, "positions must be finite, got inf"),
-    ([True, False], TypeError, "positions must be an array of real numbers, got dtype bool"),
+    ([True, False], TypeError, re.escape("positions must be an array of real numbers (integers or float16, "
+                                         "bfloat16, float32 or float64), got dtype bool")),
+    (np.array([1.0, np.inf], ml_dtypes.bfloat16), ValueError, "positions must be finite, got inf"),
+    (np.array([1, 2], ml_dtypes.float8_e4m3fn), TypeError, "got dtype float8_e4m3fn"),
     ([1 + 2j], TypeError, "got dtype complex128"),
     (["a"], TypeError, "positions must be an array of real numbers"),
     ([[1, 2], [3]], TypeError, "positions must be an array of real numbers"),
@@ -299,6 +303,17 @@ def test_sinusoidal_bad_positions(positions, error, match):
     with pytest.raises(error, match=match):
         pf.sinusoidal(positions, 4, out=out)
     assert not out.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_half_type_positions_are_their_values(dtype):
+    # Real positions of any kernel dtype: bfloat16 ones as float16 ones, by value.
+    positions = np.array([0.0, 3.0, 1.5, 4096.0], dtype)
+    want = positions.astype(np.float64)
+    assert np.array_equal(pf.sinusoidal(positions, 8), pf.sinusoidal(want, 8))
+    x = np.ones((4, 2, 8), np.float32)
+    assert np.array_equal(pf.RotaryEmbedding(8).apply(x, positions[:, None]),
+                          pf.RotaryEmbedding(8).apply(x, want[:, None]))
 
 
 @pytest.mark.parametrize("x, error, match", [

@@ -211,7 +211,7 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     cdef const long long* pos
     cdef CosSinTable table
     cdef TokenWalk w
-    cdef double e = 0.0
+    cdef double e = 0.0, offset
     cdef tuple factors = None
     if not (_fast_paths_on and _fast_array(q, fast.dim) and _fast_array(k, fast.dim) and _fast_array(v, fast.dim)):
         return None
@@ -221,6 +221,8 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
         factors = _fast_norm_weights(qk_norm[0], qk_norm[1], eps, weight_offset, fast.dim, &e)
         if factors is None:
             return None
+    elif not _norm_args_fit(eps, weight_offset, &e, &offset):
+        return None
     qa, ka, va = <cnp.ndarray>q, <cnp.ndarray>k, <cnp.ndarray>v
     n = qa.shape[0]
     if (qa.ndim != 3 or ka.ndim != 3 or va.ndim != 3 or ka.shape[0] != n
@@ -306,7 +308,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
         return False
     w = _cache_walk(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
     if q_weight is None:
-        if K.rotate[d][table.dtype][0] == NULL:
+        if K.rotate[d][table.dtype][0] == NULL or not _norm_args_fit(eps, weight_offset, &e, &e):
             return False
         _walk_tokens(&w, slots, pos, &table, is_neox, False, 0, _cache_threads(&w))
         return True

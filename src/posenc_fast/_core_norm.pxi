@@ -215,12 +215,18 @@ cdef object _fast_weight(object weight, Py_ssize_t dim, double offset):
     return factors
 
 
+cdef bint _norm_args_fit(object eps, object weight_offset, double* e, double* offset):
+    # eps (a finite real >= 0) and weight_offset (a finite real) as the fast paths take them: their values
+    # into e and offset.  Calls without weights check them too (the general paths raise on others).
+    return _finite_real(eps, e) and e[0] >= 0 and _finite_real(weight_offset, offset)
+
+
 cdef tuple _fast_norm_weights(object q_weight, object k_weight, object eps, object weight_offset,
                               Py_ssize_t dim, double* e):
     # (q factors, k factors) and eps in `e` for the fast paths (see apply_qk_norm_fast); None for
     # anything else.
     cdef double offset = 0.0
-    if not (_finite_real(eps, e) and e[0] >= 0 and _finite_real(weight_offset, &offset)):
+    if not _norm_args_fit(eps, weight_offset, e, &offset):
         return None
     q_factors = _fast_weight(q_weight, dim, offset)
     k_factors = _fast_weight(k_weight, dim, offset)

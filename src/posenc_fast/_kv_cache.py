@@ -95,40 +95,52 @@ def _slots(slot_mapping, ntokens: int, num_slots: int) -> np.ndarray:
     return np.ascontiguousarray(slots, dtype=np.int64)
 
 
+class Names(NamedTuple):
+    """The caller's names of the arrays, for the messages."""
+
+    q: str = "q"
+    k: str = "k"
+    v: str = "v"
+    k_cache: str = "k_cache"
+    v_cache: str = "v_cache"
+    out_q: str = "out_q"
+
+
 def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: int,
-               extra_inputs: tuple = ()) -> CacheCall:
+               extra_inputs: tuple = (), names: Names = Names()) -> CacheCall:
     """Validate a rotate-and-write call (`extra_inputs`: other arrays it reads)."""
-    q = _token_array(q, "q", dim)
-    k = _token_array(k, "k", dim)
-    v_ = _token_array(v_, "v", dim)
+    n = names
+    q = _token_array(q, n.q, dim)
+    k = _token_array(k, n.k, dim)
+    v_ = _token_array(v_, n.v, dim)
     ntokens, kv_heads = q.shape[0], k.shape[1]
     if k.shape[0] != ntokens or v_.shape != k.shape:
-        raise ValueError(f"k and v must have shape (tokens, kv_heads, dim) with q's "
+        raise ValueError(f"{n.k} and {n.v} must have shape (tokens, kv_heads, dim) with {n.q}'s "
                          f"{ntokens} tokens, got {k.shape} and {v_.shape}")
     if not q.dtype == k.dtype == v_.dtype:
-        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v_.dtype}")
-    k_cache = _kv_cache(k_cache, "k_cache", kv_heads, dim)
-    v_cache = _kv_cache(v_cache, "v_cache", kv_heads, dim)
+        raise TypeError(f"{n.q}, {n.k} and {n.v} must have one dtype, got {q.dtype}, {k.dtype}, {v_.dtype}")
+    k_cache = _kv_cache(k_cache, n.k_cache, kv_heads, dim)
+    v_cache = _kv_cache(v_cache, n.v_cache, kv_heads, dim)
     if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {k_cache.shape}, got {v_cache.shape}")
+        raise ValueError(f"{n.v_cache} must have {n.k_cache}'s shape {k_cache.shape}, got {v_cache.shape}")
     if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}")
+        raise TypeError(f"{n.v_cache} must have {n.k_cache}'s dtype {k_cache.dtype}, got {v_cache.dtype}")
     if k_cache.dtype != q.dtype and not (q.dtype == np.float32
                                          and k_cache.dtype in v.HALF_TYPES):
-        raise TypeError(f"the caches must have q's dtype {q.dtype} (or float16/bfloat16 for "
-                        f"float32 q, k, v), got {k_cache.dtype}")
+        raise TypeError(f"the caches must have {n.q}'s dtype {q.dtype} (or float16/bfloat16 for "
+                        f"float32 {n.q}, {n.k}, {n.v}), got {k_cache.dtype}")
     positions = token_indices(positions, "positions", ntokens)
     slots = _slots(slot_mapping, ntokens, k_cache.shape[0] * k_cache.shape[1])
     inputs = (q, k, v_, positions, slots) + extra_inputs
     if v.overlaps(k_cache, v_cache):
-        raise ValueError("k_cache and v_cache share memory; pass two separate caches")
-    for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        raise ValueError(f"{n.k_cache} and {n.v_cache} share memory; pass two separate caches")
+    for cache, name in ((k_cache, n.k_cache), (v_cache, n.v_cache)):
         if any(v.overlaps(cache, x) for x in inputs):
-            raise ValueError(f"{name} shares memory with an input (q, k, v, positions, "
+            raise ValueError(f"{name} shares memory with an input ({n.q}, {n.k}, {n.v}, positions, "
                              f"slot_mapping)")
-    out_q, in_place = v.output(out_q, "out_q", q.shape, q.dtype, may_be=(q,),
+    out_q, in_place = v.output(out_q, n.out_q, q.shape, q.dtype, may_be=(q,),
                                must_not_overlap=(k, v_, k_cache, v_cache))
-    v.indices_apart({"positions": positions, "slot_mapping": slots}, {"q": out_q})
+    v.indices_apart({"positions": positions, "slot_mapping": slots}, {n.out_q: out_q})
     return CacheCall(q, np.ascontiguousarray(k), np.ascontiguousarray(v_), k_cache, v_cache,
                      positions, slots, RowOutput(q, out_q, in_place))
 
@@ -166,6 +178,8 @@ def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
         return fast
     if qk_norm is not None:
         weights = _norm_weights(qk_norm, rope.dim, eps, weight_offset)
+    else:  # unused, but a bad value is still an error
+        norm_args(eps, weight_offset)
     call = check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, rope.dim)
     # A table of the call's distinct positions, exactly as `apply` builds one
     # (the frequencies of a dynamic scaling depend on the largest).

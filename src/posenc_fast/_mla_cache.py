@@ -139,7 +139,9 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
     if any(v.overlaps(kv_cache, x) for x in (q_pe, positions, np.asarray(cos_sin_cache))):
         raise ValueError("kv_cache shares memory with q_pe, positions or cos_sin_cache")
     v.indices_apart({"positions": positions, "slot_mapping": slots}, {"q_pe": q_pe, "k_pe": k_rows})
-    rot_dim = np.shape(cos_sin_cache)[-1] if np.ndim(cos_sin_cache) == 2 else 0
+    if np.ndim(cos_sin_cache) != 2:
+        raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), got {np.shape(cos_sin_cache)}")
+    rot_dim = np.shape(cos_sin_cache)[1]
     if k_rows.shape[1] != rot_dim:
         raise ValueError(f"k_pe must have rot_dim = cos_sin_cache.shape[1] = {rot_dim} features, "
                          f"got {k_rows.shape[1]}")

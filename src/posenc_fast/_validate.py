@@ -207,9 +207,10 @@ def integer_array(positions, name: str = "positions") -> np.ndarray:
 def positions_array(positions, name: str = "positions") -> np.ndarray:
     """Return real positions as a float64 ndarray (a new array), checked finite."""
     positions = _as_array(positions, name, "an array of real numbers")
-    kind = positions.dtype.kind
+    kind = "f" if positions.dtype == BFLOAT16 else positions.dtype.kind
     if kind not in "iuf":
-        raise TypeError(f"{name} must be an array of real numbers, got dtype {positions.dtype}")
+        raise TypeError(f"{name} must be an array of real numbers (integers or {FLOAT_NAMES}), "
+                        f"got dtype {positions.dtype}")
     values = positions.astype(np.float64)
     if kind == "f" and not np.isfinite(values).all():
         bad = values.ravel()[~np.isfinite(values.ravel())][0]

@@ -299,6 +299,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
                                     cos_sin_cache, is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset):
         return  # the common call: checked and written in C
     from . import _kv_cache
+    from ._qk_norm import norm_args
 
     names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
              "cos_sin_cache", "q_weight", "k_weight")
@@ -317,8 +318,6 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     if isinstance(query, np.ndarray) and not query.dtype.isnative:  # a converted copy is lost
         raise ValueError("query must be in native byte order to be rotated in place")
     query = _apart(_token_heads(query, "query", positions.shape, head_size), "query")
-    if not query.flags.writeable:  # (check_call would name it out_q)
-        raise ValueError("query must be writeable")
     key = _token_heads(key, "key", positions.shape, head_size)
     value = _token_heads(value, "value", positions.shape, head_size)
     cos, sin = _cos_sin(cache, query.dtype, head_size)
@@ -335,11 +334,12 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     if slot_mapping.shape != positions.shape:
         raise ValueError(f"slot_mapping must have positions' shape {positions.shape}, "
                          f"got {slot_mapping.shape}")
-    normed = None if q_weight is None else _kv_cache._norm_weights((q_weight, k_weight), head_size, eps,
-                                                                    weight_offset)
+    normed = (norm_args(eps, weight_offset) if q_weight is None
+              else _kv_cache._norm_weights((q_weight, k_weight), head_size, eps, weight_offset))
     call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
-                                slot_mapping.reshape(-1), query, head_size, (cache,))
-    if normed is None:
+                                slot_mapping.reshape(-1), query, head_size, (cache,), _kv_cache.Names(
+                                    "query", "key", "value", "key_cache", "value_cache", "query"))
+    if q_weight is None:
         _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
     else:  # the norm computes in float32 (float64): the call's cos/sin rows, widened
         cos, sin = _rows_in(cos, sin, tokens, query.dtype)
