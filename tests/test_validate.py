@@ -118,3 +118,14 @@ def test_an_out_whose_elements_share_memory_is_refused(call):
     with pytest.raises(ValueError, match="out of strides .* has elements that share memory"):
         call(out)
     np.testing.assert_array_equal(out, before)
+
+
+@pytest.mark.parametrize("call", OVERLAPPING_OUT.values(), ids=OVERLAPPING_OUT.keys())
+def test_a_byte_swapped_out_is_named_so(call):
+    # '>f4' is float32 too: the message says what differs
+    shape = SCORES.shape if call is OVERLAPPING_OUT["add_alibi"] else X.shape
+    out = np.ones(shape, np.dtype(np.float32).newbyteorder())
+    before = out.copy()
+    with pytest.raises(ValueError, match="out must be float32 in native byte order, got >f4"):
+        call(out)
+    np.testing.assert_array_equal(out, before)

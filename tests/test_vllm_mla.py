@@ -117,6 +117,8 @@ def _bad(case):
      "k_pe must have rot_dim"),
     (dict(kv_cache=np.zeros((2, 16, 96), np.float64)), TypeError, "kv_cache must have kv_c's dtype"),
     (dict(kv_cache=[[0.0]]), TypeError, "kv_cache must be a numpy.ndarray"),
+    (dict(q_pe=np.zeros((4, 2, 64), np.float64)), TypeError, "k_pe must have q_pe's dtype float64"),
+    (dict(q_pe=np.zeros((4, 2, 32), np.float32)), ValueError, "q_pe must have shape"),
     (dict(cos_sin_cache=np.zeros(64, np.float32)), ValueError, "cos_sin_cache must have shape \\(max_position, rot_dim\\)"),
     (dict(kv_cache=np.lib.stride_tricks.as_strided(np.zeros((16, 96), np.float32), (64, 16, 96), (0, 384, 4))),
      ValueError, "kv_cache of strides \\(0, 384, 4\\) has entries that share memory"),

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as v
+from ._dispatch import kernels
 from ._kv_cache import _slots
 
 ArrayOrTensor = Any
@@ -128,7 +129,7 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
         As `rotary_embedding` and `concat_and_cache_mla`; nothing is written
         then.
     """
-    from .vllm import _as_arrays, rotary_embedding
+    from .vllm import _as_arrays, _rotate_tokens
 
     names = ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "slot_mapping", "kv_cache")
     arrays = _as_arrays(names, (positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache),
@@ -145,5 +146,6 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
     if k_rows.shape[1] != rot_dim:
         raise ValueError(f"k_pe must have rot_dim = cos_sin_cache.shape[1] = {rot_dim} features, "
                          f"got {k_rows.shape[1]}")
-    rotary_embedding(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox)  # checks, then rotates
+    if not kernels.rotate_tokens_fast(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, 0, False):
+        _rotate_tokens(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, names=("q_pe", "k_pe"))
     _write(kv_c, k_rows, kv_cache, slots)

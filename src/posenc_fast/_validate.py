@@ -310,6 +310,9 @@ def output(out, name: str, shape: tuple, dtype: np.dtype, *, may_be=(), must_not
     if out.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     if out.dtype != dtype:
+        if out.dtype == dtype.newbyteorder():
+            raise ValueError(f"{name} must be {dtype} in native byte order, got {out.dtype} (the inputs "
+                             f"are read in native order)")
         raise ValueError(f"{name} must have dtype {dtype}, got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{name} must be writeable")

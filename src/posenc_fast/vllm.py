@@ -104,13 +104,19 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     positions, query, key, cos_sin_cache = _as_arrays(
         ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
         written=("query", "key"))
+    _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+
+
+def _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
+                   inverse=False, names=("query", "key")) -> None:
+    """`rotary_embedding`'s general path on arrays (`names`: the caller's names of query and key)."""
     head_size = v.integer(head_size, "head_size", minimum=1)
     is_neox = v.flag(is_neox, "is_neox")
     offset = v.integer(rope_dim_offset, "rope_dim_offset", minimum=0)
     inverse = v.flag(inverse, "inverse")
     positions = _token_positions(positions)
     query, key, cos, sin = _query_key_cache(positions, query, key, head_size, cos_sin_cache,
-                                            offset)
+                                            offset, names)
     if offset:  # the features from the offset on: rot_dim of them rotate, the rest pass
         query = query[..., offset:]
         key = None if key is None else key[..., offset:]
@@ -125,20 +131,23 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
                                 out_q=query, out_k=key)
 
 
-def _query_key_cache(positions: np.ndarray, query, key, head_size: int, cache, offset: int = 0):
+def _query_key_cache(positions: np.ndarray, query, key, head_size: int, cache, offset: int = 0,
+                     names: tuple = ("query", "key")):
     """query and key (or None) as (tokens, heads, head_size) views rotated in place, and the
-    cos and sin halves of `cache`, all checked: one dtype, no shared memory."""
-    query = _heads_view(query, "query", positions.shape, head_size)
+    cos and sin halves of `cache`, all checked: one dtype, no shared memory (`names`: the caller's
+    names of query and key, for the messages)."""
+    q_name, k_name = names
+    query = _heads_view(query, q_name, positions.shape, head_size)
     if key is not None:
-        key = _heads_view(key, "key", positions.shape, head_size)
+        key = _heads_view(key, k_name, positions.shape, head_size)
         if key.dtype != query.dtype:
-            raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
+            raise TypeError(f"{k_name} must have {q_name}'s dtype {query.dtype}, got {key.dtype}")
         if v.overlaps(query, key):
-            raise ValueError("query and key share memory; pass separate arrays")
-    v.indices_apart({"positions": positions}, {"query": query, "key": key})
+            raise ValueError(f"{q_name} and {k_name} share memory; pass separate arrays")
+    v.indices_apart({"positions": positions}, {q_name: query, k_name: key})
     cache = np.asarray(cache)
-    cos, sin = _cos_sin(cache, query.dtype, head_size - offset, offset)
-    for x, name in ((query, "query"), (key, "key")):
+    cos, sin = _cos_sin(cache, query.dtype, head_size - offset, offset, q_name)
+    for x, name in ((query, q_name), (key, k_name)):
         if x is not None and v.overlaps(x, cache):
             raise ValueError(f"{name} shares memory with cos_sin_cache")
     return query, key, cos, sin
@@ -228,9 +237,9 @@ def _apart(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0) -> tuple:
+def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0, q_name: str = "query") -> tuple:
     """The cos and sin halves of a (max_position, rot_dim) cache, as views; `width`: the
-    features of a head from `offset` on; the cache in `dtype`, or float32 for a half type."""
+    features of a head from `offset` on; the cache in `dtype` (`q_name`'s), or float32 for a half type."""
     cache = v.float_array(cache, "cos_sin_cache")
     if cache.ndim != 2:
         raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), "
@@ -243,7 +252,7 @@ def _cos_sin(cache: np.ndarray, dtype: np.dtype, width: int, offset: int = 0) ->
                          f"rot_dim <= {where}, got {rot_dim}")
     half_type = dtype.itemsize == 2
     if cache.dtype != dtype and not (half_type and cache.dtype == np.float32):
-        allowed = f"query's dtype {dtype}" + (" or float32" if half_type else "")
+        allowed = f"{q_name}'s dtype {dtype}" + (" or float32" if half_type else "")
         raise TypeError(f"cos_sin_cache must have {allowed}, got {cache.dtype}; convert it "
                         f"once, as vLLM's RotaryEmbedding does")
     return cache[:, :rot_dim // 2], cache[:, rot_dim // 2:]
