@@ -291,10 +291,12 @@ MUTANTS = [
            ("tests/test_kv_cache.py",)),
     # integrations
     Mutant("MLA cache row written before its rotation", "integrations", PKG + "_mla_cache.py",
-           "    rotary_embedding(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox)  # checks, then rotates\n"
-           "    _write(kv_c, k_rows, kv_cache, slots)",
-           "    _write(kv_c, k_rows, kv_cache, slots)\n"
-           "    rotary_embedding(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox)  # checks, then rotates",
+           '    if not kernels.rotate_tokens_fast(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, 0, False):\n'
+           '        _rotate_tokens(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, names=("q_pe", "k_pe"))\n'
+           '    _write(kv_c, k_rows, kv_cache, slots)',
+           '    _write(kv_c, k_rows, kv_cache, slots)\n'
+           '    if not kernels.rotate_tokens_fast(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, 0, False):\n'
+           '        _rotate_tokens(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, names=("q_pe", "k_pe"))',
            ("tests/test_vllm_mla.py",)),
     Mutant("vLLM op's neox flag inverted", "integrations", PKG + "vllm.py",
            '    layout = "half" if is_neox else "interleaved"\n    if key is None:',
