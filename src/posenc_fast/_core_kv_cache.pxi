@@ -274,7 +274,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     cdef Py_ssize_t tokens = 0, j, i
     cdef const long long* pos = NULL
     cdef const long long* slots
-    cdef double e = 0.0
+    cdef double e = 0.0, offset
     cdef int d
     cdef bint grad, tensors
     cdef cnp.ndarray widened = None
@@ -308,7 +308,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
         return False
     w = _cache_walk(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
     if q_weight is None:
-        if K.rotate[d][table.dtype][0] == NULL or not _norm_args_fit(eps, weight_offset, &e, &e):
+        if K.rotate[d][table.dtype][0] == NULL or not _norm_args_fit(eps, weight_offset, &e, &offset):
             return False
         _walk_tokens(&w, slots, pos, &table, is_neox, False, 0, _cache_threads(&w))
         return True

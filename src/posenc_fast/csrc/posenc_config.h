@@ -12,7 +12,7 @@
 #include <string.h>
 #include <math.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512BF16__)  /* implies __AVX512F__ */
 #define POSENC_SIMD "avx512bf16"
 #elif defined(__AVX512F__)
 #define POSENC_SIMD "avx512"
