@@ -182,21 +182,26 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
-# (position, row) block bytes: blocks of 16 positions and of 1; Zen 4's 4 MiB and 8 KiB
-@pytest.mark.parametrize("block_bytes", [(1, 1), (4 << 20, 8 << 10)])
+# (position, row, group) block bytes: blocks of 16 positions and of 1, a head at a time; Zen 4's 4 MiB,
+# 8 KiB and 640 bytes; every row in groups of heads, with blocks of 16 positions and of 1
+@pytest.mark.parametrize("block_bytes", [(1, 1, 0), (4 << 20, 8 << 10, 640), (1, 1, 1 << 20),
+                                         (4 << 20, 8 << 10, 1 << 20)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
-def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_bytes):
-    # _dispatch sets the walks' block sizes for the CPU (a speed matter only)
+@pytest.mark.parametrize("ordered", [True, False])  # positions in order, or a position array
+def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_bytes, ordered):
+    # _dispatch sets the walks' block sizes for the CPU (a speed matter only); 7 heads: groups of 4 and 3
     from posenc_fast import _core
 
     rope = pf.RotaryEmbedding(dim, layout="half")
-    x = np.random.default_rng(6).standard_normal((1, 8, seq_bytes // (32 * dim) + 5, dim)).astype(np.float32)
-    want = rope.apply(x)
+    seq = seq_bytes // (28 * dim) + 5
+    x = np.random.default_rng(6).standard_normal((1, 7, seq, dim)).astype(np.float32)
+    positions = None if ordered else np.random.default_rng(7).permutation(seq)
+    want = rope.apply(x, positions)
     before = _core.set_block_bytes(*block_bytes)
     try:
-        got = rope.apply(x, out=x if in_place else None)
+        got = rope.apply(x, positions, out=x if in_place else None)
     finally:
         _core.set_block_bytes(*before)
     assert got.tobytes() == want.tobytes()

@@ -12,29 +12,35 @@ from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
 
 # Bytes of cos/sin rows per work item of the blocked walks past the caches that are not streamed
-# (_block_bytes), and per kernel call of the walks below them: the build's POSENC_POSITION_BLOCK_BYTES
-# and POSENC_ROW_BLOCK_BYTES, or this CPU's measured values (set once, at import, by _dispatch).
+# (_block_bytes), per kernel call of the walks below them, and the longest row (bytes) that the
+# walks past the caches take in groups of POSENC_HEAD_GROUP heads (0: none): the build's
+# POSENC_POSITION_BLOCK_BYTES, POSENC_ROW_BLOCK_BYTES and POSENC_GROUP_ROW_BYTES, or this CPU's
+# measured values (set once, at import, by _dispatch).
 cdef Py_ssize_t _position_block_bytes = POSENC_POSITION_BLOCK_BYTES
 cdef Py_ssize_t _row_block_bytes = POSENC_ROW_BLOCK_BYTES
+cdef Py_ssize_t _group_row_bytes = POSENC_GROUP_ROW_BYTES
 
 
-def set_block_bytes(Py_ssize_t position, Py_ssize_t row):
+def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group):
     """Set the bytes of cos/sin rows per work item of the in-place walks past the caches
-    (`position`) and per kernel call of the walks below them (`row`), at import, before any call;
-    return the two before.  Results do not depend on them."""
-    global _position_block_bytes, _row_block_bytes
-    if position < 1 or row < 1:
-        raise ValueError(f"position and row must be >= 1, got {position} and {row}")
-    before = (_position_block_bytes, _row_block_bytes)
-    _position_block_bytes, _row_block_bytes = position, row
+    (`position`), per kernel call of the walks below them (`row`), and the longest row the walks
+    past the caches take in groups of heads (`group`, 0: none), at import, before any call;
+    return the three before.  Results do not depend on them."""
+    global _position_block_bytes, _row_block_bytes, _group_row_bytes
+    if position < 1 or row < 1 or group < 0:
+        raise ValueError(f"position and row must be >= 1 and group >= 0, got {position}, {row} and {group}")
+    before = (_position_block_bytes, _row_block_bytes, _group_row_bytes)
+    _position_block_bytes, _row_block_bytes, _group_row_bytes = position, row, group
     return before
 
 
 def block_bytes():
-    """{"position": (bytes, given), "row": (bytes, given)}: the two block sizes in use, and whether
-    the build was given each (-DPOSENC_POSITION_BLOCK_BYTES, -DPOSENC_ROW_BLOCK_BYTES: then it stands)."""
+    """{"position": (bytes, given), "row": (bytes, given), "group": (bytes, given)}: the three sizes
+    in use, and whether the build was given each (-DPOSENC_POSITION_BLOCK_BYTES,
+    -DPOSENC_ROW_BLOCK_BYTES, -DPOSENC_GROUP_ROW_BYTES: then it stands)."""
     return {"position": (_position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)),
-            "row": (_row_block_bytes, bool(POSENC_ROW_BLOCK_BYTES_GIVEN))}
+            "row": (_row_block_bytes, bool(POSENC_ROW_BLOCK_BYTES_GIVEN)),
+            "group": (_group_row_bytes, bool(POSENC_GROUP_ROW_BYTES_GIVEN))}
 
 
 cdef inline Py_ssize_t _block_bytes(const RowCall* call) noexcept nogil:
@@ -74,36 +80,45 @@ cdef inline void _rotate_position(const char* x, char* out, Py_ssize_t nrows, lo
 cdef struct PlannedJob:
     # _rotate_planned's call, for the pool.
     Py_ssize_t block_size
+    Py_ssize_t group        # outer indices (heads) per work item
+    Py_ssize_t ngroups
+    Py_ssize_t step         # positions of a head before the next head of its group
     const char* x
     char* out
     const CosSinTable* table
     const RowPlan* plan
     const RowCall* call
-    bint whole_blocks  # each head's rows of a block in one kernel call (short rows, not streamed)
+    bint whole_blocks  # each head's `step` rows in one kernel call (short rows, not streamed)
 
 
 cdef void _rotate_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
-    # Work item = (block of block_size positions, outer index): the cache
-    # rows of a block (half an L2) serve every head of every batch in turn,
-    # while each head's rows of the block are one long contiguous stream
-    # (job.whole_blocks: one kernel call).
+    # Work item = (block of block_size positions, group of outer indices): the
+    # cache rows of a block serve every group in turn; in a group, its heads
+    # take `step` positions each in turn, so that every head of the group reads
+    # a cos/sin row from L1 (_group_row_bytes).
     cdef const PlannedJob* job = <const PlannedJob*>job_
     cdef const RowPlan* plan = job.plan
     cdef const RowCall* call = job.call
-    cdef Py_ssize_t o = item % plan.outer, block = item // plan.outer, s, r
+    cdef Py_ssize_t g = item % job.ngroups, block = item // job.ngroups, s, s0, r, o, n
     cdef Py_ssize_t first = block * job.block_size, stop = min(first + job.block_size, plan.seq)
-    if job.whole_blocks:
-        r = o * plan.seq + first
-        _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, stop - first,
-                      job.table.cos + (plan.base + first) * job.table.cos_stride,
-                      job.table.sin + (plan.base + first) * job.table.sin_stride,
-                      job.table.cos_stride // job.table.itemsize, call)
-        return
-    for s in range(first, stop):
-        r = (o * plan.seq + s) * plan.inner  # the first of the plan.inner rows (o, s, :)
-        _rotate_position(job.x + r * call.row_bytes, job.out + r * call.row_bytes, plan.inner,
-                         plan.base + (plan.positions[s] if plan.positions != NULL else s),
-                         job.table, call)
+    cdef Py_ssize_t lo = g * job.group, hi = min(lo + job.group, plan.outer)
+    s0 = first
+    while s0 < stop:
+        n = min(job.step, stop - s0)
+        for o in range(lo, hi):
+            if job.whole_blocks:
+                r = o * plan.seq + s0
+                _rotate_block(job.x + r * call.row_bytes, job.out + r * call.row_bytes, n,
+                              job.table.cos + (plan.base + s0) * job.table.cos_stride,
+                              job.table.sin + (plan.base + s0) * job.table.sin_stride,
+                              job.table.cos_stride // job.table.itemsize, call)
+                continue
+            for s in range(s0, s0 + n):
+                r = (o * plan.seq + s) * plan.inner  # the first of the plan.inner rows (o, s, :)
+                _rotate_position(job.x + r * call.row_bytes, job.out + r * call.row_bytes, plan.inner,
+                                 plan.base + (plan.positions[s] if plan.positions != NULL else s),
+                                 job.table, call)
+        s0 += n
     if call.stream:
         posenc_sfence()
 
@@ -158,8 +173,10 @@ cdef void _rotate_blocks(const char* x, char* out, const CosSinTable* table, con
 cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, const RowPlan* plan,
                           const RowCall* call, int num_threads) noexcept nogil:
     # table: a _stacked_table (the blocked walk steps its cos and sin rows by one stride).
-    cdef Py_ssize_t block
+    cdef Py_ssize_t block, group, step, nblocks
     cdef PlannedJob job
+    cdef RowCall unfetched
+    cdef bint whole, grouped
     cdef bint consecutive = plan.inner == 1 and plan.positions == NULL  # rows (outer, seq), positions in order
     if num_threads == 1 and plan.seq == 1:  # one position (decode): one call for all its rows
         _rotate_position(x, out, plan.outer * plan.inner,
@@ -172,11 +189,25 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
         _rotate_blocks(x, out, table, plan, call, num_threads)
         return
     block = _positions_in(_block_bytes(call), 16, call.npairs, call.table_itemsize)
-    # past the caches, rows of at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go a block a call
-    job = PlannedJob(block, x, out, table, plan, call,
-                     consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES)
-    posenc_parallel_for((plan.seq + block - 1) // block * plan.outer, num_threads, _rotate_item,
-                        &job)
+    # Rows of at most _group_row_bytes go a few heads at a time, not prefetched: on the AMD Zen 4
+    # a head at a time read each cos/sin row from L2 (the rows of x pass through L1 between
+    # two heads' reads) and ran W1 float32 in place at 1.4x its limit, 1.05-1.1x so.  Rows of
+    # at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go `step` rows a kernel call.
+    grouped = plan.inner == 1 and call.row_bytes <= _group_row_bytes
+    group = min(<Py_ssize_t>(POSENC_HEAD_GROUP if grouped else 1), plan.outer)
+    whole = consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES
+    step = (plan.seq if group == 1 else
+            max(<Py_ssize_t>1, POSENC_GROUP_TURN_BYTES // (group * call.row_bytes)) if whole else 1)
+    unfetched = call[0]
+    unfetched.prefetch = call.prefetch and not grouped
+    job = PlannedJob(block, group, (plan.outer + group - 1) // group, step, x, out, table, plan,
+                     &unfetched, whole)
+    nblocks = (plan.seq + block - 1) // block
+    if job.ngroups * nblocks < 2 * num_threads:  # enough work items for the threads
+        nblocks = (2 * num_threads + job.ngroups - 1) // job.ngroups
+        job.block_size = max(<Py_ssize_t>16, (plan.seq + nblocks - 1) // nblocks)
+        nblocks = (plan.seq + job.block_size - 1) // job.block_size
+    posenc_parallel_for(nblocks * job.ngroups, num_threads, _rotate_item, &job)
 
 
 cdef inline bint _fits(long long a, long long b) noexcept nogil:

@@ -90,7 +90,8 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
 def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | None, str]]:
     """The walks' block sizes on this CPU: ``"position"``, bytes of cos/sin rows per work item
     of the in-place walks past the caches (streamed results keep the build's
-    ``POSENC_POSITION_BLOCK_BYTES``); ``"row"``, per kernel call of the walks below them.
+    ``POSENC_POSITION_BLOCK_BYTES``); ``"row"``, per kernel call of the walks below them;
+    ``"group"``, the longest row the walks past the caches take a few heads at a time.
 
     Parameters
     ----------
@@ -100,7 +101,7 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     Returns
     -------
     dict of (int or None, str)
-        Each size, or None for the build's (512 KiB and 16 KiB), and the
+        Each size, or None for the build's (512 KiB, 16 KiB and 0), and the
         reason in words.
 
     Notes
@@ -117,14 +118,18 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     1.34x; (1,32,32,128) out of place 1.32 -> 1.03x).  AMD EPYC Zen 5
     (family 0x1A, 2026-12-01): 512 KiB best (1 MiB lost float64 in place,
     1.21 against 1.13x), 16 KiB best (8 KiB lost in place 1.15 against
-    1.02x).  Zen 4's other models take its values, unmeasured.
+    1.02x).  Zen 4's other models take its values, unmeasured.  Heads in
+    groups of four for rows of at most 640 bytes, Zen 4 (2026-12-06): see
+    ``POSENC_GROUP_ROW_BYTES`` in csrc/posenc_config.h.
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
         return {"position": (4 << 20, f"4 MiB: AMD Zen 4, {measured}"),
-                "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}")}
+                "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}"),
+                "group": (640, f"640 bytes: AMD Zen 4, {measured}")}
     return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
-            "row": (None, "16 KiB: the build's (measured on AMD Zen 5)")}
+            "row": (None, "16 KiB: the build's (measured on AMD Zen 5)"),
+            "group": (None, "0, none: the build's (a head at a time; groups not measured on this CPU)")}
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -237,15 +242,19 @@ def _read_tuned(cpu: tuple[str, int, int]) -> str | None:
         return None
 
 
+_MACROS = {"position": "POSENC_POSITION_BLOCK_BYTES", "row": "POSENC_ROW_BLOCK_BYTES",
+           "group": "POSENC_GROUP_ROW_BYTES"}
+
+
 def _use_block_bytes(cpu: tuple[str, int, int]) -> dict[str, str]:
     """Set the walks' block sizes for `cpu` (a size the build was given stands); return why each."""
     sizes, reasons = {}, {}
     for kind, (nbytes, why) in block_bytes(*cpu).items():
         built, given = _core.block_bytes()[kind]
         if given:
-            why = f"set by the build (-DPOSENC_{kind.upper()}_BLOCK_BYTES)"
+            why = f"set by the build (-D{_MACROS[kind]})"
         sizes[kind], reasons[kind] = built if given or nbytes is None else nbytes, why
-    _core.set_block_bytes(sizes["position"], sizes["row"])
+    _core.set_block_bytes(sizes["position"], sizes["row"], sizes["group"])
     return reasons
 
 

@@ -24,7 +24,9 @@ def build_info() -> dict[str, Any]:
         (True where large calls can use worker threads: the pthread pool);
         ``num_threads``; ``position_block_bytes`` and ``row_block_bytes``
         (cos/sin bytes per work item of the in-place walks past the caches,
-        and per kernel call below them: by CPU) and their ``..._reason``.
+        and per kernel call below them: by CPU), ``group_row_bytes`` (the
+        longest row the walks past the caches take a few heads at a time; 0:
+        none) and their ``..._reason``.
     """
     kernels = _dispatch.kernels
     blocks = kernels.block_bytes()
@@ -43,4 +45,6 @@ def build_info() -> dict[str, Any]:
         "position_block_reason": _dispatch.BLOCK_REASONS["position"],
         "row_block_bytes": blocks["row"][0],
         "row_block_reason": _dispatch.BLOCK_REASONS["row"],
+        "group_row_bytes": blocks["group"][0],
+        "group_row_reason": _dispatch.BLOCK_REASONS["group"],
     }

@@ -186,6 +186,35 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 #else
 #define POSENC_ROW_BLOCK_BYTES_GIVEN 1
 #endif
+/* The walks past the caches take rows of at most POSENC_GROUP_ROW_BYTES
+   POSENC_HEAD_GROUP heads at a time (each head a position in turn, or a few
+   rows of POSENC_BLOCK_ROW_BYTES or less), without software prefetch, so
+   that a cos/sin row read by one head is still in L1 for the others.  On
+   the AMD EPYC Zen 4 (bench/sweeps.md, 2026-12-06) a head at a time read
+   each cos/sin row from L2 or L3 and ran W1 float32 in place at 1.4x its
+   limit, out of place at 1.25x its copy, bfloat16 out of place at 1.55x;
+   four heads 1.05-1.1x, 0.9x and 1.15x; 2 and 8 heads between, and rows of
+   768 bytes and more lost in place (head_dim 256 float32 1.3x -> 2.1x: kept
+   a head at a time, prefetched).  0 (no grouping) is the build's value: a
+   CPU measured otherwise takes its own at import (_dispatch.block_bytes:
+   640 bytes on AMD Zen 4), unless the build was given one (-D). */
+#ifndef POSENC_HEAD_GROUP
+#define POSENC_HEAD_GROUP 4
+#endif
+/* Bytes of a group's rows per turn (rows of POSENC_BLOCK_ROW_BYTES or less
+   go a few positions of a head per kernel call): on the Zen 4, W1 head_dim 64
+   float32 in place (rows of 256 bytes) ran 1.11-1.14x its limit with 2 KiB
+   turns, 1.12-1.16x with 4 KiB, 1.15-1.20x with 8 KiB, 1.37-1.41x with 16 KiB
+   (a head at a time: 1.25-1.27x). */
+#ifndef POSENC_GROUP_TURN_BYTES
+#define POSENC_GROUP_TURN_BYTES 2048
+#endif
+#ifndef POSENC_GROUP_ROW_BYTES
+#define POSENC_GROUP_ROW_BYTES 0
+#define POSENC_GROUP_ROW_BYTES_GIVEN 0
+#else
+#define POSENC_GROUP_ROW_BYTES_GIVEN 1
+#endif
 /* Half-layout rows rotated in place past POSENC_STREAM_BYTES take the scalar
    row kernel (1, GCC's own vectors of a plain loop) or the explicit vector
    one (0).  1 since the first layered kernels (2026-11-30, no measurement
