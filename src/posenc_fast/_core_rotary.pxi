@@ -28,7 +28,8 @@ def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group):
     return the three before.  Results do not depend on them."""
     global _position_block_bytes, _row_block_bytes, _group_row_bytes
     if position < 1 or row < 1 or group < 0:
-        raise ValueError(f"position and row must be >= 1 and group >= 0, got {position}, {row} and {group}")
+        raise ValueError(f"position and row must be >= 1 and group >= 0, "
+                         f"got {position}, {row} and {group}")
     before = (_position_block_bytes, _row_block_bytes, _group_row_bytes)
     _position_block_bytes, _row_block_bytes, _group_row_bytes = position, row, group
     return before
@@ -191,8 +192,8 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
     block = _positions_in(_block_bytes(call), 16, call.npairs, call.table_itemsize)
     # Rows of at most _group_row_bytes go a few heads at a time, not prefetched: on the AMD Zen 4
     # a head at a time read each cos/sin row from L2 (the rows of x pass through L1 between
-    # two heads' reads) and ran W1 float32 in place at 1.4x its limit, 1.05-1.1x so.  Rows of
-    # at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go `step` rows a kernel call.
+    # two heads' reads; posenc_config.h, POSENC_GROUP_ROW_BYTES).  Rows of at most
+    # POSENC_BLOCK_ROW_BYTES not streamed (in place) go `step` rows a kernel call.
     grouped = plan.inner == 1 and call.row_bytes <= _group_row_bytes
     group = min(<Py_ssize_t>(POSENC_HEAD_GROUP if grouped else 1), plan.outer)
     whole = consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES
