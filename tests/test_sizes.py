@@ -198,13 +198,17 @@ def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_byt
     seq = seq_bytes // (28 * dim) + 5
     x = np.random.default_rng(6).standard_normal((1, 7, seq, dim)).astype(np.float32)
     positions = None if ordered else np.random.default_rng(7).permutation(seq)
-    want = rope.apply(x, positions)
+    # a caller's (seq, pairs) cos/sin (apply_rotary_cos_sin's walk), this CPU's sizes
+    angles = (np.arange(seq) if ordered else positions)[:, None] * rope.inv_freq[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    want = rope.apply(x, positions), pf.apply_rotary_cos_sin(x, cos, sin)
     before = _core.set_block_bytes(*block_bytes)
     try:
-        got = rope.apply(x, positions, out=x if in_place else None)
+        got = pf.apply_rotary_cos_sin(x.copy(), cos, sin)
+        got = rope.apply(x, positions, out=x if in_place else None), got
     finally:
         _core.set_block_bytes(*before)
-    assert got.tobytes() == want.tobytes()
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
 
 
 # ---------------------------------------------------------------------------
