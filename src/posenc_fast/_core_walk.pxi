@@ -74,20 +74,17 @@ cdef inline void _walk_start(const CacheWalk* walk, Py_ssize_t row, Py_ssize_t* 
 
 cdef void _rotate_walk_rows(const char* x, char* out, const CosSinTable* table,
                             const CacheWalk* walk, Py_ssize_t first, Py_ssize_t stop,
-                            const RowCall* call, Py_ssize_t group=1, Py_ssize_t group_step=0) noexcept nogil:
+                            const RowCall* call) noexcept nogil:
     # Rows first .. stop-1 of x; an odometer over the leading axes tracks the
-    # cache offsets.  Each row r with the group - 1 rows group_step, 2 * group_step, ...
-    # rows past it (heads that read the same cos/sin row: _rotate_walk).
+    # cache offsets.
     cdef Py_ssize_t index[MAX_WALK_AXES]
-    cdef Py_ssize_t co, so, r, g, t
+    cdef Py_ssize_t co, so, r
     cdef const char* c = table.cos  # held in registers: the row calls through pointers could change *table
     cdef const char* s = table.sin
     cdef int k
     _walk_start(walk, first, index, &co, &so)
     for r in range(first, stop):
-        for g in range(group):
-            t = r + g * group_step
-            _rotate_row(x + t * call.row_bytes, out + t * call.row_bytes, c + co, s + so, call)
+        _rotate_row(x + r * call.row_bytes, out + r * call.row_bytes, c + co, s + so, call)
         k = walk.naxes - 1
         while k >= 0:
             index[k] += 1
@@ -107,8 +104,6 @@ cdef struct WalkJob:
     # _rotate_walk's call, for the pool.
     Py_ssize_t table_step   # != 0: a block's rows step the cos/sin by it (elements), one kernel call
     Py_ssize_t heads
-    Py_ssize_t group        # heads per work item (table_step 0), a row each in turn
-    Py_ssize_t ngroups
     Py_ssize_t inner
     Py_ssize_t block
     Py_ssize_t nblocks
@@ -120,17 +115,15 @@ cdef struct WalkJob:
 
 
 cdef void _rotate_walk_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
-    # Item = (outer index, block, group of heads), groups fastest: a contiguous range of rows per
-    # head, the heads of a group a row each in turn.
+    # Item = (outer index, block, head), head fastest: one contiguous range of rows.
     cdef const WalkJob* job = <const WalkJob*>job_
-    cdef Py_ssize_t head = item % job.ngroups * job.group, rest = item // job.ngroups
+    cdef Py_ssize_t head = item % job.heads, rest = item // job.heads
     cdef Py_ssize_t start = (rest // job.nblocks * job.heads + head) * job.inner
     cdef Py_ssize_t b = rest % job.nblocks, first = start + b * job.block
     cdef Py_ssize_t stop = start + min((b + 1) * job.block, job.inner), co, so
     cdef Py_ssize_t index[MAX_WALK_AXES]
     if job.table_step == 0:
-        _rotate_walk_rows(job.x, job.out, job.table, job.walk, first, stop, job.call,
-                          min(job.group, job.heads - head), job.inner)
+        _rotate_walk_rows(job.x, job.out, job.table, job.walk, first, stop, job.call)
         return
     _walk_start(job.walk, first, index, &co, &so)
     _rotate_block(job.x + first * job.call.row_bytes, job.out + first * job.call.row_bytes,
@@ -142,16 +135,14 @@ cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const
     # Rows as (outer, heads, inner): `heads` is the last axis along which the
     # cache does not change but changes after it (e.g. x (batch, heads, seq,
     # dim) with a (seq, pairs) cache).  Work items are blocks of inner rows,
-    # one head at a time (rows of at most _group_row_bytes: a group of heads, a
-    # row each in turn, unprefetched), heads innermost: a block's cache rows
-    # (half an L2) serve every head in turn, as in _rotate_item.  Without such an axis the
+    # one head at a time, heads innermost: a block's cache rows (half an L2)
+    # serve every head in turn, as in _rotate_item.  Without such an axis the
     # rows are taken in order, in chunks.  Below POSENC_STREAM_BYTES, when
     # `inner` is x's last leading axis and cos and sin step alike along it
     # (a (seq, pairs) cache), a block is one kernel call over
     # _row_block_bytes of cos/sin rows, as in _rotate_blocks.
     cdef Py_ssize_t outer = 1, heads = 1, inner = walk.rows, block = POSENC_ROW_CHUNK
-    cdef Py_ssize_t nblocks, table_step = 0, group = 1
-    cdef RowCall unfetched = call[0]
+    cdef Py_ssize_t nblocks, table_step = 0
     cdef int k, j, last
     cdef bint varies_after = False
     for k in range(walk.naxes - 1, -1, -1):
@@ -169,13 +160,9 @@ cdef void _rotate_walk(const char* x, char* out, const CosSinTable* table, const
                 table_step = walk.cos_step[last] // table.itemsize
                 block = _positions_in(_row_block_bytes, 1, walk.npairs, table.itemsize)
             break
-    if table_step == 0 and heads > 1 and call.row_bytes <= _group_row_bytes:  # as _rotate_planned
-        group = min(<Py_ssize_t>POSENC_HEAD_GROUP, heads)
-        unfetched.prefetch = False
     nblocks = (inner + block - 1) // block
-    cdef WalkJob job = WalkJob(table_step, heads, group, (heads + group - 1) // group, inner, block, nblocks,
-                               x, out, table, walk, &unfetched)
-    posenc_parallel_for(outer * nblocks * job.ngroups, num_threads, _rotate_walk_item, &job)
+    cdef WalkJob job = WalkJob(table_step, heads, inner, block, nblocks, x, out, table, walk, call)
+    posenc_parallel_for(outer * nblocks * heads, num_threads, _rotate_walk_item, &job)
 
 
 cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.ndarray sin_cache,
