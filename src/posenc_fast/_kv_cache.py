@@ -176,23 +176,24 @@ def apply_qk_to_cache(rope, q, k, v_, positions, k_cache, v_cache, slot_mapping,
                                           out_q, qk_norm, eps, weight_offset)
     if fast is not None:
         return fast
-    if qk_norm is not None:
-        weights = _norm_weights(qk_norm, rope.dim, eps, weight_offset)
-    else:  # unused, but a bad value is still an error
-        norm_args(eps, weight_offset)
+    weights = _norm_weights(qk_norm, rope.dim, eps, weight_offset)
     call = check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, rope.dim)
     # A table of the call's distinct positions, exactly as `apply` builds one
     # (the frequencies of a dynamic scaling depend on the largest).
     distinct, rows = np.unique(v.positions_array(call.positions), return_inverse=True)
     cos, sin = rope._table(distinct, v.compute_dtype(call.q.dtype))
     rows = np.ascontiguousarray(rows.reshape(-1), dtype=np.int64)
-    if qk_norm is None:
+    if weights is None:
         return write(call, rows, cos, sin, rope.layout == "half", rope.rotary_start)
     return write_normed(call, rows, cos, sin, rope.layout == "half", rope.rotary_start, *weights)
 
 
-def _norm_weights(qk_norm, dim: int, eps, weight_offset) -> tuple:
-    """((q factors, k factors), eps) of a ``qk_norm=(q_weight, k_weight)`` argument, checked."""
+def _norm_weights(qk_norm, dim: int, eps, weight_offset) -> tuple | None:
+    """((q factors, k factors), eps) of a ``qk_norm=(q_weight, k_weight)`` argument, checked; None
+    for ``qk_norm=None`` (eps and weight_offset still checked: a bad value is an error unused)."""
+    if qk_norm is None:
+        norm_args(eps, weight_offset)
+        return None
     if not isinstance(qk_norm, tuple) or len(qk_norm) != 2:
         raise TypeError(f"qk_norm must be a tuple (q_weight, k_weight) or None, got {type(qk_norm).__name__}")
     eps, weight_offset = norm_args(eps, weight_offset)

@@ -308,7 +308,6 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
                                     cos_sin_cache, is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset):
         return  # the common call: checked and written in C
     from . import _kv_cache
-    from ._qk_norm import norm_args
 
     names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
              "cos_sin_cache", "q_weight", "k_weight")
@@ -343,12 +342,12 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     if slot_mapping.shape != positions.shape:
         raise ValueError(f"slot_mapping must have positions' shape {positions.shape}, "
                          f"got {slot_mapping.shape}")
-    normed = (norm_args(eps, weight_offset) if q_weight is None
-              else _kv_cache._norm_weights((q_weight, k_weight), head_size, eps, weight_offset))
+    normed = _kv_cache._norm_weights(None if q_weight is None else (q_weight, k_weight), head_size, eps,
+                                     weight_offset)
     call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
                                 slot_mapping.reshape(-1), query, head_size, (cache,), _kv_cache.Names(
                                     "query", "key", "value", "key_cache", "value_cache", "query"))
-    if q_weight is None:
+    if normed is None:
         _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
     else:  # the norm computes in float32 (float64): the call's cos/sin rows, widened
         cos, sin = _rows_in(cos, sin, tokens, query.dtype)
