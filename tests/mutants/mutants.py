@@ -36,6 +36,12 @@ MUTANTS = [
            "            out[2 * (i0 + i)] = ra[i];\n            out[2 * (i0 + i) + 1] = rb[i];",
            "            out[2 * (i0 + i)] = rb[i];\n            out[2 * (i0 + i) + 1] = ra[i];",
            ("tests/test_rotary.py",)),
+    Mutant("row's last vector loaded after the loop's stores", "row kernels", VECTORS,
+           "    if (n % lanes) {\n        *(V*)(oa + n - lanes) = ta;",
+           "    if (n % lanes) {\n"
+           "        posenc_half_vector_{{sfx}}(xa, xb, c, s, n - lanes, inverse, &ta, &tb);\n"
+           "        *(V*)(oa + n - lanes) = ta;",
+           ("tests/test_rotary.py", "-k", "in_place_equals_out_of_place"), isa="avx2"),
     Mutant("streamed run loses its last 16 bytes", "row kernels", VECTORS,
            "    for (Py_ssize_t i = 0; i < nbytes; i += 16)",
            "    for (Py_ssize_t i = 0; i + 16 < nbytes; i += 16)",
