@@ -296,3 +296,27 @@ def test_streamed_rows_of_every_head_size_equal_in_place_rows(dtype, layout, dim
     for out in (None, np.empty(x.size + 1, dtype)[1:].reshape(x.shape)):
         got = rope.apply(x, offset=3, out=out)
         assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dim", [24, 80, 100, 128])
+def test_in_place_rows_past_the_caches_at_every_alignment(dtype, dim):
+    # In place past POSENC_STREAM_BYTES a half-layout row's vectors start on
+    # 64-byte boundaries: the pairs before the first boundary and past the last
+    # whole vector go by vectors that overlap their neighbours, all loaded
+    # before any store (24: fewer pairs than an AVX-512 vector of float32).
+    # x at every element offset from a boundary, forward and inverse, equals
+    # the out-of-place result (another kernel) bit for bit.
+    dtype = np.dtype(dtype)
+    rope = pf.RotaryEmbedding(dim, layout="half")
+    shape = (1, 4, (16 << 20) // (4 * dim * dtype.itemsize) + 3, dim)
+    x = np.random.default_rng(dim).standard_normal(shape).astype(dtype)
+    buffer = np.empty(x.size + 64, dtype)
+    base = (-buffer.ctypes.data % 64) // dtype.itemsize
+    for inverse in (False, True):
+        want = rope.apply(x, offset=5, inverse=inverse).tobytes()
+        for k in range(64 // dtype.itemsize):
+            view = buffer[base + k:base + k + x.size].reshape(shape)
+            view[...] = x
+            assert rope.apply(view, offset=5, inverse=inverse, out=view) is view
+            assert view.tobytes() == want, (inverse, k)

@@ -28,13 +28,14 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     # (rotate_position): a position's heads, or a head's positions.  Past
     # the caches a result is written with non-temporal stores (never in
     # place: those lines were just read), half-layout rows in place by the
-    # scalar row functions where POSENC_LARGE_IN_PLACE_SCALAR says so; from half
+    # scalar row functions from POSENC_SCALAR_IN_PLACE_ROW_BYTES on; from half
     # an L2 (POSENC_PREFETCH_BYTES) a row taken alone prefetches.
     cdef RowCall call
     cdef bint large = nbytes >= POSENC_STREAM_BYTES
     cdef int kind
     if half and in_place:
-        kind = (POSENC_ROW_HALF_IN_PLACE if large and POSENC_LARGE_IN_PLACE_SCALAR
+        kind = (POSENC_ROW_HALF_IN_PLACE
+                if large and dim * itemsize >= POSENC_SCALAR_IN_PLACE_ROW_BYTES
                 else POSENC_ROW_HALF_IN_PLACE_VEC)
     elif half:
         kind = POSENC_ROW_HALF_STREAM if large else POSENC_ROW_HALF_VEC

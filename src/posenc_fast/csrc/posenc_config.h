@@ -215,17 +215,22 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 #else
 #define POSENC_GROUP_ROW_BYTES_GIVEN 1
 #endif
-/* Half-layout rows rotated in place past POSENC_STREAM_BYTES take the scalar
-   row kernel (1, GCC's own vectors of a plain loop) or the explicit vector
-   one (0).  1 since the first layered kernels (2026-11-30, no measurement
-   recorded).  Sweep on the AMD EPYC Zen 3 (2026-12-06, bench/sweeps.md): 0
-   reads float64 in place 1.33x -> 1.25x (beside the hog 1.30x -> 1.19x) and
-   head_dim 100 1.33x -> 1.19x, but head_dim 80, 160, 192 0.03-0.07x higher
-   quiet.  On the AMD EPYC Zen 4 (2026-12-06) 0 loses every row but head_dim 80
-   and 100 (float32 1.75x -> 1.97x, float64 1.40x -> 2.03x, bfloat16 1.52x ->
-   2.11x): 1, on two CPUs now (the Intel Xeon met every in-place row with 1). */
-#ifndef POSENC_LARGE_IN_PLACE_SCALAR
-#define POSENC_LARGE_IN_PLACE_SCALAR 1
+/* Half-layout rows of at least this many bytes rotated in place past
+   POSENC_STREAM_BYTES take the scalar row kernel (GCC's own vectors of a
+   plain loop, after a scalar head to the vector width's alignment); shorter
+   ones the explicit vectors (posenc_half_vectors: no head, the pairs past the
+   last whole vector by one overlapping vector).  On a short row the scalar
+   head and GCC's remainder loop cost more than the lines the unaligned
+   vectors split.  Sweep on the AMD EPYC Zen 4 (2026-12-06, bench/sweeps.md,
+   quiet, 3 processes): 0 / 448 / 2^30 read float32 head_dim 80 1.61 / 1.33 /
+   1.32x, 96 1.37 / 1.22 / 1.26x, 100 1.51 / 1.29 / 1.21x, but 192 1.30 /
+   1.36 / 1.69x, 256 1.39 / 1.47 / 2.15x and float64 128 1.29 / 1.51 (range
+   1.25-1.53) / 1.78x.  Before the overlapping vector (the scalar kernel
+   everywhere or nowhere): on the Zen 3 the vectors read head_dim 100 1.33x ->
+   1.19x, 80 0.03-0.07x higher; the Intel Xeon met every in-place row with the
+   scalar kernel and has not run the vectors. */
+#ifndef POSENC_SCALAR_IN_PLACE_ROW_BYTES
+#define POSENC_SCALAR_IN_PLACE_ROW_BYTES 512
 #endif
 /* Rows of at most this many bytes, rotated in place past POSENC_STREAM_BYTES
    (the walk of position blocks across heads), go a head's rows of a block in
