@@ -59,8 +59,9 @@
 #endif
 
 /* The width of this variant's widest vectors.  The in-place rows past the
-   caches start where x reaches a multiple of it (posenc_peel: a scalar head
-   first), so that no full-width store splits a cache line: NumPy aligns
+   caches (of POSENC_SCALAR_IN_PLACE_ROW_BYTES or more) start where x
+   reaches a multiple of it (posenc_peel: a scalar head first), so that no
+   full-width store splits a cache line: NumPy aligns
    arrays to 16 bytes, and 64-byte stores 16 bytes past a line ran W1 in
    place (64 MiB) 1.07-1.14x slower than AVX2, 0.95-0.96x with the head
    (bench/bench_isa.py).  Rows in cache do without: there the scalar head cost
