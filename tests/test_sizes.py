@@ -301,12 +301,13 @@ def test_streamed_rows_of_every_head_size_equal_in_place_rows(dtype, layout, dim
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("dim", [24, 80, 100, 128])
 def test_in_place_rows_past_the_caches_at_every_alignment(dtype, dim):
-    # In place past POSENC_STREAM_BYTES a half-layout row's vectors start on
-    # 64-byte boundaries: the pairs before the first boundary and past the last
-    # whole vector go by vectors that overlap their neighbours, all loaded
-    # before any store (24: fewer pairs than an AVX-512 vector of float32).
-    # x at every element offset from a boundary, forward and inverse, equals
-    # the out-of-place result (another kernel) bit for bit.
+    # In place past POSENC_STREAM_BYTES, half-layout rows shorter than
+    # POSENC_SCALAR_IN_PLACE_ROW_BYTES go by unaligned vectors, the pairs past
+    # the last whole vector by one overlapping vector loaded before any store;
+    # longer rows by the scalar kernel, from a scalar head to the vector
+    # alignment (24: fewer pairs than an AVX-512 vector of float32).  x at
+    # every element offset from a boundary, forward and inverse, equals the
+    # out-of-place result (another kernel) bit for bit.
     dtype = np.dtype(dtype)
     rope = pf.RotaryEmbedding(dim, layout="half")
     shape = (1, 4, (16 << 20) // (4 * dim * dtype.itemsize) + 3, dim)
