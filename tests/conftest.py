@@ -5,8 +5,13 @@ default profile.
 """
 
 import os
+import tempfile
 
 from hypothesis import HealthCheck, settings
+
+# The tests read the tables of measured CPUs, not the tuning file `python -m posenc_fast tune` may
+# have left in this user's cache (a path that does not exist; tests of the file set their own).
+os.environ["POSENC_FAST_TUNE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="posenc_fast-tests-"), "tune.json")
 
 settings.register_profile("ci", max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -8,22 +8,57 @@ import sys
 import pytest
 
 from posenc_fast import _cpu, _dispatch
+from posenc_fast._cli_tune import BLOCK_CANDIDATES, pick
 
 ALL = ["baseline", "avx2", "avx512"]
-ZEN5, INTEL = ("AuthenticAMD", 0x1A, 0x02), ("GenuineIntel", 6, 0xCF)
+ZEN5, ZEN4, INTEL = ("AuthenticAMD", 0x1A, 0x02), ("AuthenticAMD", 0x19, 0x11), ("GenuineIntel", 6, 0xCF)
 
 
 def test_the_file_holds_a_choice_per_cpu():
-    text = _dispatch.with_tuned_variant(None, ZEN5, "avx2", {"W1": 1.05})
-    text = _dispatch.with_tuned_variant(text, INTEL, "avx512", {"W1": 0.9})
+    text = _dispatch.with_tuned(None, ZEN5, {"variant": "avx2", "ratios": {"W1": 1.05}})
+    text = _dispatch.with_tuned(text, INTEL, {"variant": "avx512", "ratios": {"W1": 0.9}})
     assert _dispatch.tuned_variant(text, ZEN5) == "avx2"
     assert _dispatch.tuned_variant(text, INTEL) == "avx512"
     assert _dispatch.tuned_variant(text, ("GenuineIntel", 6, 0x8F)) is None  # another CPU model
     assert _dispatch.tuned_variant(None, ZEN5) is None
     assert json.loads(text)["cpus"]["AuthenticAMD family 0x1a model 0x2"]["ratios"] == {"W1": 1.05}
-    again = _dispatch.with_tuned_variant(text, ZEN5, "avx512", {})
+    again = _dispatch.with_tuned(text, ZEN5, {"variant": "avx512", "ratios": {}})
     assert _dispatch.tuned_variant(again, ZEN5) == "avx512"
     assert _dispatch.tuned_variant(again, INTEL) == "avx512"
+
+
+def test_the_file_holds_block_sizes_per_cpu():
+    text = _dispatch.with_tuned(None, ZEN5, {"blocks": {"position": 1 << 20, "group": 0}})
+    text = _dispatch.with_tuned(text, INTEL, {"variant": "avx512", "ratios": {}})
+    assert _dispatch.tuned_blocks(text, ZEN5) == {"position": 1 << 20, "group": 0}
+    assert _dispatch.tuned_variant(text, ZEN5) is None  # sizes without a variant (no AVX-512 there)
+    assert _dispatch.tuned_blocks(text, INTEL) is None and _dispatch.tuned_blocks(None, ZEN5) is None
+
+
+@pytest.mark.parametrize("blocks", [[1 << 20], {"position": 0}, {"row": 1.5}, {"group": -1}, {"row": True},
+                                    {"heads": 4}])
+def test_block_sizes_tune_did_not_write_are_refused(blocks):
+    text = json.dumps({"cpus": {_dispatch.cpu_key(ZEN5): {"blocks": blocks}}})
+    with pytest.raises(ValueError, match="blocks that are not sizes in bytes"):
+        _dispatch.tuned_blocks(text, ZEN5)
+
+
+def test_tuned_block_sizes_win_over_the_table_and_yield_to_the_build():
+    built = {"position": (512 << 10, False), "row": (16 << 10, True), "group": (0, False)}
+    sizes = _dispatch.block_sizes(ZEN4, built, {"position": 1 << 20, "row": 4096})
+    assert sizes["position"] == (1 << 20, "1048576 bytes: measured on this CPU by python -m posenc_fast tune")
+    assert sizes["row"] == (16 << 10, "set by the build (-DPOSENC_ROW_BLOCK_BYTES)")
+    assert sizes["group"][0] == 640 and "AMD Zen 4" in sizes["group"][1]  # the table's
+    untuned = _dispatch.block_sizes(ZEN4, built)
+    assert untuned["position"][0] == 4 << 20 and "AMD Zen 4" in untuned["position"][1]
+    assert _dispatch.block_sizes(ZEN5, built)["position"] == (512 << 10, _dispatch.block_bytes(*ZEN5)["position"][1])
+
+
+def test_a_block_size_changes_only_beyond_the_margin():
+    assert pick(4096, {8192: 0.96}) == 8192
+    assert pick(4096, {8192: 0.98}) == 4096  # within MARGIN (0.97): noise of a few rounds
+    assert pick(4096, {8192: 0.9, 16384: 0.8}) == 16384
+    assert pick(4096, {8192: 1.2}) == 4096 and pick(4096, {}) == 4096
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"cpus": {"AuthenticAMD family 0x1a '
@@ -59,30 +94,54 @@ def _python(code, tune_file):
 INFO = "import posenc_fast as pf; i = pf.build_info(); print(i['isa_in_use']); print(i['isa_reason'])"
 
 
+BLOCKS = ("import posenc_fast as pf; i = pf.build_info(); "
+          "print(i['row_block_bytes']); print(i['row_block_reason']); print(i['group_row_bytes'])")
+
+
 def test_the_import_reads_the_file_for_this_cpu(tmp_path):
+    from posenc_fast import _core
+
     path = tmp_path / "tune.json"
-    path.write_text(_dispatch.with_tuned_variant(None, _cpu.cpu_identity(), "baseline", {}))
+    path.write_text(_dispatch.with_tuned(None, _cpu.cpu_identity(), {
+        "variant": "baseline", "ratios": {}, "blocks": {"row": 4096, "group": 0}}))
     result = _python(INFO, path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == [
         "baseline", "baseline: measured fastest on this CPU by python -m posenc_fast tune"]
+    if not _core.block_bytes()["row"][1]:  # a size the build was given stands
+        result = _python(BLOCKS, path)
+        assert result.stdout.split("\n")[:2] == [
+            "4096", "4096 bytes: measured on this CPU by python -m posenc_fast tune"], result.stderr
     path.write_text("{broken")
     result = _python(INFO, path)
     assert result.returncode == 0 and "ignored: not a posenc_fast tuning file" in result.stderr
     assert result.stdout.split("\n")[0] == _dispatch.choose(
         _dispatch.BUILT, _dispatch.CPU_SUPPORTS, "", _cpu.cpu_identity())[0]
+    assert _python(BLOCKS, path).stdout.split("\n")[0] == str(_core.block_bytes()["row"][0])  # the table's
 
 
 def test_tune_measures_and_writes_this_cpus_entry(tmp_path):
+    from posenc_fast import _core
+
     path = tmp_path / "tune.json"
     result = _python("from posenc_fast.__main__ import main; raise SystemExit(main(['tune', "
                      "'--rounds', '3']))", path)
     assert result.returncode == 0, result.stderr
     usable = [n for n in _dispatch.PREFERENCE if n in _dispatch.BUILT and n in _dispatch.CPU_SUPPORTS]
     wide = [n for n in usable if n in _dispatch.AVX512]
-    if not wide or "avx2" not in usable:
-        assert "nothing to choose" in result.stdout and not path.exists()
-        return
     variant = _dispatch.tuned_variant(path.read_text(), _cpu.cpu_identity())
-    assert variant in ("avx2", wide[0]) and f": {variant}\n" in result.stdout  # the widest AVX-512 against AVX2
-    assert _python(INFO, path).stdout.split("\n")[0] == variant
+    if not wide or "avx2" not in usable:
+        assert "no variant to choose" in result.stdout and variant is None
+    else:
+        assert variant in ("avx2", wide[0]) and f": {variant}\n" in result.stdout  # the widest AVX-512 against AVX2
+        assert _python(INFO, path).stdout.split("\n")[0] == variant
+    # each block size the build was not given: one of its candidates or the one the import chose
+    blocks = _dispatch.tuned_blocks(path.read_text(), _cpu.cpu_identity())
+    free = [kind for kind, (_, given) in _core.block_bytes().items() if not given]
+    assert sorted(blocks) == sorted(free)
+    for kind in free:
+        assert blocks[kind] in BLOCK_CANDIDATES[kind] + (_core.block_bytes()[kind][0],)
+        assert f"{kind} block: {blocks[kind]} bytes\n" in result.stdout
+    if "row" in free:
+        assert _python(BLOCKS, path).stdout.split("\n")[:2] == [
+            str(blocks["row"]), f"{blocks['row']} bytes: measured on this CPU by python -m posenc_fast tune"]

@@ -13,7 +13,7 @@ COMMANDS = {
     "bench": "time the standard workloads beside NumPy (and PyTorch when installed)",
     "plot": "write PNG figures of the encodings (needs matplotlib: pip install posenc-fast[plot])",
     "check": "test this installation against the pure-Python reference on random cases",
-    "tune": "time the kernel variants on this CPU and store the faster one for the next import",
+    "tune": "time the kernel variants and block sizes on this CPU, store the fastest for the next import",
 }
 
 

@@ -24,8 +24,8 @@ cdef Py_ssize_t _group_row_bytes = POSENC_GROUP_ROW_BYTES
 def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group):
     """Set the bytes of cos/sin rows per work item of the in-place walks past the caches
     (`position`), per kernel call of the walks below them (`row`), and the longest row the walks
-    past the caches take in groups of heads (`group`, 0: none), at import, before any call;
-    return the three before.  Results do not depend on them."""
+    past the caches take in groups of heads (`group`, 0: none), at import or between calls (none
+    running: ``tune`` times each); return the three before.  Results do not depend on them."""
     global _position_block_bytes, _row_block_bytes, _group_row_bytes
     if position < 1 or row < 1 or group < 0:
         raise ValueError(f"position and row must be >= 1 and group >= 0, "

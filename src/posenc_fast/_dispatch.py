@@ -149,33 +149,60 @@ def cpu_key(cpu: tuple[str, int, int]) -> str:
     return "{} family {:#x} model {:#x}".format(*cpu)
 
 
-def tuned_variant(text: str | None, cpu: tuple[str, int, int]) -> str | None:
-    """The variant the tuning file's text records for `cpu`, or None (no file, no entry).
-
-    Raises ValueError for a file that is not the JSON ``tune`` writes.
-    """
+def _tuned_entry(text: str | None, cpu: tuple[str, int, int]) -> dict | None:
+    """`cpu`'s entry in the tuning file's text, or None (no file, no entry)."""
     if text is None:
         return None
     try:
         entry = json.loads(text).get("cpus", {}).get(cpu_key(cpu))
     except (ValueError, AttributeError) as error:
         raise ValueError(f"not a posenc_fast tuning file: {error}") from None
-    if entry is None:
+    if entry is not None and not isinstance(entry, dict):
+        raise ValueError(f"its entry for {cpu_key(cpu)} is not an object")
+    return entry
+
+
+def tuned_variant(text: str | None, cpu: tuple[str, int, int]) -> str | None:
+    """The variant the tuning file's text records for `cpu`, or None (no file, no entry, or an
+    entry of block sizes only).
+
+    Raises ValueError for a file that is not the JSON ``tune`` writes.
+    """
+    entry = _tuned_entry(text, cpu)
+    if entry is None or "variant" not in entry:
         return None
-    if not isinstance(entry, dict) or entry.get("variant") not in PREFERENCE:
+    if entry["variant"] not in PREFERENCE:
         raise ValueError(f"its entry for {cpu_key(cpu)} names no variant of {PREFERENCE}")
     return entry["variant"]
 
 
-def with_tuned_variant(text: str | None, cpu: tuple[str, int, int], variant: str,
-                       ratios: dict[str, float]) -> str:
-    """The tuning file's text with `cpu`'s entry set to `variant` (measured `ratios`)."""
+def tuned_blocks(text: str | None, cpu: tuple[str, int, int]) -> dict[str, int] | None:
+    """The block sizes (`block_bytes`'s kinds, bytes) the tuning file's text records for `cpu`:
+    those ``tune`` measured, or None (no file, no entry, no sizes).
+
+    Raises ValueError for a file that is not the JSON ``tune`` writes.
+    """
+    entry = _tuned_entry(text, cpu)
+    if entry is None or "blocks" not in entry:
+        return None
+    blocks = entry["blocks"]
+    least = {"position": 1, "row": 1, "group": 0}
+    if not isinstance(blocks, dict) or not all(
+            kind in least and type(size) is int and size >= least[kind] for kind, size in blocks.items()):
+        raise ValueError(f"its entry for {cpu_key(cpu)} has blocks that are not sizes in bytes of "
+                         f"{tuple(least)} (position and row >= 1, group >= 0): {blocks!r}")
+    return dict(blocks)
+
+
+def with_tuned(text: str | None, cpu: tuple[str, int, int], entry: dict) -> str:
+    """The tuning file's text with `cpu`'s entry replaced by `entry` (what ``tune`` measured:
+    ``"variant"`` and its ``"ratios"``, ``"blocks"`` and theirs)."""
     try:
         record = json.loads(text) if text else {}
         cpus = dict(record.get("cpus", {}))
     except (ValueError, AttributeError):
         cpus = {}  # a file tune cannot read is replaced
-    cpus[cpu_key(cpu)] = {"variant": variant, "ratios": ratios}
+    cpus[cpu_key(cpu)] = entry
     return json.dumps({"version": 1, "cpus": cpus}, indent=1, sort_keys=True) + "\n"
 
 
@@ -230,32 +257,54 @@ def choose(built: list[str], supported: list[str], requested: str,
         for name in wider)
 
 
-def _read_tuned(cpu: tuple[str, int, int]) -> str | None:
+def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] | None]:
+    """(variant, blocks) of the tuning file for `cpu`; (None, None) where it has none or is broken."""
     try:
         text = tune_file().read_text()
     except OSError:
-        return None
+        return None, None
     try:
-        return tuned_variant(text, cpu)
+        return tuned_variant(text, cpu), tuned_blocks(text, cpu)
     except ValueError as error:
         warnings.warn(f"{tune_file()} ignored: {error}", RuntimeWarning, stacklevel=2)
-        return None
+        return None, None
 
 
+BLOCK_KINDS = ("position", "row", "group")  # _core.set_block_bytes's order
 _MACROS = {"position": "POSENC_POSITION_BLOCK_BYTES", "row": "POSENC_ROW_BLOCK_BYTES",
            "group": "POSENC_GROUP_ROW_BYTES"}
 
 
-def _use_block_bytes(cpu: tuple[str, int, int]) -> dict[str, str]:
-    """Set the walks' block sizes for `cpu` (a size the build was given stands); return why each."""
-    sizes, reasons = {}, {}
+def block_sizes(cpu: tuple[str, int, int], built: dict[str, tuple[int, bool]],
+                tuned: dict[str, int] | None = None) -> dict[str, tuple[int, str]]:
+    """The walks' block sizes for `cpu`, and why each: a size the build was given stands, then
+    the one ``tune`` measured on this CPU (`tuned`), then `block_bytes`'s table, then the build's.
+
+    Parameters
+    ----------
+    cpu : (vendor, family, model)
+    built : dict
+        ``_core.block_bytes()``: each kind's (bytes, whether the build was given it).
+    tuned : dict, optional
+        `tuned_blocks` of the tuning file.
+    """
+    sizes = {}
     for kind, (nbytes, why) in block_bytes(*cpu).items():
-        built, given = _core.block_bytes()[kind]
+        size, given = built[kind]
         if given:
-            why = f"set by the build (-D{_MACROS[kind]})"
-        sizes[kind], reasons[kind] = built if given or nbytes is None else nbytes, why
-    _core.set_block_bytes(sizes["position"], sizes["row"], sizes["group"])
-    return reasons
+            sizes[kind] = size, f"set by the build (-D{_MACROS[kind]})"
+        elif tuned and kind in tuned:
+            sizes[kind] = tuned[kind], f"{tuned[kind]} bytes: measured on this CPU by python -m posenc_fast tune"
+        else:
+            sizes[kind] = size if nbytes is None else nbytes, why
+    return sizes
+
+
+def _use_block_bytes(cpu: tuple[str, int, int], tuned: dict[str, int] | None) -> dict[str, str]:
+    """Set the walks' block sizes (`block_sizes`); return why each."""
+    sizes = block_sizes(cpu, _core.block_bytes(), tuned)
+    _core.set_block_bytes(*(sizes[kind][0] for kind in BLOCK_KINDS))
+    return {kind: why for kind, (_, why) in sizes.items()}
 
 
 def variant_module(name: str):
@@ -266,10 +315,11 @@ def variant_module(name: str):
 BUILT = [name for name in PREFERENCE
          if name == "baseline" or importlib.util.find_spec(f"posenc_fast._isa_{name}")]
 CPU_SUPPORTS = _cpu.cpu_supports()
+TUNED_VARIANT, TUNED_BLOCKS = _read_tuned(_cpu.cpu_identity())
 ISA_IN_USE, ISA_REASON = choose(BUILT, CPU_SUPPORTS, os.environ.get(ENV_VAR, ""),
-                                _cpu.cpu_identity(), _read_tuned(_cpu.cpu_identity()))
+                                _cpu.cpu_identity(), TUNED_VARIANT)
 if ISA_IN_USE != "baseline":
     _core.use_kernels(variant_module(ISA_IN_USE).KERNELS)
-BLOCK_REASONS = _use_block_bytes(_cpu.cpu_identity())
+BLOCK_REASONS = _use_block_bytes(_cpu.cpu_identity(), TUNED_BLOCKS)
 _core.set_bfloat16_typenum(np.dtype(ml_dtypes.bfloat16).num)
 kernels = _core

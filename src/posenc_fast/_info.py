@@ -26,7 +26,8 @@ def build_info() -> dict[str, Any]:
         (cos/sin bytes per work item of the in-place walks past the caches,
         and per kernel call below them: by CPU), ``group_row_bytes`` (the
         longest row the walks past the caches take a few heads at a time; 0:
-        none) and their ``..._reason``.
+        none) and their ``..._reason`` (which source decided: the build,
+        ``tune``'s file, or the table of measured CPUs).
     """
     kernels = _dispatch.kernels
     blocks = kernels.block_bytes()

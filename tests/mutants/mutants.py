@@ -387,6 +387,11 @@ MUTANTS = [
     # dispatch
     Mutant("the tuned variant ignored", "dispatch", PKG + "_dispatch.py",
            "    if tuned in usable:\n", "    if False:\n", ("tests/test_tune.py",)),
+    Mutant("the tuned block sizes ignored", "dispatch", PKG + "_dispatch.py",
+           "        elif tuned and kind in tuned:\n", "        elif False:\n", ("tests/test_tune.py",)),
+    Mutant("tune takes a block size within the noise", "bench, CLI", PKG + "_cli_tune.py",
+           "    return best if ratios.get(best, 1.0) < margin else current", "    return best",
+           ("tests/test_tune.py", "-k", "margin")),
     Mutant("AVX2 chosen on Zen 4", "dispatch", PKG + "_dispatch.py",
            '        return True, "measured faster on AMD Zen 4 (model 0x11) in half precision and float64 in place"',
            '        return False, "measured faster on AMD Zen 4 (model 0x11) in half precision and float64 in place"',
