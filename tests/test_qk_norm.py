@@ -68,9 +68,11 @@ def test_float32_arithmetic_half_types_rounded_once(dtype):
 
 def the_passes(rope, x, weight, positions, eps):
     # The fused norm's operations in NumPy, each rounded as the kernels round it: the sum of
-    # squares in float64 by 32 running sums added pairwise, the scale in float64, then
-    # float32 products and sums, one rounding to x's dtype.
-    x32 = x.astype(np.float32)
+    # squares in float64 by 32 running sums added pairwise, the scale in float64 (the mean a
+    # division by dim), then float32 products and sums (float64 for float64 x), one rounding to
+    # x's dtype.
+    compute = np.float64 if x.dtype == np.float64 else np.float32
+    x32 = x.astype(compute)
     squares = x32.astype(np.float64) ** 2
     sums = np.zeros(x.shape[:-1] + (32,))
     for first in range(0, x.shape[-1], 32):
@@ -78,23 +80,25 @@ def the_passes(rope, x, weight, positions, eps):
         sums[..., :block.shape[-1]] += block
     for width in (16, 8, 4, 2, 1):
         sums[..., :width] += sums[..., width:2 * width]
-    scale = (1.0 / np.sqrt(sums[..., 0] / x.shape[-1] + eps)).astype(np.float32)
-    normed = (x32 * scale[..., None]) * weight.astype(np.float32)
-    cos, sin = rope.cos_sin(positions)
+    scale = (1.0 / np.sqrt(sums[..., 0] / x.shape[-1] + eps)).astype(compute)
+    normed = (x32 * scale[..., None]) * weight.astype(compute)
+    cos, sin = rope.cos_sin(positions, dtype=compute)
     cos, sin = cos[:, None], sin[:, None]  # (seq, 1, n): broadcast over heads
     n = x.shape[-1] // 2
     a, b = normed[..., :n], normed[..., n:]
     return np.concatenate((a * cos - b * sin, b * cos + a * sin), axis=-1).astype(x.dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float32", *HALVES])
+@pytest.mark.parametrize("dtype", ["float64", "float32", *HALVES])
 @pytest.mark.parametrize("dim", [56, 100, 128])
 def test_half_layout_rows_are_the_passes_bitwise(dtype, dim):
     # half-layout rows take one kernel for scale, rotation and rounding (K.norm_half) where the
     # variant has it: its vector loop, its one vector more and its scalar rest (dims 56, 100
-    # cover each with 8 and 16 lanes) give the bits of the passes
+    # cover each with 8 and 16 lanes) give the bits of the passes; float64 rows (the passes),
+    # whose scale is not rounded to float32, show a mean of squares formed otherwise than by
+    # a division by dim (a power of two is multiplied by its reciprocal: the same bits)
     rng = np.random.default_rng(4)
-    np_dtype = HALVES.get(dtype, (np.float32,))[0]
+    np_dtype = HALVES.get(dtype, (np.dtype(dtype).type,))[0]
     rope = pf.RotaryEmbedding(dim, layout="half")
     q, k = data(rng, (3, 4, dim), np_dtype), data(rng, (3, 2, dim), np_dtype)
     wq, wk = data(rng, dim, np.float32), data(rng, dim, np.float32)

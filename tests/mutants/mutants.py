@@ -156,7 +156,7 @@ MUTANTS = [
            PKG + "_core_tokens.pxi", "        row = job.row_of[t]", "        row = job.row_of[0]",
            ("tests/test_rotary.py",)),
     Mutant("q/k norm without its eps", "compiled layer", PKG + "_core_norm.pxi",
-           "scale = 1.0 / sqrt(total / <double>dim + job.eps)", "scale = 1.0 / sqrt(total / <double>dim)",
+           " else total / <double>dim) + job.eps)", " else total / <double>dim))",
            ("tests/test_qk_norm.py",)),
     Mutant("Gemma's 1 + weight lost", "KV cache, q/k norm", PKG + "_qk_norm.py",
            "    return np.ascontiguousarray(weight.astype(np.float64) + weight_offset)",
@@ -387,6 +387,9 @@ MUTANTS = [
     # dispatch
     Mutant("the tuned variant ignored", "dispatch", PKG + "_dispatch.py",
            "    if tuned in usable:\n", "    if False:\n", ("tests/test_tune.py",)),
+    Mutant("the mean of squares by a reciprocal of any dim", "compiled layer", PKG + "_core_norm.pxi",
+           "1.0 / <double>dim if dim & (dim - 1) == 0 else 0.0", "1.0 / <double>dim",
+           ("tests/test_qk_norm.py", "-k", "passes")),
     Mutant("the tuned block sizes ignored", "dispatch", PKG + "_dispatch.py",
            "        elif tuned and kind in tuned:\n", "        elif False:\n", ("tests/test_tune.py",)),
     Mutant("tune takes a block size within the noise", "bench, CLI", PKG + "_cli_tune.py",
