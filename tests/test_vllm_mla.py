@@ -148,6 +148,19 @@ def test_indices_inside_a_rotated_input_are_refused(index, holder):
             assert untouched(before[name], a), name
 
 
+@pytest.mark.parametrize("holder", ["q_pe", "k_pe"])
+def test_a_latent_inside_a_rotated_input_is_refused(holder):
+    # the rotation would change kv_c before it is written to the cache
+    args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
+    args["kv_c"] = args[holder].reshape(4, -1)[:, :32]
+    before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
+    with pytest.raises(ValueError, match="kv_c shares memory with q_pe or k_pe"):
+        vllm.concat_and_cache_mla_rope_fused(**args)
+    for name, a in args.items():
+        if isinstance(a, np.ndarray):
+            assert untouched(before[name], a), name
+
+
 def test_a_cache_over_an_input_is_refused():
     positions, query, k_pe, kv_c, slots, kv_cache = mla_case(np.float32, 4, 64, heads=2, rank=32, num_blocks=2)
     before = kv_cache.copy()

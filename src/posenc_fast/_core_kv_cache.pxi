@@ -304,22 +304,27 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
         _swap_axes(&v[6], 1, 2)
         _swap_axes(&v[7], 1, 2)
     slots = <const long long*>v[5].data
-    if not _caches_valid(&v[6], &v[7], rows[2].heads, head_size, d, v, 6, slots, tokens):
+    if (not _caches_valid(&v[6], &v[7], rows[2].heads, head_size, d, v, 6, slots, tokens)
+            or tensors and not _writable((query, key_cache, value_cache))):
         return False
     w = _cache_walk(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
     if q_weight is None:
         if K.rotate[d][table.dtype][0] == NULL or not _norm_args_fit(eps, weight_offset, &e, &offset):
             return False
         _walk_tokens(&w, slots, pos, &table, is_neox, False, 0, _cache_threads(&w))
-        return True
-    if tensors:  # the weights read as tensors too
-        q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
-    factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
-    if factors is None:
-        return False
-    if table.dtype != POSENC_F64 and table.dtype != POSENC_F32:  # a half-type table: the call's rows, widened
-        widened = _widened_rows(&table, pos, tokens)
-    if not (_norm_takes(d, d, table.dtype, is_neox, False) and _norm_takes(d, w.cache, table.dtype, is_neox, True)):
-        return False
-    _write_normed(&w, slots, NULL if widened is not None else pos, &table, is_neox, 0, factors[0], factors[1], e)
+    else:
+        if tensors:  # the weights read as tensors too
+            q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
+        factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
+        if factors is None:
+            return False
+        if table.dtype != POSENC_F64 and table.dtype != POSENC_F32:  # a half-type table: the call's rows, widened
+            widened = _widened_rows(&table, pos, tokens)
+        if not (_norm_takes(d, d, table.dtype, is_neox, False)
+                and _norm_takes(d, w.cache, table.dtype, is_neox, True)):
+            return False
+        _write_normed(&w, slots, NULL if widened is not None else pos, &table, is_neox, 0, factors[0], factors[1],
+                      e)
+    if tensors:
+        _count_writes((query, key_cache, value_cache))
     return True

@@ -342,7 +342,7 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     cdef const long long* pos = NULL
     cdef double e = 0.0
     cdef int d, compute
-    cdef bint grad
+    cdef bint grad, tensors
     if (not _fast_paths_on or not _size_int(head_size) or type(is_neox) is not bool or head_size < 1
             or key is None or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)
             or not _token_table(&v[2], &v[3], head_size, &cos_sin, &tokens, &pos)):
@@ -354,9 +354,10 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
         if (not _token_rows(&v[j], tokens, dim, 0, &rows[j]) or _strided_dtype(&v[j]) != d
                 or not _strided_disjoint(&v[j], &v[2])):
             return False
-    if not _rows_disjoint(&rows[0], &rows[1], tokens):
+    tensors = type(query) is _Tensor
+    if not _rows_disjoint(&rows[0], &rows[1], tokens) or tensors and not _writable((query, key)):
         return False
-    if type(query) is _Tensor:  # the weights read as tensors too
+    if tensors:  # the weights read as tensors too
         q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
     factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, dim, &e)
     if factors is None:
@@ -372,4 +373,6 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
                    _itemsize(&v[0]), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
                    &cos_sin, <const Py_ssize_t*>_data(table_rows), is_neox,
                    _threads_for(tokens * rows[j].heads * dim), 0, _offsets(at), _offsets(at))
+    if tensors:
+        _count_writes((query, key))
     return True

@@ -402,11 +402,18 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
     ``offset .. offset + rot_dim`` rotate in place by its token's row.
     """
     cdef Strided v[4]  # query, key, the cache, the positions
-    cdef bint grad
+    cdef bint grad, tensors
     if (not _size_int(head_size) or not _size_int(rope_dim_offset) or type(is_neox) is not bool
             or type(inverse) is not bool or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)):
         return False
-    return _rotate_tokens(v, 1 if key is None else 2, head_size, rope_dim_offset, is_neox, inverse)
+    tensors = type(query) is _Tensor
+    if tensors and not _writable((query, key)):
+        return False
+    if not _rotate_tokens(v, 1 if key is None else 2, head_size, rope_dim_offset, is_neox, inverse):
+        return False
+    if tensors:
+        _count_writes((query,) if key is None else (query, key))
+    return True
 
 
 cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* grad):

@@ -91,6 +91,27 @@ cdef object _is_neg = None
 cdef dict _descrs = {}            # torch dtype -> NumPy dtype of the same bits
 cdef list _dl_descrs = []         # [DLPack type code * 4 + log2(bytes)] -> NumPy dtype or None
 cdef const DLPackExchangeAPI* _dlpack = NULL
+cdef object _increment_version = None  # torch._C._increment_version
+cdef object _inference_mode = None     # torch.is_inference_mode_enabled
+cdef object _is_inference = None        # TensorBase.is_inference, unbound
+
+
+cdef bint _writable(tuple tensors):
+    # Whether torch lets a call write `tensors` (None: none) in place: an inference tensor only under
+    # inference mode (its rule; the general paths raise on the others).
+    if _inference_mode() is True:
+        return True
+    for t in tensors:
+        if t is not None and _is_inference(t):
+            return False
+    return True
+
+
+cdef int _count_writes(tuple tensors) except -1:
+    # Tell autograd that `tensors` were written in place: their version counters, as torch's in-place
+    # ops count them (a graph that saved one then refuses its backward).
+    _increment_version(tensors)
+    return 0
 
 
 def register_torch(torch, dict descrs, bint by_dlpack=True):
@@ -100,8 +121,11 @@ def register_torch(torch, dict descrs, bint by_dlpack=True):
     DLPack's C exchange table (for tests: the two readers agree).
     """
     global _Tensor, _Parameter, _strided, _grad_enabled, _from_numpy, _bfloat16, _descrs
-    global _stride, _data_ptr, _is_neg, _empty, _dl_descrs, _dlpack
+    global _stride, _data_ptr, _is_neg, _empty, _dl_descrs, _dlpack, _increment_version, _inference_mode
+    global _is_inference
     _empty = torch.empty
+    _increment_version, _inference_mode = torch._C._increment_version, torch.is_inference_mode_enabled
+    _is_inference = torch._C.TensorBase.is_inference
     _strided, _grad_enabled, _from_numpy = torch.strided, torch.is_grad_enabled, torch.from_numpy
     base = torch._C.TensorBase
     _stride, _data_ptr, _is_neg = base.stride, base.data_ptr, base.is_neg

@@ -93,11 +93,13 @@ def concat_and_cache_mla(kv_c: ArrayOrTensor, k_pe: ArrayOrTensor, kv_cache: Arr
         Shapes, dtypes or slots that do not fit, a cache sharing memory with
         an input; nothing is written then.
     """
-    from .vllm import _as_arrays
+    from .vllm import _as_arrays, tensors_written, written
 
+    tensors = tensors_written(("kv_cache",), (kv_cache,))
     names = ("kv_c", "k_pe", "kv_cache", "slot_mapping")
     arrays = _as_arrays(names, (kv_c, k_pe, kv_cache, slot_mapping), written=("kv_cache",))
     _write(*_mla_call(*arrays, kv_cache_dtype))
+    written(tensors)
 
 
 def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTensor, k_pe: ArrayOrTensor,
@@ -129,8 +131,9 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
         As `rotary_embedding` and `concat_and_cache_mla`; nothing is written
         then.
     """
-    from .vllm import _as_arrays, _rotate_tokens
+    from .vllm import _as_arrays, _rotate_tokens, tensors_written, written
 
+    tensors = tensors_written(("q_pe", "k_pe", "kv_cache"), (q_pe, k_pe, kv_cache))
     names = ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "slot_mapping", "kv_cache")
     arrays = _as_arrays(names, (positions, q_pe, k_pe, kv_c, cos_sin_cache, slot_mapping, kv_cache),
                         written=("q_pe", "k_pe", "kv_cache"))
@@ -139,6 +142,8 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
     positions = np.asarray(positions)
     if any(v.overlaps(kv_cache, x) for x in (q_pe, positions, np.asarray(cos_sin_cache))):
         raise ValueError("kv_cache shares memory with q_pe, positions or cos_sin_cache")
+    if v.overlaps(kv_c, q_pe) or v.overlaps(kv_c, k_rows):  # they are rotated before kv_c is read
+        raise ValueError("kv_c shares memory with q_pe or k_pe; pass separate arrays")
     v.indices_apart({"positions": positions, "slot_mapping": slots}, {"q_pe": q_pe, "k_pe": k_rows})
     if np.ndim(cos_sin_cache) != 2:
         raise ValueError(f"cos_sin_cache must have shape (max_position, rot_dim), got {np.shape(cos_sin_cache)}")
@@ -149,3 +154,4 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
     if not kernels.rotate_tokens_fast(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, 0, False):
         _rotate_tokens(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, names=("q_pe", "k_pe"))
     _write(kv_c, k_rows, kv_cache, slots)
+    written(tensors)

@@ -7,9 +7,12 @@ position per token, a ``[cos | sin]`` cache of the server's own.
 cache writes (``_custom_ops``, 2026); `apply_qk_to_cache` and
 `fused_qk_norm_rope` fuse what a server runs around the op.  It takes CPU
 torch tensors (viewed through NumPy, no copies) or NumPy arrays, and rotates
-them with `apply_rotary_cos_sin_qk`.  torch stays optional: this module never
-imports it.  Under ``torch.compile`` call the registered op instead (see
-`posenc_fast.torch_ops`).
+them with `apply_rotary_cos_sin_qk`.  Tensors written in place count a version,
+as torch's in-place ops do (a graph that saved one then refuses its
+backward), and an inference tensor is written only under
+``torch.inference_mode()`` (torch's rule).  torch stays optional: this module
+never imports it.  Under ``torch.compile`` call the registered op instead
+(see `posenc_fast.torch_ops`).
 """
 
 import math
@@ -100,11 +103,13 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     """
     if kernels.rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
                                   rope_dim_offset, inverse):
-        return  # the common call: checked and rotated in C
+        return  # the common call: checked, rotated and its tensors' versions counted in C
+    tensors = tensors_written(("query", "key"), (query, key))
     positions, query, key, cos_sin_cache = _as_arrays(
         ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
         written=("query", "key"))
     _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+    written(tensors)
 
 
 def _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
@@ -183,6 +188,30 @@ def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
             raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is written in "
                             f"place), got {type(x).__name__}")
     return args
+
+
+def tensors_written(names: tuple, args: tuple) -> tuple:
+    """The torch tensors among `args` (named `names`) that a call writes in place, checked as torch
+    checks its in-place ops: an inference tensor only under ``torch.inference_mode()``.  () for
+    NumPy arrays."""
+    torch = sys.modules.get("torch")  # a tensor cannot exist before torch is imported
+    if torch is None or not isinstance(args[0], torch.Tensor):
+        return ()
+    tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
+    if not torch.is_inference_mode_enabled():
+        for name, t in zip(names, args):
+            if isinstance(t, torch.Tensor) and t.is_inference():
+                raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()), "
+                                 f"which torch updates in place only under inference mode; call "
+                                 f"under torch.inference_mode(), or pass a clone")
+    return tensors
+
+
+def written(tensors: tuple) -> None:
+    """Tell autograd that `tensors_written`'s tensors were written (their version counters, as
+    torch's own in-place ops bump them): a graph that saved one refuses its backward."""
+    if tensors:
+        sys.modules["torch"].autograd.graph.increment_version(tensors)
 
 
 def _token_positions(positions) -> np.ndarray:
@@ -306,7 +335,8 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     """
     if kernels.tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
                                     cos_sin_cache, is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset):
-        return  # the common call: checked and written in C
+        return  # the common call: checked, written and its tensors' versions counted in C
+    tensors = tensors_written(("query", "key_cache", "value_cache"), (query, key_cache, value_cache))
     from . import _kv_cache
 
     names = ("positions", "query", "key", "value", "key_cache", "value_cache", "slot_mapping",
@@ -352,6 +382,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     else:  # the norm computes in float32 (float64): the call's cos/sin rows, widened
         cos, sin = _rows_in(cos, sin, tokens, query.dtype)
         _kv_cache.write_normed(call, np.arange(tokens.size, dtype=np.int64), cos, sin, is_neox, 0, *normed)
+    written(tensors)
 
 
 def _rows_in(cos: np.ndarray, sin: np.ndarray, tokens: np.ndarray, dtype: np.dtype) -> tuple:
@@ -407,7 +438,8 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
     """
     if kernels.fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache,
                                        is_neox, eps, weight_offset):
-        return  # the common call: checked, normalised and rotated in C
+        return  # the common call: checked, normalised, rotated and its tensors' versions counted in C
+    tensors = tensors_written(("query", "key"), (query, key))
     from ._qk_norm import norm_args, norm_rotate, norm_weight, token_rows
 
     names = ("positions", "query", "key", "q_weight", "k_weight", "cos_sin_cache")
@@ -431,4 +463,4 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
     for x, weight in zip((query, key), weights):
         norm_rotate(x, x, True, weight, eps, cos, sin, token_rows(np.arange(tokens.size), x.shape[1]),
                     is_neox)
-
+    written(tensors)
