@@ -107,6 +107,18 @@ def test_the_kernel_is_no_fallback(kernel_calls):
     assert kernel_calls == [True, True] and not hf.FALLBACKS
 
 
+def test_a_negative_view_takes_the_formula(kernel_calls):
+    # its memory holds the values negated (torch resolves the bit in its own operations)
+    generator = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 5, 16, dtype=torch.complex64, generator=generator).conj().imag
+    _, k = qk()
+    assert q.is_neg()
+    got = _llama()(q, k.detach(), *cache())
+    want = _llama()(q.resolve_neg(), k.detach(), *cache())
+    assert kernel_calls == [False, True]
+    torch.testing.assert_close(got, want)
+
+
 def test_the_compiled_ops_formula_is_counted_when_its_backward_runs():
     import posenc_fast.torch_ops  # noqa: F401
 

@@ -147,6 +147,33 @@ def test_the_op_passes_gradcheck(module, name, repeat):
     _gradcheck(fn, xs, function.compute == "float32")  # Cohere's: its formula (q.float())
 
 
+@pytest.mark.parametrize("module, name", KINDS)
+@pytest.mark.parametrize("data, table", [(("bfloat16", "bfloat16"), "float32"), (("float32", "float32"), "float64"),
+                                         (("float16", "float32"), "float32")])
+def test_the_ops_fake_gives_its_dtypes(module, name, data, table):
+    # hf_rotate called directly with cos/sin wider than the data, or q and k of two dtypes: the
+    # module's formula, in the dtypes torch promotes to (or its own); the fake says the same
+    # (else a compiled graph computes on in other dtypes than the op returns)
+    import posenc_fast.torch_ops  # noqa: F401
+
+    function = hf._PATCHED[name][module]
+    case, xs, cos, sin = _inputs(function, 8 if function.partial else 16)
+    dim = function.unsqueeze if case.unsqueeze_dim is None else case.unsqueeze_dim
+    xs = [x.detach().to(getattr(torch, d)) for x, d in zip(xs[:1] if function.one_tensor else xs, data)]
+    rows = [r.to(getattr(torch, table)) for r in hf_calls.indexed(function, cos, sin, case)]
+    torch.library.opcheck(torch.ops.posenc_fast.hf_rotate, (xs, *rows, module, name, dim, False),
+                          test_utils=("test_faketensor",))
+
+
+@pytest.mark.parametrize("module, name", [("nosuch", "apply_rotary_pos_emb"), ("llama", "apply_rotary_pos_emb_x")])
+def test_the_op_refuses_a_function_it_does_not_patch(module, name):
+    import posenc_fast.torch_ops  # noqa: F401
+
+    _, xs, cos, sin = _inputs(hf._LLAMA, 16)
+    with pytest.raises(ValueError, match=f"patches no {name!r} of transformers.models.{module}"):
+        torch.ops.posenc_fast.hf_rotate(list(xs), cos, sin, module, name, 1, False)
+
+
 def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
     # under torch.compile (fullgraph: the op in the graph), repeating entries or not
     _, _, cos, sin = _inputs(hf._LLAMA, 16)

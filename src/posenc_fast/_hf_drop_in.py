@@ -69,6 +69,9 @@ def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
         return None
     if torch.compiler.is_compiling():  # no NumPy in a graph: posenc_fast's op, which the graph keeps
         return _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim)
+    if any(t.is_neg() for t in (*xs, cos, sin)):  # a negative view: its memory holds the values negated
+        _fell_back(torch, xs, "data the kernel does not compute exactly")
+        return None
     arrays = [numpy_view(torch, t) for t in (*xs, cos, sin)]
     if (cos.ndim and _fits(function, [x.shape for x in xs], cos.shape[-1])  # else _apply_numpy says what is wrong
             and not (_cache_repeats(function, arrays[-2]) and _cache_repeats(function, arrays[-1]))):

@@ -142,7 +142,11 @@ torch.library.register_autograd("posenc_fast::apply_rotary", _apply_rotary_backw
 
 def _hf_function(family, name):
     from . import _hf_drop_in
-    return _hf_drop_in, _hf_drop_in._PATCHED[name][family]
+    function = _hf_drop_in._PATCHED.get(name, {}).get(family)
+    if function is None:
+        raise ValueError(f"hf_rotate: posenc_fast.hf patches no {name!r} of transformers.models.{family} (name: "
+                         f"one of {sorted(_hf_drop_in._PATCHED)}, family: a module that has it)")
+    return _hf_drop_in, function
 
 
 def _hf_formula(drop_in, function, family, name):
@@ -171,16 +175,16 @@ def _hf_formula(drop_in, function, family, name):
     return formula
 
 
-def _hf_layout(function, x, transpose):
-    """An empty tensor laid out as posenc_fast.hf's result for `x`: in x's memory order where its
-    leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous, and so a
-    gradient and a deinterleaving, prefix-token or pair-summing function's result."""
+def _hf_layout(function, x, transpose, dtype):
+    """An empty tensor of `dtype` laid out as posenc_fast.hf's result for `x`: in x's memory order where
+    its leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous,
+    and so a gradient and a deinterleaving, prefix-token or pair-summing function's result."""
     axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
     if (transpose or function.deinterleaves or function.prefix_tokens or function.sums_pairs or x.is_contiguous()
             or not x.permute(axes).is_contiguous()):
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
+        return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
     inverse = sorted(range(x.dim()), key=axes.__getitem__)
-    return torch.empty_like(x.permute(axes), memory_format=torch.contiguous_format).permute(inverse)
+    return torch.empty_like(x.permute(axes), dtype=dtype, memory_format=torch.contiguous_format).permute(inverse)
 
 
 def _in_layout(result, like):
@@ -214,12 +218,18 @@ def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
         results = drop_in._transposed(torch, function, xs, arrays[-2:], unsqueeze_dim)
     else:
         results = drop_in._rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
-    return [_in_layout(r, _hf_layout(function, x, transpose)) for r, x in zip(results, xs)]
+    return [_in_layout(r, _hf_layout(function, x, transpose, r.dtype)) for r, x in zip(results, xs)]
 
 
 def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
-    _, function = _hf_function(family, name)
-    return [_hf_layout(function, x, transpose) for x in xs]
+    drop_in, function = _hf_function(family, name)
+    dtypes = [x.dtype for x in xs]
+    kernel = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    if not transpose and not (all(t.dtype in kernel for t in (*xs, cos)) and sin.dtype == cos.dtype
+                              and drop_in._dtypes_fit(torch, function, dtypes, cos.dtype)):
+        # the module's formula computes it, in the dtypes torch promotes to: as it does on these
+        dtypes = [r.dtype for r in _hf_formula(drop_in, function, family, name)(tuple(xs), cos, sin, unsqueeze_dim)]
+    return [_hf_layout(function, x, transpose, dtype) for x, dtype in zip(xs, dtypes)]
 
 
 hf_rotate = _define(
