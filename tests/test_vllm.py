@@ -432,6 +432,8 @@ def test_bad_torch_input_refused_with_nothing_written():
         (dict(positions=base["positions"].numpy()), TypeError, "positions must be a torch"),
         (dict(positions=torch.tensor([0, 9, 1, 1])), ValueError, "positions must lie in"),
         (dict(query=base["query"].clone().as_subclass(_TensorSubclass(torch))), TypeError, "plain torch.Tensor"),
+        (dict(cos_sin_cache=torch.empty(2**40, 2**20, 0, 8)), ValueError,
+         "cos_sin_cache of shape .* cannot be viewed as a NumPy array"),  # a size NumPy cannot hold
     ]
     for change, error, words in cases:
         call = dict(base, **change)

@@ -245,6 +245,8 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
         return numpy_view(torch, t)
     except (TypeError, RuntimeError) as exc:  # e.g. a conjugate or negative view
         raise TypeError(f"{name} cannot be viewed as a NumPy array: {exc}") from None
+    except ValueError as exc:  # e.g. a shape whose product NumPy cannot hold, even with a zero in it
+        raise ValueError(f"{name} of shape {tuple(t.shape)} cannot be viewed as a NumPy array: {exc}") from None
 
 
 def _heads_view(x: np.ndarray, name: str, lead: tuple, head_size: int) -> np.ndarray:
