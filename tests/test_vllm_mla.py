@@ -148,6 +148,19 @@ def test_indices_inside_a_rotated_input_are_refused(index, holder):
             assert untouched(before[name], a), name
 
 
+def test_the_write_takes_either_byte_order():
+    # only what is rotated in place must be native; the write converts what it copies
+    positions, query, k_pe, kv_c, slots, kv_cache = mla_case(np.float32, 4, 64, heads=2, rank=32)
+    want = kv_cache.copy()
+    vllm.concat_and_cache_mla(kv_c, k_pe, want, slots)
+    swapped = kv_cache.astype(">f4")
+    vllm.concat_and_cache_mla(kv_c.astype(">f4"), k_pe.astype(">f4"), swapped, slots)
+    assert swapped.astype(np.float32).tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="k_pe must be in native byte order to be rotated in place"):
+        vllm.concat_and_cache_mla_rope_fused(positions, query, k_pe.astype(">f4"), kv_c, vllm_cache(64), True,
+                                             slots, kv_cache)
+
+
 @pytest.mark.parametrize("holder", ["q_pe", "k_pe"])
 def test_a_latent_inside_a_rotated_input_is_refused(holder):
     # the rotation would change kv_c before it is written to the cache

@@ -32,7 +32,7 @@ def _mla_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype) -> tuple:
     if k_pe.ndim != 2 or k_pe.shape[0] != kv_c.shape[0]:
         raise ValueError(f"k_pe must have shape (num_tokens, pe_dim) or (num_tokens, 1, pe_dim) with kv_c's "
                          f"{kv_c.shape[0]} tokens, got {k_pe.shape}")
-    if k_pe.dtype != kv_c.dtype:
+    if k_pe.dtype.newbyteorder("=") != kv_c.dtype:  # either byte order: the write converts it
         raise TypeError(f"k_pe must have kv_c's dtype {kv_c.dtype}, got {k_pe.dtype}")
     if not isinstance(kv_cache, np.ndarray):
         raise TypeError(f"kv_cache must be a numpy.ndarray or torch.Tensor (written in place), "
@@ -41,7 +41,7 @@ def _mla_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype) -> tuple:
     if kv_cache.ndim != 3 or kv_cache.shape[2] != entry:
         raise ValueError(f"kv_cache must have shape (num_blocks, block_size, kv_lora_rank + pe_dim = {entry}), "
                          f"got {kv_cache.shape}")
-    if kv_cache.dtype != kv_c.dtype:
+    if kv_cache.dtype.newbyteorder("=") != kv_c.dtype:
         raise TypeError(f"kv_cache must have kv_c's dtype {kv_c.dtype} (kv_cache_dtype 'auto'), "
                         f"got {kv_cache.dtype}")
     if not kv_cache.flags.writeable:
