@@ -85,10 +85,10 @@ def test_the_file_location_follows_the_environment(monkeypatch, tmp_path):
     assert _dispatch.tune_file() == tmp_path / "posenc_fast" / "tune.json"
 
 
-def _python(code, tune_file):
+def _python(code, tune_file, **environ):
     env = {k: v for k, v in os.environ.items() if k != "POSENC_FAST_ISA"}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, env={**env, "POSENC_FAST_TUNE_FILE": str(tune_file)})
+                          timeout=300, env={**env, "POSENC_FAST_TUNE_FILE": str(tune_file), **environ})
 
 
 INFO = "import posenc_fast as pf; i = pf.build_info(); print(i['isa_in_use']); print(i['isa_reason'])"
@@ -145,3 +145,14 @@ def test_tune_measures_and_writes_this_cpus_entry(tmp_path):
     if "row" in free:
         assert _python(BLOCKS, path).stdout.split("\n")[:2] == [
             str(blocks["row"]), f"{blocks['row']} bytes: measured on this CPU by python -m posenc_fast tune"]
+
+
+def test_tune_restores_the_kernels_in_use_even_the_baseline(tmp_path):
+    # it switches the kernel table between samples; the baseline's has no module to switch back to
+    code = ("from posenc_fast import _core; from posenc_fast.__main__ import main; before = _core.kernels_in_use(); "
+            "main(['tune', '--rounds', '1', '--dry-run']); import ctypes; get = ctypes.pythonapi.PyCapsule_GetPointer; "
+            "get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]; "
+            "print(get(before, b'posenc_fast.kernel_table') == get(_core.kernels_in_use(), b'posenc_fast.kernel_table'))")
+    result = _python(code, tmp_path / "tune.json", POSENC_FAST_ISA="baseline")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("True") and not (tmp_path / "tune.json").exists()

@@ -98,7 +98,7 @@ def measure_variants(names, rounds):
     from ._bench.timing import measure, paired_ratio
 
     tables = {name: _dispatch.variant_module(name).KERNELS for name in names}
-    ratios = {}
+    ratios, in_use = {}, _core.kernels_in_use()
     try:
         for label, call in _variant_workloads():
             funcs = {name: call for name in names}
@@ -106,7 +106,7 @@ def measure_variants(names, rounds):
             t = measure(funcs, rounds=rounds, before=before)
             ratios[label] = round(paired_ratio(t[names[1]], t[names[0]]), 3)
     finally:
-        _core.use_kernels(tables[_dispatch.ISA_IN_USE])
+        _core.use_kernels(in_use)
     return ratios
 
 
@@ -116,6 +116,7 @@ def measure_blocks(rounds):
     from . import _core
     from ._bench.timing import measure, paired_ratio
     from ._dispatch import BLOCK_KINDS as order
+
     sizes = {kind: _core.block_bytes()[kind][0] for kind in order}
     chosen, ratios = {}, {}
 
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
               if name in _dispatch.BUILT and name in _dispatch.CPU_SUPPORTS and name != "baseline"]
     cpu = _cpu.cpu_identity()
     wide = [name for name in usable if name in _dispatch.AVX512]
-    entry = {}
+    entry, in_use = {}, _core.kernels_in_use()
     threads = get_num_threads()
     set_num_threads(1)
     try:
@@ -170,8 +171,7 @@ def run(args: argparse.Namespace) -> int:
         blocks, block_ratios = measure_blocks(args.rounds)
     finally:
         set_num_threads(threads)
-        if _dispatch.ISA_IN_USE != "baseline":
-            _core.use_kernels(_dispatch.variant_module(_dispatch.ISA_IN_USE).KERNELS)
+        _core.use_kernels(in_use)
     for kind, by_size in block_ratios.items():
         for size, by_label in by_size.items():
             for label, ratio in by_label.items():

@@ -18,7 +18,7 @@ frequency, never on the call, the row, the thread count or the variant.
 
 cimport cython
 cimport numpy as cnp
-from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from libc.stdint cimport int64_t
 from libc.string cimport memcmp, memcpy
 
@@ -48,6 +48,11 @@ def use_kernels(capsule):
     """Call the row kernels of `capsule` (an ``_isa_<variant>.KERNELS``) from now on."""
     global K
     K = <const posenc_kernel_table*>PyCapsule_GetPointer(capsule, b"posenc_fast.kernel_table")
+
+
+def kernels_in_use():
+    """The row kernels called now, as `use_kernels` takes them (the baseline's too)."""
+    return PyCapsule_New(<void*>K, b"posenc_fast.kernel_table", NULL)
 
 
 def set_bfloat16_typenum(int typenum):
