@@ -288,6 +288,15 @@ LONG = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0]
         ({**LONG, "short_factor": [1.0, float("inf"), 1.0, 1.0]}, "'short_factor'.*finite"),
         ({**LONG, "factor": -1.0}, r"'factor'.*> 0"),
         ({k: v for k, v in LONG.items() if k != "long_factor"}, "'long_factor'.*missing"),
+        # an attention factor the inverse rotation cannot divide by, derived or given; a logarithm's domain
+        ({"rope_type": "yarn", "factor": math.e, "original_max_position_embeddings": 10, "mscale": -10.0,
+          "mscale_all_dim": 1.0}, "attention factor 0.0: it must be > 0 .* mscale and mscale_all_dim"),
+        ({"rope_type": "yarn", "factor": math.e, "original_max_position_embeddings": 10, "mscale": -20.0,
+          "mscale_all_dim": 1.0}, "attention factor -0.9.*: it must be > 0"),
+        ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10, "attention_factor": 1e-310},
+         "attention factor 1e-310: it must be > 0 with a finite reciprocal"),
+        ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10, "beta_fast": 1e308},
+         r"has no finite frequencies \(math domain error\)"),
     ],
 )
 def test_invalid_scaling_raises_value_error(scaling, match):

@@ -513,6 +513,10 @@ def test_t5_default_keys_and_defaults():
      r"bidirectional must be a bool, got str"),
     (lambda: t5_relative_bucket(3, k_len=-1), ValueError, r"k_len must be >= 0"),
     (lambda: t5_relative_bucket(3, offset=-2**60), ValueError, r"offset must lie in"),
+    # an empty result whose other axis no array holds: refused before the kernel's int64 arithmetic
+    (lambda: t5_relative_bucket(2**63, 0, offset=3), ValueError, r"q_len must be at most 2\*\*52"),
+    (lambda: relative_position_index(2**53, 0, max_distance=3), ValueError, r"q_len must be at most 2\*\*52"),
+    (lambda: alibi_bias(2, 0, 2**63), ValueError, r"k_len must be at most 2\*\*52"),
 ])
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):

@@ -409,21 +409,29 @@ class RopeFrequencies:
 
 def _finite_or_value_error(function):
     """Turn arithmetic failures of the formulas (parameters that overflow
-    float64 or divide by zero, e.g. ``base=1`` for YaRN) into ValueError, and
-    refuse non-finite frequencies or attention factors."""
+    float64, divide by zero or leave a logarithm's domain, e.g. ``base=1`` for
+    YaRN) into ValueError, and refuse non-finite frequencies, and attention
+    factors that are not positive with a finite reciprocal (the inverse
+    rotation divides by it)."""
 
     @functools.wraps(function)
     def checked(scaling, *, rotary_dim, base):
         try:
             with np.errstate(all="ignore"):
                 result = function(scaling, rotary_dim=rotary_dim, base=base)
-        except (OverflowError, ZeroDivisionError) as error:
+        except (OverflowError, ZeroDivisionError, ValueError) as error:
+            if type(error) is ValueError and str(error) != "math domain error":
+                raise  # a parameter's own check, which names it
             raise ValueError(f"RoPE scaling {_short_repr(scaling)} with rotary_dim={rotary_dim!r}, "
                              f"base={_short_repr(base)} has no finite frequencies ({error})") from None
-        if not (np.isfinite(result.inv_freq).all() and math.isfinite(result.attention_factor)):
+        if not np.isfinite(result.inv_freq).all():
             raise ValueError(f"RoPE scaling {_short_repr(scaling)} with rotary_dim={rotary_dim!r}, "
-                             f"base={_short_repr(base)} gives non-finite frequencies or "
-                             f"attention factor")
+                             f"base={_short_repr(base)} gives non-finite frequencies")
+        factor = result.attention_factor
+        if not (math.isfinite(factor) and factor > 0 and math.isfinite(1.0 / factor)):
+            raise ValueError(f"RoPE scaling {_short_repr(scaling)} gives the attention factor {factor!r}: it "
+                             f"must be > 0 with a finite reciprocal (the inverse rotation divides by it); "
+                             f"see its attention_factor, or mscale and mscale_all_dim (YaRN)")
         return result
 
     return checked

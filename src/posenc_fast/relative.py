@@ -41,14 +41,23 @@ def _offset(offset) -> int:
 
 
 def _lengths(q_len, k_len, offset: int) -> tuple[int, int]:
-    q_len = v.integer(q_len, "q_len", minimum=0)
+    # Lengths up to 2**52, as offsets: every position exact in float64, and the kernels' int64
+    # arithmetic far from overflow (an empty result can have a longer axis than any array holds).
+    q_len = _length(q_len, "q_len")
     if k_len is None:
         k_len = offset + q_len
         if k_len < 0:
             raise ValueError(f"k_len defaults to offset + q_len = {offset} + {q_len} = {k_len}, "
                              f"which is negative; pass k_len explicitly")
         return q_len, k_len
-    return q_len, v.integer(k_len, "k_len", minimum=0)
+    return q_len, _length(k_len, "k_len")
+
+
+def _length(value, name: str) -> int:
+    value = v.integer(value, name, minimum=0)
+    if value > MAX_OFFSET:
+        raise ValueError(f"{name} must be at most 2**52, got {value}")
+    return value
 
 
 @functools.lru_cache(maxsize=64)
