@@ -135,10 +135,16 @@ def test_top_level_original_wins_and_dynamic_uses_max_positions():
 
 
 def test_yarn_and_longrope_derive_factor_and_original():
+    # YaRN's factor None is max_position_embeddings / original (transformers' _compute_yarn_parameters);
+    # without the key transformers refuses the config (it reads rope_parameters["factor"])
     config = {"model_type": "llama", "head_dim": 64, "hidden_size": 128, "num_attention_heads": 2,
               "max_position_embeddings": 32768,
-              "rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 4096, "rope_theta": 1e4}}
+              "rope_parameters": {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 4096,
+                                  "rope_theta": 1e4}}
     assert rotary_kwargs_from_hf_config(config)["scaling"]["factor"] == 8.0
+    del config["rope_parameters"]["factor"]
+    with pytest.raises(ValueError, match="rope_parameters has no 'factor' \\(rope_type 'yarn'\\)"):
+        rotary_kwargs_from_hf_config(config)
     config["rope_parameters"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0}
     assert rotary_kwargs_from_hf_config(config)["scaling"]["original_max_position_embeddings"] == 32768

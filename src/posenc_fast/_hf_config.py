@@ -210,8 +210,12 @@ def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, whe
             scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
         elif "original_max_position_embeddings" not in scaling:
             scaling["original_max_position_embeddings"] = max_positions()
+        if rope_type == "yarn" and "factor" not in params:  # transformers reads rope_parameters["factor"]
+            raise ValueError(f"{where}: rope_parameters has no 'factor' (rope_type 'yarn'), which transformers "
+                             f"requires; set it, or set it to None for max_position_embeddings / "
+                             f"original_max_position_embeddings")
         if rope_type in ("yarn", "longrope") and "factor" not in scaling:
-            # _compute_yarn_parameters / _compute_longrope_parameters: factor = max_pos / original
+            # _compute_yarn_parameters / _compute_longrope_parameters: factor None = max_pos / original
             scaling["factor"] = max_positions() / _real(
                 scaling["original_max_position_embeddings"], "original_max_position_embeddings", where
             )
