@@ -589,3 +589,13 @@ def test_layer_types_without_rope_parameters_have_no_rope():
     sliding = rotary_kwargs_from_hf_config(compass, layer_type="sliding_attention")
     assert sliding["base"] == 5e4 and sliding["dim"] == 128 and len(sliding["pair_streams"]) == 64
     assert rotary_kwargs_from_hf_config(compass) == sliding  # the config's one RoPE is the default
+
+
+def test_a_falcon_head_dim_other_than_its_property_is_refused():
+    # FalconConfig.head_dim is hidden_size // num_attention_heads (a property transformers refuses to set)
+    config = {"model_type": "falcon", "hidden_size": 36, "num_attention_heads": 6}
+    assert rotary_kwargs_from_hf_config(config)["dim"] == 6
+    assert rotary_kwargs_from_hf_config(dict(config, head_dim=6))["dim"] == 6
+    with pytest.raises(ValueError, match="head_dim = 50, but a Falcon config's head_dim is hidden_size // "
+                                         "num_attention_heads = 6"):
+        rotary_kwargs_from_hf_config(dict(config, head_dim=50))

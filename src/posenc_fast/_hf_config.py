@@ -85,6 +85,12 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
         hidden = _int(cfg, "n_embd", where) if "n_embd" in cfg else _int(cfg, "hidden_size", where)
         heads = _int(cfg, "n_head", where) if "n_head" in cfg else _int(cfg, "num_attention_heads", where)
         return hidden // heads
+    if model_type == "falcon":  # FalconConfig.head_dim is a property: transformers refuses the key
+        derived = _int(cfg, rule.hidden_key, where) // _int(cfg, rule.heads_key, where)
+        if cfg.get("head_dim") not in (None, derived):
+            raise ValueError(f"{where}: head_dim = {cfg['head_dim']!r}, but a Falcon config's head_dim is "
+                             f"hidden_size // num_attention_heads = {derived}: remove the key")
+        return derived
     if cfg.get(rule.head_dim_key) is not None:
         return _int(cfg, rule.head_dim_key, where)
     # `getattr(config, "head_dim", None) or hidden_size // num_attention_heads` in every rotary module
