@@ -152,6 +152,7 @@ def test_section_forms():
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"mrope_section": [16, 24, 20]}, ValueError, "sum to rotary_dim // 2 = 64"),
     ({"mrope_section": [64]}, ValueError, "at least 2"),
+    ({"mrope_section": [0, 32, 32]}, ValueError, r"the pair streams of mrope_section=\[0, 32, 32\] must use every"),
     ({"mrope_section": "16"}, TypeError, "mrope_section"),
     ({"mrope_section": [16, 24, 24], "pair_streams": [0] * 64}, ValueError, "not both"),
     ({"mrope_interleaved": True}, ValueError, "needs mrope_section"),

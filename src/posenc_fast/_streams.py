@@ -134,17 +134,18 @@ def axial(dim, n_axes, rotary_dim, axis_order, pairs, frequencies) -> tuple[int,
     return rotary_dim, Axial(n_axes, order, pairs, frequencies)
 
 
-def pair_streams_array(pair_streams, npairs: int) -> np.ndarray:
-    """Validate a per-pair stream array: ints >= 0, one per pair, every stream used."""
-    streams = v.integer_array(pair_streams, "pair_streams")
+def pair_streams_array(pair_streams, npairs: int, name: str = "pair_streams") -> np.ndarray:
+    """Validate a per-pair stream array: ints >= 0, one per pair, every stream used (`name`: what
+    the caller passed, for the messages)."""
+    streams = v.integer_array(pair_streams, name)
     if streams.shape != (npairs,):
-        raise ValueError(f"pair_streams must have one entry per pair, shape ({npairs},), "
+        raise ValueError(f"{name} must have one entry per pair, shape ({npairs},), "
                          f"got {streams.shape}")
     if streams.size and streams.min() < 0:
-        raise ValueError(f"pair_streams must be >= 0, got {int(streams.min())}")
+        raise ValueError(f"{name} must be >= 0, got {int(streams.min())}")
     used = np.unique(streams)
     if used.size < 2 or used[-1] != used.size - 1:
-        raise ValueError(f"pair_streams must use every stream 0 .. n_streams-1 and at least two "
+        raise ValueError(f"{name} must use every stream 0 .. n_streams-1 and at least two "
                          f"(one stream is a plain RotaryEmbedding), got streams {used.tolist()}")
     streams = streams.astype(np.intp)
     streams.flags.writeable = False

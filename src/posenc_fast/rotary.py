@@ -178,10 +178,11 @@ class RotaryEmbedding(kernels.RotaryBase):
             raise ValueError("mrope_interleaved=True needs mrope_section")
         if axial is not None:
             return axial.streams(npairs)
-        if mrope_section is not None:
-            pair_streams = (_streams.interleaved_streams if mrope_interleaved
-                            else _streams.chunked_streams)(mrope_section, npairs)
-        return None if pair_streams is None else _streams.pair_streams_array(pair_streams, npairs)
+        if mrope_section is None:
+            return None if pair_streams is None else _streams.pair_streams_array(pair_streams, npairs)
+        streams = (_streams.interleaved_streams if mrope_interleaved
+                   else _streams.chunked_streams)(mrope_section, npairs)
+        return _streams.pair_streams_array(streams, npairs, f"the pair streams of mrope_section={mrope_section!r}")
 
     @classmethod
     def axial(cls, dim: int, *, base: float = 10000.0, n_axes: int = 2,
