@@ -345,6 +345,9 @@ def test_gemma3_one_rope_per_layer_type(config):
     assert sliding == dict(dim=256, rotary_dim=256, base=1e4, layout="half", scaling=None)
     with pytest.raises(ValueError, match="one RoPE per layer type.*pass layer_type="):
         rotary_kwargs_from_hf_config(config)
+    if "layer_types" not in config:  # layer= cannot say which type a layer is then, and the message says so
+        with pytest.raises(ValueError, match="pass layer_type= to choose one .* so layer= cannot"):
+            rotary_kwargs_from_hf_config(dict(config, num_hidden_layers=8), layer=5)
     with pytest.raises(ValueError, match=r"layer_type='chunked' is not a layer type"):
         rotary_kwargs_from_hf_config(config, layer_type="chunked")
     with pytest.raises(TypeError, match="layer_type must be a str"):

@@ -142,8 +142,9 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
         distinct = {repr(sorted(value.items())) for value in per_type.values()}
         if len(distinct) > 1:
             raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; pass "
-                             f"layer_type= (or layer=) to choose one" + ("" if declared else " (it gives no "
-                                                                        "'layer_types' to say which its layers are)"))
+                             + ("layer_type= (or layer=) to choose one" if declared else
+                                "layer_type= to choose one (it gives no 'layer_types' to say which its layers "
+                                "are, so layer= cannot: give them, as its configuration class derives them)"))
         return dict(next(iter(per_type.values())))
     if layer_type not in per_type:
         raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "
