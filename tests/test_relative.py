@@ -460,6 +460,8 @@ def test_t5_default_keys_and_defaults():
     (lambda: alibi_slopes(2.0), TypeError, r"num_heads must be an integer, got float"),
     (lambda: alibi_slopes(True), TypeError, r"num_heads must be an integer, got bool"),
     (lambda: alibi_slopes("8"), TypeError, r"num_heads must be an integer, got str"),
+    (lambda: alibi_slopes(2**62), ValueError, r"set by num_heads = 4611686018427387904 is more than NumPy can hold"),
+    (lambda: alibi_bias(2**62, 0, 1), ValueError, r"set by num_heads, q_len and k_len is more than NumPy"),
     (lambda: alibi_bias(0, 3), ValueError, r"num_heads must be >= 1"),
     (lambda: alibi_bias(2, -1), ValueError, r"q_len must be >= 0, got -1"),
     (lambda: alibi_bias(2, 3, -1), ValueError, r"k_len must be >= 0, got -1"),

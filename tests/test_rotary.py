@@ -328,6 +328,7 @@ def test_threads_bitwise_equal(threads, rows):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(dim=0), ValueError, "dim must be >= 1"),
+    (dict(dim=2**62), ValueError, "set by rotary_dim = 4611686018427387904 is more than NumPy can hold"),
     (dict(dim=7), ValueError, "dim must be even when rotary_dim is not given"),
     (dict(dim=8, rotary_dim=3), ValueError, "rotary_dim must be even"),
     (dict(dim=8, rotary_dim=10), ValueError, "rotary_dim must be even with 2 <= rotary_dim <= dim=8"),

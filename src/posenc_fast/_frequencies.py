@@ -101,7 +101,7 @@ def _base_powers(base: float, exponent_sign: int, rotary_dim: int) -> np.ndarray
     may differ from it by an ulp.
     """
     # Allocated first: an impossible rotary_dim fails at once, not after a long loop.
-    powers = np.empty(rotary_dim // 2, dtype=np.float64)
+    powers = v.empty(rotary_dim // 2, np.float64, f"rotary_dim = {rotary_dim}")
     for i in range(powers.size):
         powers[i] = base ** (exponent_sign * 2 * i / rotary_dim)
     return powers

@@ -49,6 +49,15 @@ def float_array(x, name: str, axes: tuple[str, ...] = ()) -> np.ndarray:
     return x
 
 
+def empty(shape, dtype, names: str) -> np.ndarray:
+    """``np.empty(shape, dtype)``; a shape NumPy cannot hold (even an empty one) refused naming `names`,
+    the arguments that set it."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except ValueError as error:  # "array is too big", "maximum supported dimension"
+        raise ValueError(f"the array of shape {shape} set by {names} is more than NumPy can hold ({error})") from None
+
+
 def table_dtype(dtype, name: str = "dtype") -> np.dtype:
     """Return the kernel dtype a `dtype=` argument names (also "bfloat16"), else TypeError."""
     try:

@@ -92,7 +92,7 @@ def sinusoidal_table(length: int, dim: int, *, offset: float = 0, base: float = 
     out, _ = v.output(out, "out", (length, dim), dtype)
     positions = v.with_offset(np.arange(length, dtype=np.float64), offset)
     if out is None:
-        out = np.empty((length, dim), dtype=dtype)
+        out = v.empty((length, dim), dtype, "length and dim")
     return _fill_sinusoidal(positions, dim, base, split, out)
 
 

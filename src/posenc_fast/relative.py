@@ -66,7 +66,7 @@ def _slopes(num_heads: int) -> np.ndarray:
     # 2.0 ** x is exact where x is an integer and libm's pow otherwise.
     closest = 1 << (num_heads.bit_length() - 1)
     # Allocated first: an impossible head count fails at once, not after a long loop.
-    result = np.empty(num_heads, dtype=np.float64)
+    result = v.empty(num_heads, np.float64, f"num_heads = {num_heads}")
     for h in range(closest):
         result[h] = 2.0 ** (-8 * (h + 1) / closest)
     for h in range(num_heads - closest):
@@ -166,7 +166,7 @@ def alibi_bias(num_heads: int, q_len: int, k_len: int | None = None, *, offset: 
     shape = (num_heads, q_len, k_len)
     out, _ = v.output(out, "out", shape, dtype)
     if out is None or not out.flags.c_contiguous:
-        target = np.empty(shape, dtype=dtype)
+        target = v.empty(shape, dtype, "num_heads, q_len and k_len")
     else:
         target = out
     if target.size:  # (no slopes for an empty result: num_heads may be huge)
