@@ -602,3 +602,25 @@ def test_a_falcon_head_dim_other_than_its_property_is_refused():
     with pytest.raises(ValueError, match="head_dim = 50, but a Falcon config's head_dim is hidden_size // "
                                          "num_attention_heads = 6"):
         rotary_kwargs_from_hf_config(dict(config, head_dim=50))
+
+
+@pytest.mark.parametrize("model_type, rope_type, read_as", [
+    ("phi3", "su", "longrope"), ("phi3", "yarn", "longrope"), ("phi4_multimodal", "su", "longrope"),
+    ("phi4_multimodal", "yarn", "longrope"), ("llama", "yarn", "yarn"), ("llama", "su", None), ("phimoe", "su", None),
+    ("llama", "ntk", None)])
+def test_legacy_and_foreign_rope_types_as_transformers_reads_them(model_type, rope_type, read_as):
+    # Phi3Config and Phi4MultimodalConfig rename "su" and "yarn" to "longrope"; no other class knows "su",
+    # and none posenc_fast's own "ntk"
+    scaling = {"rope_type": rope_type, "factor": 2.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+               "original_max_position_embeddings": 4096}
+    config = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 8192,
+              "rope_scaling": scaling}
+    if read_as is None:
+        with pytest.raises(ValueError, match=f"rope_type '{rope_type}' is not one transformers reads"):
+            rotary_kwargs_from_hf_config(config)
+        return
+    assert rotary_kwargs_from_hf_config(config)["scaling"]["rope_type"] == read_as
+    transformers = pytest.importorskip("transformers")
+    own = transformers.AutoConfig.for_model(model_type, hidden_size=64, num_attention_heads=4,
+                                            max_position_embeddings=8192, rope_scaling=dict(scaling))
+    assert own.rope_parameters["rope_type"] == read_as

@@ -183,13 +183,20 @@ def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, where: str) 
     return value
 
 
+# Phi3Config / Phi4MultimodalConfig.convert_rope_params_to_dict rename the legacy "su" and "yarn" to "longrope"
+_LEGACY_LONGROPE = ("phi3", "phi4_multimodal")
+
+
 def _rope_type(params: Mapping, model_type: str, where: str) -> str:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if not isinstance(rope_type, str):
         raise ValueError(f"{where}: rope_type must be a string, got {rope_type!r}")
-    if rope_type == "su" or (model_type == "phi3" and rope_type == "yarn"):
-        # Phi3Config.convert_rope_params_to_dict renames the legacy "su" and "yarn" to "longrope"
+    if model_type in _LEGACY_LONGROPE and rope_type in ("su", "yarn"):
         return "longrope"
+    if rope_type in ("su", "ntk"):  # transformers has no such rope_type for this model (a KeyError there)
+        raise ValueError(f"{where}: rope_type {rope_type!r} is not one transformers reads for model_type "
+                         f"{model_type!r}" + (" ('su' is Phi-3's legacy name of 'longrope')" if rope_type == "su"
+                                              else " ('ntk' is posenc_fast's own static NTK scaling)"))
     return rope_type
 
 
@@ -404,7 +411,9 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       (Ministral-3's default ``rope_parameters``), the config must give it:
       refused, naming the key.  A model type transformers 5.24 lacks gets
       ``RotaryEmbeddingConfigMixin``'s defaults (``rope_theta`` 10000).
-    - Phi-3 renames ``"su"`` (and ``"yarn"``) to ``"longrope"``, and its
+    - Phi-3 and Phi-4-multimodal rename ``"su"`` (and ``"yarn"``) to
+      ``"longrope"`` (other models refuse ``"su"``, as transformers does,
+      and posenc_fast's own ``"ntk"``), and Phi-3's
       top-level ``original_max_position_embeddings`` (class default 4096)
       wins. transformers 5.24 itself rejects a ``"su"`` dict that lacks
       ``original_max_position_embeddings``; this reads it as transformers 4
