@@ -36,7 +36,7 @@ def test_the_file_holds_block_sizes_per_cpu():
 
 
 @pytest.mark.parametrize("blocks", [[1 << 20], {"position": 0}, {"row": 1.5}, {"group": -1}, {"row": True},
-                                    {"heads": 4}])
+                                    {"heads": 4}, {"row": 10**22}])
 def test_block_sizes_tune_did_not_write_are_refused(blocks):
     text = json.dumps({"cpus": {_dispatch.cpu_key(ZEN5): {"blocks": blocks}}})
     with pytest.raises(ValueError, match="blocks that are not sizes in bytes"):
@@ -156,3 +156,20 @@ def test_tune_restores_the_kernels_in_use_even_the_baseline(tmp_path):
     result = _python(code, tmp_path / "tune.json", POSENC_FAST_ISA="baseline")
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip().endswith("True") and not (tmp_path / "tune.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["not UTF-8", "a folder", "sizes past Py_ssize_t"])
+def test_the_import_survives_any_tuning_file(tmp_path, kind):
+    # ignored with a warning that names it, the choice as without it
+    path = tmp_path / "tune.json"
+    if kind == "not UTF-8":
+        path.write_bytes(bytes(range(128, 256)))
+    elif kind == "a folder":
+        path.mkdir()
+    else:
+        path.write_text(json.dumps({"cpus": {_dispatch.cpu_key(_cpu.cpu_identity()): {"blocks": {"row": 10**22}}}}))
+    result = _python(INFO, path)
+    assert result.returncode == 0, result.stderr
+    assert f"{path} ignored" in result.stderr
+    assert result.stdout.split("\n")[0] == _dispatch.choose(
+        _dispatch.BUILT, _dispatch.CPU_SUPPORTS, "", _cpu.cpu_identity())[0]

@@ -188,9 +188,9 @@ def tuned_blocks(text: str | None, cpu: tuple[str, int, int]) -> dict[str, int] 
     blocks = entry["blocks"]
     least = {"position": 1, "row": 1, "group": 0}
     if not isinstance(blocks, dict) or not all(
-            kind in least and type(size) is int and size >= least[kind] for kind, size in blocks.items()):
+            kind in least and type(size) is int and least[kind] <= size <= 2**40 for kind, size in blocks.items()):
         raise ValueError(f"its entry for {cpu_key(cpu)} has blocks that are not sizes in bytes of "
-                         f"{tuple(least)} (position and row >= 1, group >= 0): {blocks!r}")
+                         f"{tuple(least)} (position and row >= 1, group >= 0, each at most 2**40): {blocks!r}")
     return dict(blocks)
 
 
@@ -261,11 +261,10 @@ def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] |
     """(variant, blocks) of the tuning file for `cpu`; (None, None) where it has none or is broken."""
     try:
         text = tune_file().read_text()
-    except OSError:
-        return None, None
-    try:
         return tuned_variant(text, cpu), tuned_blocks(text, cpu)
-    except ValueError as error:
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as error:  # unreadable (a folder, not UTF-8) or not what tune writes
         warnings.warn(f"{tune_file()} ignored: {error}", RuntimeWarning, stacklevel=2)
         return None, None
 
