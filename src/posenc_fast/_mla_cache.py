@@ -93,13 +93,13 @@ def concat_and_cache_mla(kv_c: ArrayOrTensor, k_pe: ArrayOrTensor, kv_cache: Arr
         Shapes, dtypes or slots that do not fit, a cache sharing memory with
         an input; nothing is written then.
     """
-    from .vllm import _as_arrays, tensors_written, written
+    from .vllm import _as_arrays, count_writes, tensors_written
 
     tensors = tensors_written(("kv_cache",), (kv_cache,))
     names = ("kv_c", "k_pe", "kv_cache", "slot_mapping")
     arrays = _as_arrays(names, (kv_c, k_pe, kv_cache, slot_mapping), written=("kv_cache",))
     _write(*_mla_call(*arrays, kv_cache_dtype))
-    written(tensors)
+    count_writes(tensors)
 
 
 def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTensor, k_pe: ArrayOrTensor,
@@ -131,7 +131,7 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
         As `rotary_embedding` and `concat_and_cache_mla`; nothing is written
         then.
     """
-    from .vllm import _as_arrays, _rotate_tokens, tensors_written, written
+    from .vllm import _as_arrays, _rotate_tokens, count_writes, tensors_written
 
     tensors = tensors_written(("q_pe", "k_pe", "kv_cache"), (q_pe, k_pe, kv_cache))
     names = ("positions", "q_pe", "k_pe", "kv_c", "cos_sin_cache", "slot_mapping", "kv_cache")
@@ -154,4 +154,4 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
     if not kernels.rotate_tokens_fast(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, 0, False):
         _rotate_tokens(positions, q_pe, k_rows, rot_dim, cos_sin_cache, is_neox, names=("q_pe", "k_pe"))
     _write(kv_c, k_rows, kv_cache, slots)
-    written(tensors)
+    count_writes(tensors)

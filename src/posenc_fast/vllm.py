@@ -109,7 +109,7 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
         ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
         written=("query", "key"))
     _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
-    written(tensors)
+    count_writes(tensors)
 
 
 def _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
@@ -207,7 +207,7 @@ def tensors_written(names: tuple, args: tuple) -> tuple:
     return tensors
 
 
-def written(tensors: tuple) -> None:
+def count_writes(tensors: tuple) -> None:
     """Tell autograd that `tensors_written`'s tensors were written (their version counters, as
     torch's own in-place ops bump them): a graph that saved one refuses its backward."""
     if tensors:
@@ -384,7 +384,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     else:  # the norm computes in float32 (float64): the call's cos/sin rows, widened
         cos, sin = _rows_in(cos, sin, tokens, query.dtype)
         _kv_cache.write_normed(call, np.arange(tokens.size, dtype=np.int64), cos, sin, is_neox, 0, *normed)
-    written(tensors)
+    count_writes(tensors)
 
 
 def _rows_in(cos: np.ndarray, sin: np.ndarray, tokens: np.ndarray, dtype: np.dtype) -> tuple:
@@ -465,4 +465,4 @@ def fused_qk_norm_rope(positions: ArrayOrTensor, query: ArrayOrTensor, key: Arra
     for x, weight in zip((query, key), weights):
         norm_rotate(x, x, True, weight, eps, cos, sin, token_rows(np.arange(tokens.size), x.shape[1]),
                     is_neox)
-    written(tensors)
+    count_writes(tensors)
