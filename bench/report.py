@@ -8,7 +8,7 @@ the rows, by regime: memory-bound (the workloads' own shapes, 64 MiB and
 more), in cache (W1 and apply_qk at 4 MiB ``(1,32,256,128)`` and 512 KiB
 ``(1,32,32,128)`` float32), decode, tables, scores, half types (bfloat16
 and float16 W1) and head sizes (W1 float32 at head_dim 64 to 256, 64 MiB
-each).  For every goal
+each, the half layout and the interleaved one).  For every goal
 posenc_fast and its limit (the cheapest NumPy call that moves the same
 bytes) are timed in the same process, interleaved (ours, limit, limit,
 ours, ...), after a warm-up and a check against the float64 reference; the
@@ -89,7 +89,10 @@ GOALS = [
     Goal("half types", "w1_oop", "float16"),
     Goal("half types", "w1_inplace", "float16"),
     *(Goal("head sizes", key, "float32", (1, 32, (1 << 19) // dim, dim))
-      for dim in (64, 80, 96, 100, 160, 192, 256) for key in ("w1_oop", "w1_inplace")),
+      for dim in (64, 80, 96, 100, 112, 160, 192, 256) for key in ("w1_oop", "w1_inplace")),
+    *(Goal("head sizes", key, "float32", (1, 32, (1 << 19) // dim, dim))
+      for dim in (64, 80, 96, 100, 112, 128, 160, 192, 256)
+      for key in ("w1_oop_interleaved", "w1_inplace_interleaved")),
 ]
 THREADS_GOAL = ("W1 out-of-place with {n} threads", 1.6, 1.15)
 MAX_ULPS = 1.0                      # the tables' exactness goal (float32 ulps)

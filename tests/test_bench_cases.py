@@ -46,3 +46,15 @@ def test_a_wrong_offset_is_caught():
     assert case.check((rope.apply(x, offset=cases.W3_OFFSET),)).ok
     assert not case.check((rope.apply(x, offset=cases.W3_OFFSET - 1),)).ok
 
+
+
+@pytest.mark.parametrize("key", ["w1_oop_interleaved", "w1_inplace_interleaved"])
+def test_the_interleaved_rows_are_checked_against_the_interleaved_rotation(key):
+    import posenc_fast as pf
+
+    case = cases.build_case(key, "float32", small=True)
+    assert case.impl("posenc_fast").verify().ok
+    x = case.parts.sources[0]
+    for layout, ok in (("interleaved", True), ("half", False)):
+        rope = pf.RotaryEmbedding(x.shape[-1], base=cases.BASE, layout=layout)
+        assert case.check((rope.apply(x),)).ok is ok

@@ -351,8 +351,8 @@ def numpy_rope_half(x, positions, inv_freq):
     return x * np.cos(emb).astype(x.dtype) + _rotate_half(x) * np.sin(emb).astype(x.dtype)
 
 
-def _rope_rows(xs, positions, inv_freq):
-    """reference, scale and angle of "half"-layout rotations of the arrays `xs`.
+def _rope_rows(xs, positions, inv_freq, layout="half"):
+    """reference, scale and angle of `layout` rotations of the arrays `xs`.
 
     `positions[i]` broadcasts against ``xs[i].shape[:-1]``.
     """
@@ -363,7 +363,7 @@ def _rope_rows(xs, positions, inv_freq):
 
     def reference(i, rows):
         x, pos = rows_of(i, rows)
-        return ref.apply_rotary(x, pos, list(inv_freq), layout="half")
+        return ref.apply_rotary(x, pos, list(inv_freq), layout=layout)
 
     def scale(i, rows):
         x, _ = rows_of(i, rows)
@@ -372,6 +372,8 @@ def _rope_rows(xs, positions, inv_freq):
     def angle(i, rows):
         _, pos = rows_of(i, rows)
         angles = np.abs(pos)[:, None] * inv_freq
+        if layout == "interleaved":
+            return np.repeat(angles, 2, axis=-1)
         return np.concatenate((angles, angles), axis=-1)
     return reference, scale, angle
 
@@ -380,14 +382,14 @@ def _rope_inv_freq(dim=ROPE_DIM):
     return np.array(ref.rope_inv_freq(dim, BASE))
 
 
-def _rope(dtype, shape, *, positions=None, offset=0, in_place=False) -> Parts:
-    """W1/W2/W3: rotate x of `shape` ("half" layout, head_dim shape[-1]: 128 in the workloads).
+def _rope(dtype, shape, *, positions=None, offset=0, in_place=False, layout="half") -> Parts:
+    """W1/W2/W3: rotate x of `shape` (`layout`, head_dim shape[-1]: 128 in the workloads).
 
     positions: None (arange along seq, plus offset) or an integer array.
     """
     import posenc_fast as pf
 
-    rope = pf.RotaryEmbedding(shape[-1], base=BASE, layout="half")
+    rope = pf.RotaryEmbedding(shape[-1], base=BASE, layout=layout)
     inv_freq = _rope_inv_freq(shape[-1])
     x0 = _random(shape, dtype)
     # float64 positions as they broadcast against x.shape[:-1]: (seq,) matches axis -2
@@ -395,7 +397,7 @@ def _rope(dtype, shape, *, positions=None, offset=0, in_place=False) -> Parts:
         pos_b = offset + np.arange(shape[-2], dtype=np.float64)
     else:
         pos_b = np.asarray(positions, dtype=np.float64) + offset
-    reference, scale, angle = _rope_rows((x0,), (pos_b,), inv_freq)
+    reference, scale, angle = _rope_rows((x0,), (pos_b,), inv_freq, layout)
     if in_place:
         out = x0.copy()
 
@@ -578,6 +580,12 @@ WORKLOADS: dict[str, Workload] = {w.key: w for w in [
     Workload("w1_inplace", "W1 RoPE prefill, in place", (1, 32, 4096, 128), (1, 32, 256, 128),
              1.3, "multiply", "np.multiply(x, 1, out=x)",
              lambda dt, s: _rope(dt, s, in_place=True)),
+    Workload("w1_oop_interleaved", "W1 RoPE prefill, interleaved, out-of-place", (1, 32, 4096, 128),
+             (1, 32, 256, 128), 1.15, "copy", "np.copyto(out, x)",
+             lambda dt, s: _rope(dt, s, layout="interleaved"), kinds=("posenc_fast", "limit")),
+    Workload("w1_inplace_interleaved", "W1 RoPE prefill, interleaved, in place", (1, 32, 4096, 128),
+             (1, 32, 256, 128), 1.3, "multiply", "np.multiply(x, 1, out=x)",
+             lambda dt, s: _rope(dt, s, in_place=True, layout="interleaved"), kinds=("posenc_fast", "limit")),
     Workload("w2_decode", "W2 decode step, 16 sequences", (16, 32, 1, 128), (16, 32, 1, 128),
              2.5, "copy", "np.copyto(out, x)",
              lambda dt, s: _rope(dt, s, positions=_w2_positions(s[0])), threaded=False),
