@@ -125,21 +125,22 @@ def test_avx512_is_chosen_where_measurements_favour_it(cpu, expected, measured):
 
 
 @pytest.mark.parametrize("cpu, expected, words", [
-    (ZEN4, (4 << 20, 8 << 10, 640), "AMD Zen 4, measured"),
-    (("AuthenticAMD", 0x19, 0x61), (4 << 20, 8 << 10, 640), "not measured on this model"),
-    (("AuthenticAMD", 0x19, 0x01), (None, None, None), "the build's"),
-    (ZEN5, (None, None, None), "the build's"), (("GenuineIntel", 6, 0xCF), (None, None, None), "the build's")])
+    (ZEN4, (4 << 20, 8 << 10, 768, 2048), "AMD Zen 4, measured"),
+    (("AuthenticAMD", 0x19, 0x61), (4 << 20, 8 << 10, 768, 2048), "not measured on this model"),
+    (("AuthenticAMD", 0x19, 0x01), (None, None, None, None), "the build's"),
+    (ZEN5, (None,) * 4, "the build's"), (("GenuineIntel", 6, 0xCF), (None,) * 4, "the build's")])
 def test_block_sizes_are_chosen_by_cpu(cpu, expected, words):
     from posenc_fast import _core, _cpu, _dispatch
 
     sizes = _dispatch.block_bytes(*cpu)
-    assert tuple(sizes[kind][0] for kind in ("position", "row", "group")) == expected
+    kinds = ("position", "row", "group", "group_interleaved")
+    assert tuple(sizes[kind][0] for kind in kinds) == expected
     assert all(words in why for _, why in sizes.values())
     if cpu == _cpu.cpu_identity():  # this CPU's row is what the walks use
         info, used = pf.build_info(), _core.block_bytes()
-        assert (info["position_block_bytes"], info["row_block_bytes"], info["group_row_bytes"]) == tuple(
-            used[kind][0] for kind in ("position", "row", "group"))
-        assert tuple(used[kind][0] for kind in ("position", "row", "group")) == expected
+        assert (info["position_block_bytes"], info["row_block_bytes"], info["group_row_bytes"],
+                info["group_interleaved_row_bytes"]) == tuple(used[kind][0] for kind in kinds)
+        assert tuple(used[kind][0] for kind in kinds) == expected
 
 
 @pytest.mark.parametrize("built, supported, expected, why", [

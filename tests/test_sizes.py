@@ -182,19 +182,22 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
-# (position, row, group) block bytes: blocks of 16 positions and of 1, a head at a time; Zen 4's 4 MiB,
-# 8 KiB and 640 bytes; every row in groups of heads, with blocks of 16 positions and of 1
-@pytest.mark.parametrize("block_bytes", [(1, 1, 0), (4 << 20, 8 << 10, 640), (1, 1, 1 << 20),
-                                         (4 << 20, 8 << 10, 1 << 20)])
+# (position, row, group, group_interleaved) block bytes: blocks of 16 positions and of 1, a head at a
+# time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups of heads, with blocks of 16
+# positions and of 1; one layout in groups, the other not
+@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0), (4 << 20, 8 << 10, 768, 2048), (1, 1, 1 << 20, 1 << 20),
+                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20), (1, 1, 1 << 20, 0),
+                                         (1, 1, 0, 1 << 20)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
 @pytest.mark.parametrize("ordered", [True, False])  # positions in order, or a position array
-def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_bytes, ordered):
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_bytes, ordered, layout):
     # _dispatch sets the walks' block sizes for the CPU (a speed matter only); 7 heads: groups of 4 and 3
     from posenc_fast import _core
 
-    rope = pf.RotaryEmbedding(dim, layout="half")
+    rope = pf.RotaryEmbedding(dim, layout=layout)
     seq = seq_bytes // (28 * dim) + 5
     x = np.random.default_rng(6).standard_normal((1, 7, seq, dim)).astype(np.float32)
     positions = None if ordered else np.random.default_rng(7).permutation(seq)

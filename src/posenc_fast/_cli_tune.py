@@ -20,7 +20,8 @@ import ml_dtypes
 import numpy as np
 
 # Each block size's candidates: the values measured best on AMD Zen 5 and on Zen 4 (bench/sweeps.md).
-BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 640)}
+BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
+                    "group_interleaved": (0, 2048)}
 # Another block size replaces the one in use only where it runs at most this fraction of its time:
 # a choice within the noise of a few rounds is no choice.
 MARGIN = 0.97
@@ -32,16 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
 
 
-def _rotations(specs):
+def _rotations(specs, layout="half"):
     """(label, call) pairs of RotaryEmbedding.apply: `specs` of (dtype, shape, in_place)."""
     import posenc_fast as pf
 
     rows = []
     for dtype, shape, in_place in specs:
-        rope = pf.RotaryEmbedding(shape[-1], layout="half")
+        rope = pf.RotaryEmbedding(shape[-1], layout=layout)
         x = np.full(shape, 0.5, dtype)
         out = x if in_place else np.empty_like(x)
-        name = f"W1 {'in place' if in_place else 'out-of-place'} {np.dtype(dtype).name} {shape}"
+        name = f"W1 {layout} {'in place' if in_place else 'out-of-place'} {np.dtype(dtype).name} {shape}"
         rows.append((name, lambda x=x, out=out, rope=rope: rope.apply(x, out=out)))
     return rows
 
@@ -69,8 +70,11 @@ def _block_workloads(kind):
     if kind == "row":  # below them
         return _rotations([(f32, (1, 32, 256, 128), False), (f32, (1, 32, 32, 128), False),
                            (f32, (1, 32, 256, 128), True), (bf16, (1, 32, 256, 128), False)])
-    return _rotations([(f32, (1, 32, 4096, 128), False), (f32, (1, 32, 4096, 128), True),  # rows in groups
-                       (f32, (1, 32, 6553, 80), True), (bf16, (1, 32, 4096, 128), False)])
+    if kind == "group":  # half-layout rows in groups
+        return _rotations([(f32, (1, 32, 4096, 128), False), (f32, (1, 32, 4096, 128), True),
+                           (f32, (1, 32, 2730, 192), True), (bf16, (1, 32, 4096, 128), False)])
+    return _rotations([(f32, (1, 32, 4096, 128), False), (f32, (1, 32, 2048, 256), True),  # interleaved
+                       (f64, (1, 32, 2048, 128), False), (bf16, (1, 32, 4096, 128), True)], "interleaved")
 
 
 def _geometric_mean(values):

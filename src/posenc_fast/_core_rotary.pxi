@@ -12,36 +12,44 @@ from cpython.long cimport PyLong_CheckExact, PyLong_AsLongLongAndOverflow
 
 
 # Bytes of cos/sin rows per work item of the blocked walks past the caches that are not streamed
-# (_block_bytes), per kernel call of the walks below them, and the longest row (bytes) that the
-# walks past the caches take in groups of POSENC_HEAD_GROUP heads (0: none): the build's
-# POSENC_POSITION_BLOCK_BYTES, POSENC_ROW_BLOCK_BYTES and POSENC_GROUP_ROW_BYTES, or this CPU's
-# measured values (set once, at import, by _dispatch).
+# (_block_bytes), per kernel call of the walks below them, and the longest half-layout and
+# interleaved row (bytes) that the walks past the caches take in groups of POSENC_HEAD_GROUP heads
+# (0: none): the build's POSENC_POSITION_BLOCK_BYTES, POSENC_ROW_BLOCK_BYTES,
+# POSENC_GROUP_ROW_BYTES and POSENC_GROUP_INTERLEAVED_ROW_BYTES, or this CPU's measured values (set
+# once, at import, by _dispatch).
 cdef Py_ssize_t _position_block_bytes = POSENC_POSITION_BLOCK_BYTES
 cdef Py_ssize_t _row_block_bytes = POSENC_ROW_BLOCK_BYTES
 cdef Py_ssize_t _group_row_bytes = POSENC_GROUP_ROW_BYTES
+cdef Py_ssize_t _group_interleaved_row_bytes = POSENC_GROUP_INTERLEAVED_ROW_BYTES
 
 
-def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group):
+def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group,
+                    Py_ssize_t group_interleaved):
     """Set the bytes of cos/sin rows per work item of the in-place walks past the caches
-    (`position`), per kernel call of the walks below them (`row`), and the longest row the walks
-    past the caches take in groups of heads (`group`, 0: none), at import or between calls (none
-    running: ``tune`` times each); return the three before.  Results do not depend on them."""
-    global _position_block_bytes, _row_block_bytes, _group_row_bytes
-    if position < 1 or row < 1 or group < 0:
-        raise ValueError(f"position and row must be >= 1 and group >= 0, "
-                         f"got {position}, {row} and {group}")
-    before = (_position_block_bytes, _row_block_bytes, _group_row_bytes)
-    _position_block_bytes, _row_block_bytes, _group_row_bytes = position, row, group
+    (`position`), per kernel call of the walks below them (`row`), and the longest half-layout
+    (`group`) and interleaved (`group_interleaved`) row the walks past the caches take in groups
+    of heads (0: none), at import or between calls (none running: ``tune`` times each); return
+    the four before.  Results do not depend on them."""
+    global _position_block_bytes, _row_block_bytes, _group_row_bytes, _group_interleaved_row_bytes
+    if position < 1 or row < 1 or group < 0 or group_interleaved < 0:
+        raise ValueError(f"position and row must be >= 1, group and group_interleaved >= 0, "
+                         f"got {position}, {row}, {group} and {group_interleaved}")
+    before = (_position_block_bytes, _row_block_bytes, _group_row_bytes, _group_interleaved_row_bytes)
+    _position_block_bytes, _row_block_bytes = position, row
+    _group_row_bytes, _group_interleaved_row_bytes = group, group_interleaved
     return before
 
 
 def block_bytes():
-    """{"position": (bytes, given), "row": (bytes, given), "group": (bytes, given)}: the three sizes
-    in use, and whether the build was given each (-DPOSENC_POSITION_BLOCK_BYTES,
-    -DPOSENC_ROW_BLOCK_BYTES, -DPOSENC_GROUP_ROW_BYTES: then it stands)."""
+    """{"position": (bytes, given), "row": ..., "group": ..., "group_interleaved": ...}: the four
+    sizes in use, and whether the build was given each (-DPOSENC_POSITION_BLOCK_BYTES,
+    -DPOSENC_ROW_BLOCK_BYTES, -DPOSENC_GROUP_ROW_BYTES, -DPOSENC_GROUP_INTERLEAVED_ROW_BYTES: then
+    it stands)."""
     return {"position": (_position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)),
             "row": (_row_block_bytes, bool(POSENC_ROW_BLOCK_BYTES_GIVEN)),
-            "group": (_group_row_bytes, bool(POSENC_GROUP_ROW_BYTES_GIVEN))}
+            "group": (_group_row_bytes, bool(POSENC_GROUP_ROW_BYTES_GIVEN)),
+            "group_interleaved": (_group_interleaved_row_bytes,
+                                  bool(POSENC_GROUP_INTERLEAVED_ROW_BYTES_GIVEN))}
 
 
 cdef inline Py_ssize_t _block_bytes(const RowCall* call) noexcept nogil:
@@ -96,7 +104,7 @@ cdef void _rotate_item(void* job_, Py_ssize_t item, int slot) noexcept nogil:
     # Work item = (block of block_size positions, group of outer indices): the
     # cache rows of a block serve every group in turn; in a group, its heads
     # take `step` positions each in turn, so that every head of the group reads
-    # a cos/sin row from L1 (_group_row_bytes).
+    # a cos/sin row from L1 (_group_row_bytes, _group_interleaved_row_bytes).
     cdef const PlannedJob* job = <const PlannedJob*>job_
     cdef const RowPlan* plan = job.plan
     cdef const RowCall* call = job.call
@@ -190,11 +198,13 @@ cdef void _rotate_planned(const char* x, char* out, const CosSinTable* table, co
         _rotate_blocks(x, out, table, plan, call, num_threads)
         return
     block = _positions_in(_block_bytes(call), 16, call.npairs, call.table_itemsize)
-    # Rows of at most _group_row_bytes go a few heads at a time, not prefetched: on the AMD Zen 4
-    # a head at a time read each cos/sin row from L2 (the rows of x pass through L1 between
-    # two heads' reads; posenc_config.h, POSENC_GROUP_ROW_BYTES).  Rows of at most
-    # POSENC_BLOCK_ROW_BYTES not streamed (in place) go `step` rows a kernel call.
-    grouped = plan.inner == 1 and call.row_bytes <= _group_row_bytes
+    # Rows of at most _group_row_bytes (interleaved: _group_interleaved_row_bytes) go a few heads
+    # at a time, not prefetched: on the AMD Zen 4 a head at a time read each cos/sin row from L2
+    # (the rows of x pass through L1 between two heads' reads; posenc_config.h,
+    # POSENC_GROUP_ROW_BYTES).  Rows of at most POSENC_BLOCK_ROW_BYTES not streamed (in place) go
+    # `step` rows a kernel call.
+    grouped = plan.inner == 1 and call.row_bytes <= (
+        _group_row_bytes if call.half else _group_interleaved_row_bytes)
     group = min(<Py_ssize_t>(POSENC_HEAD_GROUP if grouped else 1), plan.outer)
     whole = consecutive and not call.stream and call.row_bytes <= POSENC_BLOCK_ROW_BYTES
     step = (plan.seq if group == 1 else

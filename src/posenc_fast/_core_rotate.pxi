@@ -14,6 +14,7 @@ cdef struct RowCall:
     Py_ssize_t start_bytes  # where the rotary pairs begin in a row (rotary_start)
     Py_ssize_t lead_bytes   # bytes before them, copied unless in place
     Py_ssize_t tail_bytes   # bytes past them, copied unless in place
+    bint half               # the half layout (else interleaved)
     bint inverse
     bint stream             # non-temporal stores: posenc_sfence at the end of a work item
     bint prefetch           # a row taken alone asks for the lines ahead
@@ -53,6 +54,7 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.start_bytes = start * itemsize
     call.lead_bytes = 0 if in_place else call.start_bytes
     call.tail_bytes = 0 if in_place else (dim - start - 2 * npairs) * itemsize
+    call.half = half
     call.inverse = inverse
     call.stream = large and not in_place
     call.prefetch = nbytes >= POSENC_PREFETCH_BYTES

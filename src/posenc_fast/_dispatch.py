@@ -91,7 +91,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     """The walks' block sizes on this CPU: ``"position"``, bytes of cos/sin rows per work item
     of the in-place walks past the caches (streamed results keep the build's
     ``POSENC_POSITION_BLOCK_BYTES``); ``"row"``, per kernel call of the walks below them;
-    ``"group"``, the longest row the walks past the caches take a few heads at a time.
+    ``"group"`` and ``"group_interleaved"``, the longest half-layout and interleaved row the
+    walks past the caches take a few heads at a time.
 
     Parameters
     ----------
@@ -101,8 +102,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     Returns
     -------
     dict of (int or None, str)
-        Each size, or None for the build's (512 KiB, 16 KiB and 0), and the
-        reason in words.
+        Each size, or None for the build's (512 KiB, 16 KiB, 0 and 0), and
+        the reason in words.
 
     Notes
     -----
@@ -119,17 +120,21 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     (family 0x1A, 2026-12-01): 512 KiB best (1 MiB lost float64 in place,
     1.21 against 1.13x), 16 KiB best (8 KiB lost in place 1.15 against
     1.02x).  Zen 4's other models take its values, unmeasured.  Heads in
-    groups of four for rows of at most 640 bytes, Zen 4 (2026-12-06): see
-    ``POSENC_GROUP_ROW_BYTES`` in csrc/posenc_config.h.
+    groups of four for half-layout rows of at most 768 bytes and interleaved
+    ones of at most 2 KiB, Zen 4 (2026-12-06): see ``POSENC_GROUP_ROW_BYTES``
+    in csrc/posenc_config.h.
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
         return {"position": (4 << 20, f"4 MiB: AMD Zen 4, {measured}"),
                 "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}"),
-                "group": (640, f"640 bytes: AMD Zen 4, {measured}")}
+                "group": (768, f"768 bytes: AMD Zen 4, {measured}"),
+                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}")}
     return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
             "row": (None, "16 KiB: the build's (measured on AMD Zen 5)"),
-            "group": (None, "0, none: the build's (a head at a time; groups not measured on this CPU)")}
+            "group": (None, "0, none: the build's (a head at a time; groups not measured on this CPU)"),
+            "group_interleaved": (None, "0, none: the build's (a head at a time; groups not measured on "
+                                        "this CPU)")}
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -186,11 +191,12 @@ def tuned_blocks(text: str | None, cpu: tuple[str, int, int]) -> dict[str, int] 
     if entry is None or "blocks" not in entry:
         return None
     blocks = entry["blocks"]
-    least = {"position": 1, "row": 1, "group": 0}
+    least = {"position": 1, "row": 1, "group": 0, "group_interleaved": 0}
     if not isinstance(blocks, dict) or not all(
             kind in least and type(size) is int and least[kind] <= size <= 2**40 for kind, size in blocks.items()):
         raise ValueError(f"its entry for {cpu_key(cpu)} has blocks that are not sizes in bytes of "
-                         f"{tuple(least)} (position and row >= 1, group >= 0, each at most 2**40): {blocks!r}")
+                         f"{tuple(least)} (position and row >= 1, the groups >= 0, each at most 2**40): "
+                         f"{blocks!r}")
     return dict(blocks)
 
 
@@ -269,9 +275,9 @@ def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] |
         return None, None
 
 
-BLOCK_KINDS = ("position", "row", "group")  # _core.set_block_bytes's order
+BLOCK_KINDS = ("position", "row", "group", "group_interleaved")  # _core.set_block_bytes's order
 _MACROS = {"position": "POSENC_POSITION_BLOCK_BYTES", "row": "POSENC_ROW_BLOCK_BYTES",
-           "group": "POSENC_GROUP_ROW_BYTES"}
+           "group": "POSENC_GROUP_ROW_BYTES", "group_interleaved": "POSENC_GROUP_INTERLEAVED_ROW_BYTES"}
 
 
 def block_sizes(cpu: tuple[str, int, int], built: dict[str, tuple[int, bool]],

@@ -24,9 +24,10 @@ def build_info() -> dict[str, Any]:
         (True where large calls can use worker threads: the pthread pool);
         ``num_threads``; ``position_block_bytes`` and ``row_block_bytes``
         (cos/sin bytes per work item of the in-place walks past the caches,
-        and per kernel call below them: by CPU), ``group_row_bytes`` (the
-        longest row the walks past the caches take a few heads at a time; 0:
-        none) and their ``..._reason`` (which source decided: the build,
+        and per kernel call below them: by CPU), ``group_row_bytes`` and
+        ``group_interleaved_row_bytes`` (the longest half-layout and
+        interleaved row the walks past the caches take a few heads at a time;
+        0: none) and their ``..._reason`` (which source decided: the build,
         ``tune``'s file, or the table of measured CPUs).
     """
     kernels = _dispatch.kernels
@@ -48,4 +49,6 @@ def build_info() -> dict[str, Any]:
         "row_block_reason": _dispatch.BLOCK_REASONS["row"],
         "group_row_bytes": blocks["group"][0],
         "group_row_reason": _dispatch.BLOCK_REASONS["group"],
+        "group_interleaved_row_bytes": blocks["group_interleaved"][0],
+        "group_interleaved_row_reason": _dispatch.BLOCK_REASONS["group_interleaved"],
     }

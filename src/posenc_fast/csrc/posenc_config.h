@@ -187,18 +187,23 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 #else
 #define POSENC_ROW_BLOCK_BYTES_GIVEN 1
 #endif
-/* The walks past the caches take rows of at most POSENC_GROUP_ROW_BYTES
+/* The walks past the caches take half-layout rows of at most
+   POSENC_GROUP_ROW_BYTES (interleaved ones: POSENC_GROUP_INTERLEAVED_ROW_BYTES)
    POSENC_HEAD_GROUP heads at a time (each head a position in turn, or a few
    rows of POSENC_BLOCK_ROW_BYTES or less), without software prefetch, so
    that a cos/sin row read by one head is still in L1 for the others.  On
    the AMD EPYC Zen 4 (bench/sweeps.md, 2026-12-06) a head at a time read
    each cos/sin row from L2 or L3 and ran W1 float32 in place at 1.4x its
    limit, out of place at 1.25x its copy, bfloat16 out of place at 1.55x;
-   four heads 1.05-1.1x, 0.9x and 1.15x; 2 and 8 heads between, and rows of
-   768 bytes and more lost in place (head_dim 256 float32 1.3x -> 2.1x: kept
-   a head at a time, prefetched).  0 (no grouping) is the build's value: a
-   CPU measured otherwise takes its own at import (_dispatch.block_bytes:
-   640 bytes on AMD Zen 4), unless the build was given one (-D). */
+   four heads 1.05-1.1x, 0.9x and 1.15x; 2 and 8 heads between.  Rows of
+   768 bytes gained too (head_dim 192 float32 in place 1.46x -> 1.16x), but
+   half-layout float32 / float64 rows of 1 KiB lost (head_dim 256 in place
+   1.57x -> 2.46x, out of place 1.24x -> 1.76x: kept a head at a time,
+   prefetched), where interleaved ones of 1 and 2 KiB gained (head_dim 256
+   in place 1.68x -> 1.33x, out of place 1.11x -> 0.91x): one size per
+   layout.  0 (no grouping) is the build's value: a CPU measured otherwise
+   takes its own at import (_dispatch.block_bytes: 768 and 2048 bytes on AMD
+   Zen 4), unless the build was given one (-D). */
 #ifndef POSENC_HEAD_GROUP
 #define POSENC_HEAD_GROUP 4
 #endif
@@ -215,6 +220,12 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 #define POSENC_GROUP_ROW_BYTES_GIVEN 0
 #else
 #define POSENC_GROUP_ROW_BYTES_GIVEN 1
+#endif
+#ifndef POSENC_GROUP_INTERLEAVED_ROW_BYTES
+#define POSENC_GROUP_INTERLEAVED_ROW_BYTES 0
+#define POSENC_GROUP_INTERLEAVED_ROW_BYTES_GIVEN 0
+#else
+#define POSENC_GROUP_INTERLEAVED_ROW_BYTES_GIVEN 1
 #endif
 /* Half-layout rows of at least this many bytes rotated in place past
    POSENC_STREAM_BYTES take the scalar row kernel (GCC's own vectors of a
