@@ -512,6 +512,10 @@ MUTANTS = [
     Mutant("Zen 4 takes no heads in groups", "dispatch", PKG + "_dispatch.py",
            '                "group": (768, f"768 bytes: AMD Zen 4, {measured}"),',
            '                "group": (0, f"768 bytes: AMD Zen 4, {measured}"),', ("tests/test_build.py", "-k", "block_sizes")),
+    Mutant("the overlapping interleaved vector rotates in place what the loop already rotated", "row kernels",
+           PKG + "csrc/posenc_vectors.h.tp", "    if (n % lanes) {\n        *(V*)(out + 2 * (n - lanes)) = tl;",
+           "    if (n % lanes) {\n        posenc_interleaved_vector_{{sfx}}(x, c, s, n - lanes, inverse, &tl, &th);\n"
+           "        *(V*)(out + 2 * (n - lanes)) = tl;", ("tests/test_rotary.py",), isa="avx512"),
     Mutant("Zen 4 takes no interleaved heads in groups", "dispatch", PKG + "_dispatch.py",
            '                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}")}',
            '                "group_interleaved": (0, f"2048 bytes: AMD Zen 4, {measured}")}',
