@@ -516,6 +516,11 @@ MUTANTS = [
            PKG + "csrc/posenc_vectors.h.tp", "    if (n % lanes) {\n        *(V*)(out + 2 * (n - lanes)) = tl;",
            "    if (n % lanes) {\n        posenc_interleaved_vector_{{sfx}}(x, c, s, n - lanes, inverse, &tl, &th);\n"
            "        *(V*)(out + 2 * (n - lanes)) = tl;", ("tests/test_rotary.py",), isa="avx512"),
+    Mutant("a block of rows of a common pair count other than 32 and 64 leaves out its last pair", "row kernels",
+           PKG + "csrc/posenc_position.h.tp",
+           "        posenc_block_rows_{{sfx}}(x, out, nrows, stride, c, s, table_stride, {{m}}, inverse, kind);",
+           "        posenc_block_rows_{{sfx}}(x, out, nrows, stride, c, s, table_stride, {{m - (m not in (32, 64))}}, "
+           "inverse, kind);", ("tests/test_rotary.py",), isa="avx512"),
     Mutant("Zen 4 takes no interleaved heads in groups", "dispatch", PKG + "_dispatch.py",
            '                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}")}',
            '                "group_interleaved": (0, f"2048 bytes: AMD Zen 4, {measured}")}',
