@@ -45,6 +45,9 @@ KINDS = ["HALF", "HALF_IN_PLACE", "HALF_VEC", "HALF_IN_PLACE_VEC", "INTERLEAVED"
 # kernel posenc_position_<kind>_<data>_<table> each.
 POSITION_KINDS = ["HALF", "HALF_IN_PLACE", "INTERLEAVED"]
 LANES = [2, 4, 8, 16]
+# The pair counts of the model zoo's head sizes (64 to 256) that a block of rows in cache takes as
+# constants (posenc_block_: no loop counts or remainder tests left to run), the commonest first.
+PAIR_COUNTS = (64, 32, 40, 48, 50, 56, 80, 96, 128)
 
 # The enums of posenc_kernels.h, each closed by its count.
 DTYPE_ENUM = ["POSENC_" + d.suffix.upper() for d in DTYPES] + ["POSENC_NUM_DTYPES"]
