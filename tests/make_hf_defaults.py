@@ -9,7 +9,9 @@ transformers (``get_text_config(decoder=True)`` of its default config, as
 - ``FIELDS``: the dataclass default of each such top-level key (``head_dim``,
   ``max_position_embeddings``, ``qk_rope_head_dim``, ...), where it is a value
   (a default of None is the class's "derive it": not listed); ``ALIASES``: the
-  field a key is stored in (``attribute_map``: DBRX's ``max_seq_len``);
+  ``attribute_map`` entries that name such a key, either side (the field a key is
+  stored in: DBRX's ``max_seq_len``; a key stored in it: GLM-4-MoE-Lite's
+  ``head_dim`` is its ``qk_rope_head_dim``);
 - ``THETA`` / ``PARTIAL`` / ``SECTION``: the ``rope_theta`` /
   ``partial_rotary_factor`` / ``mrope_section`` the class puts into rope
   parameters that give none (``default_theta``, a ``rope_theta`` field,
@@ -24,6 +26,9 @@ transformers (``get_text_config(decoder=True)`` of its default config, as
 - ``DERIVED``: what the class derives instead: an entry above that changes with
   the config's sizes (each built again with them resized), or a field whose
   default ``__post_init__`` rewrites.
+- ``MLA_HEAD_DIM``: whether an MLA model's class keeps a ``head_dim`` the config
+  gives (its rotary module then builds cos/sin that wide) or rewrites it to
+  ``qk_rope_head_dim``, read by building the class with another.
 
 Needs transformers (its configuration classes only: no model is built)::
 
@@ -57,8 +62,6 @@ FIELD_KEYS = ("head_dim", "kv_channels", "attention_head_dim", "global_head_dim"
               "qk_nope_head_dim", "index_head_dim", "rope_interleave", "rotary_dim", "max_position_embeddings",
               "n_positions", "original_max_position_embeddings", "no_rope_layer_interval", "mrope_section",
               "mrope_interleaved", "use_dsa", "use_sliding_window", "compress_rope_theta")
-# keys a class may store under another name (attribute_map): ALIASES lists them
-ALIASED = ("max_position_embeddings",)
 # flat keys the classes read a rope_theta / partial_rotary_factor from
 THETA_KEYS = ("rope_theta", "rotary_emb_base", "global_rope_theta", "local_rope_theta", "rope_local_base_freq")
 PARTIAL_KEYS = ("partial_rotary_factor", "rotary_pct")
@@ -102,9 +105,11 @@ def _build(cls, data):
 
 
 def _aliases(cls):
-    """{key from_hf_config reads: the field the class stores it in} (``attribute_map``: DBRX's max_seq_len)."""
+    """{key: the field the class stores it in} (``attribute_map``) where either is a FIELD_KEYS key: DBRX's
+    max_position_embeddings is its max_seq_len, GLM-4-MoE-Lite's head_dim its qk_rope_head_dim."""
     mapped = getattr(cls, "attribute_map", None) or {}
-    return {key: mapped[key] for key in ALIASED if isinstance(mapped.get(key), str) and mapped[key] != key}
+    return {key: field for key, field in sorted(mapped.items())
+            if isinstance(field, str) and field != key and (key in FIELD_KEYS or field in FIELD_KEYS)}
 
 
 def _field_defaults(cls, instance):
@@ -216,10 +221,26 @@ def _rope_defaults(cls, model_type, base):
     return (*entries, derived or None)
 
 
+def _mla_head_dim(cls, base):
+    """"kept" where the class keeps a head_dim the config gives apart from qk_rope_head_dim, "rewritten" where it
+    sets its own (DeepSeek-V2's qk_rope_head_dim), None where it cannot be built so."""
+    rope = base.get("qk_rope_head_dim")
+    if type(rope) is not int or rope < 1:
+        return None
+    given = 2 * rope + 8
+    try:
+        built = _build(cls, {**base, "head_dim": given}).to_dict()
+    except Exception:  # noqa: BLE001  (a class that refuses it, or keeps it per layer: Dots 3's)
+        return None
+    if built.get("qk_rope_head_dim") != rope:  # one field under two names (GLM-4-MoE-Lite's)
+        return None
+    return "kept" if built.get("head_dim") == given else "rewritten"
+
+
 def tables():
     """{"FIELDS": ..., "THETA": ..., "PARTIAL": ..., "ROPE": ...}, each {model type: value}, and skipped notes."""
     out = {name: {} for name in ("FIELDS", "ALIASES", "THETA", "PARTIAL", "SECTION", "ROPE",
-                                          "DERIVED")}
+                                          "DERIVED", "MLA_HEAD_DIM")}
     texts, skipped = text_configs()
     skipped = list(skipped)
     for model_type, text in texts.items():
@@ -243,6 +264,8 @@ def tables():
             out["ALIASES"][model_type] = _aliases(cls)
         if rewritten:
             entries = (*entries[:4], (entries[4] or []) + rewritten)
+        if model_type in MODEL_RULES and MODEL_RULES[model_type].mla and _mla_head_dim(cls, base):
+            out["MLA_HEAD_DIM"][model_type] = _mla_head_dim(cls, base)
         for name, value in zip(("FIELDS", "THETA", "PARTIAL", "SECTION", "ROPE", "DERIVED"), (fields, *entries)):
             if value is not _LEFT_OUT and value != {} and (value is not None or name == "THETA"):
                 out[name][model_type] = value
@@ -291,8 +314,9 @@ TRANSFORMERS_VERSION = {version!r}
 DOCS = {
     "FIELDS": ["Each model type's dataclass default of the top-level keys from_hf_config reads (None defaults, which",
                "the class derives, are left out: from_hf_config derives them as its class does, or asks for them)."],
-    "ALIASES": ["The field a class stores a key from_hf_config reads in (attribute_map: DBRX's max_seq_len is its",
-                "max_position_embeddings): a config.json gives that field."],
+    "ALIASES": ["The attribute_map entries of a class that name a key from_hf_config reads, either side: a config.json",
+                "giving the key sets the field (it wins over the field given too), and the field reads as the key",
+                "(DBRX's max_position_embeddings is its max_seq_len, GLM-4-MoE-Lite's head_dim its qk_rope_head_dim)."],
     "THETA": ["rope_theta where neither the config's rope parameters nor its flat key (rope_theta, rotary_emb_base,",
               "global_rope_theta, ...) give one: a number, or one per layer type; None where the class fills in none",
               "(its rotary module then fails: from_hf_config asks for it)."],
@@ -306,6 +330,10 @@ DOCS = {
                 "head_dim is its qk_rope_head_dim: the rule in _hf_models / _hf_config says how)."],
     "ROPE": ["rope_parameters where the config has neither rope_parameters nor rope_scaling, for the classes that",
              "build their own (else only THETA and PARTIAL fill in); a rope_theta the flat key sets is left out."],
+    "MLA_HEAD_DIM": ["Per MLA model type: 'kept' where its class keeps a head_dim the config gives apart from",
+                     "qk_rope_head_dim (its rotary module then builds cos/sin that wide, and the model fails on them:",
+                     "from_hf_config refuses such a config), 'rewritten' where it sets head_dim itself; a type missing",
+                     "here is not built so (Dots 3 keeps sizes per layer; GLM-4-MoE-Lite stores both keys in one)."]
 }
 
 
@@ -315,7 +343,7 @@ def module_text():
     if skipped:
         parts.append(_table("SKIPPED", {name: "not buildable from its own defaults" for name in skipped},
                             ["Model types whose configuration class cannot be built from its own defaults."]))
-    for name in ("FIELDS", "ALIASES", "THETA", "PARTIAL", "SECTION", "ROPE", "DERIVED"):
+    for name in ("FIELDS", "ALIASES", "THETA", "PARTIAL", "SECTION", "ROPE", "DERIVED", "MLA_HEAD_DIM"):
         parts.append(_table(name, found[name], DOCS[name]))
     return "\n\n".join(parts) + "\n"
 

@@ -363,6 +363,43 @@ def test_gemma3_flat_config_reads_as_transformers_converts_it():
             converted, layer_type=layer_type)
 
 
+@pytest.mark.parametrize("config, key", [
+    # a key the class stores in another field sets that field, as transformers' attribute_map does
+    ({"model_type": "glm4_moe_lite", "head_dim": 40}, "qk_rope_head_dim"),
+    ({"model_type": "glm4_moe_lite", "head_dim": 40, "qk_rope_head_dim": 16}, "qk_rope_head_dim"),  # it wins
+    ({"model_type": "jetmoe", "kv_channels": 48}, "head_dim"),
+    ({"model_type": "zamba2", "head_dim": 48}, "attention_head_dim")])
+def test_a_key_read_under_another_name_reads_as_the_class_stores_it(config, key):
+    config = dict(config, hidden_size=256, num_attention_heads=4)
+    got = rotary_kwargs_from_hf_config(config)
+    assert got["rotary_dim"] == 40 if config["model_type"] == "glm4_moe_lite" else got["dim"] == 48
+    transformers = pytest.importorskip("transformers")
+    built = transformers.AutoConfig.for_model(**config)
+    assert getattr(built, key) == got["rotary_dim"]
+    assert rotary_kwargs_from_hf_config(built) == got
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "axk1", "longcat_flash", "youtu", "mistral4"])
+def test_a_latent_attentions_head_dim_apart_from_its_rotation_is_refused(model_type):
+    # their classes keep a head_dim the config gives, their rotary module builds cos/sin that wide, and the
+    # model fails on them (its attention rotates qk_rope_head_dim features)
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    if model_type == "mistral4":  # its class derives rope_parameters; it rotates half of head_dim
+        rope["partial_rotary_factor"] = 0.5
+    config = {"model_type": model_type, "hidden_size": 256, "num_attention_heads": 2, "qk_rope_head_dim": 16,
+              "qk_nope_head_dim": 16, "head_dim": 40, "rope_parameters": rope}
+    with pytest.raises(ValueError, match="head_dim = 40 gives its rotary module"):
+        rotary_kwargs_from_hf_config(config)
+    transformers = pytest.importorskip("transformers")
+    assert transformers.AutoConfig.for_model(**config).head_dim == 40
+    fits = dict(config, head_dim=32 if model_type == "mistral4" else 16)  # Mistral 4 rotates half its head_dim
+    assert rotary_kwargs_from_hf_config(fits)["rotary_dim"] == 16
+    # a class that sets head_dim itself (DeepSeek-V2's qk_rope_head_dim) ignores the key
+    rewritten = dict(config, model_type="deepseek_v2")
+    assert rotary_kwargs_from_hf_config(rewritten)["rotary_dim"] == 16
+    assert transformers.AutoConfig.for_model(**rewritten).head_dim == 16
+
+
 def test_same_rope_for_every_layer_type_needs_no_layer_type():
     config = dict(GEMMA3_NESTED, rope_parameters={key: {"rope_type": "default", "rope_theta": 1e4}
                                                   for key in ("full_attention", "sliding_attention")})

@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_layers import (canonical_config, class_default, class_layer_types, class_rope, layer_config,
-                         layer_of_index, own_indexer, layer_type_params)
+from ._hf_layers import (canonical_config, class_default, class_keeps_head_dim, class_layer_types, class_rope,
+                         layer_config, layer_of_index, own_indexer, layer_type_params)
 from ._hf_functions import ROTARY_FUNCTIONS
 from ._hf_models import MODEL_RULES, NO_ROPE, REFUSED_MODELS, ModelRule, pair_streams
 from ._hf_probe import probed_rule
@@ -537,6 +537,12 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     if rule.mla:
         # the attention rotates q_rot / k_rot, the qk_rope_head_dim features, only
         dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where)
+        head_dim = cfg.get("head_dim") if class_keeps_head_dim(model_type) else None
+        # its rotary module builds cos/sin of head_dim features (Mistral 4's: int(head_dim * partial))
+        if head_dim is not None and rotary_dim not in (_int(cfg, "head_dim", where), int(head_dim * partial)):
+            raise ValueError(f"{where}: head_dim = {head_dim!r} gives its rotary module cos/sin of other than the "
+                             f"qk_rope_head_dim = {rotary_dim} features its attention rotates (transformers' model "
+                             f"fails on this config): give a head_dim that fits qk_rope_head_dim, or remove it")
         interleave = cfg.get("rope_interleave") if rule.reads_rope_interleave else None
         layout = rule.layout if interleave is None else "interleaved" if interleave else "half"
         if attention == "indexer":

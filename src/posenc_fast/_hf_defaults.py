@@ -183,12 +183,15 @@ FIELDS = {
     'zamba2': {'max_position_embeddings': 4096}, 'zaya': {'head_dim': 128, 'max_position_embeddings': 131072},
 }
 
-# The field a class stores a key from_hf_config reads in (attribute_map: DBRX's max_seq_len is its
-# max_position_embeddings): a config.json gives that field.
+# The attribute_map entries of a class that name a key from_hf_config reads, either side: a config.json
+# giving the key sets the field (it wins over the field given too), and the field reads as the key
+# (DBRX's max_position_embeddings is its max_seq_len, GLM-4-MoE-Lite's head_dim its qk_rope_head_dim).
 ALIASES = {
     'bailing_hybrid': {'max_position_embeddings': 'model_max_length'},
     'codegen': {'max_position_embeddings': 'n_positions'}, 'dbrx': {'max_position_embeddings': 'max_seq_len'},
-    'gptj': {'max_position_embeddings': 'n_positions'},
+    'glm4_moe_lite': {'head_dim': 'qk_rope_head_dim'}, 'gptj': {'max_position_embeddings': 'n_positions'},
+    'hunyuan_vl_text': {'attention_head_dim': 'head_dim'}, 'jetmoe': {'head_dim': 'kv_channels'},
+    'zamba2': {'head_dim': 'attention_head_dim'},
 }
 
 # rope_theta where neither the config's rope parameters nor its flat key (rope_theta, rotary_emb_base,
@@ -326,4 +329,15 @@ ROPE = {
 DERIVED = {
     'axk2': ['head_dim'], 'bailing_hybrid': ['head_dim'], 'deepseek_v4': ['ROPE'], 'hy_v4': ['head_dim'],
     'hy_v4_vl_text': ['head_dim'], 'ministral3': ['ROPE'], 'mistral4': ['PARTIAL', 'ROPE'],
+}
+
+# Per MLA model type: 'kept' where its class keeps a head_dim the config gives apart from
+# qk_rope_head_dim (its rotary module then builds cos/sin that wide, and the model fails on them:
+# from_hf_config refuses such a config), 'rewritten' where it sets head_dim itself; a type missing
+# here is not built so (Dots 3 keeps sizes per layer; GLM-4-MoE-Lite stores both keys in one).
+MLA_HEAD_DIM = {
+    'axk1': 'kept', 'axk2': 'rewritten', 'bailing_hybrid': 'rewritten', 'deepseek_v2': 'rewritten',
+    'deepseek_v3': 'kept', 'deepseek_v32': 'rewritten', 'glm_moe_dsa': 'rewritten', 'hy_v4': 'rewritten',
+    'longcat_flash': 'kept', 'minicpm3': 'rewritten', 'mistral4': 'kept', 'mistral_large4_text': 'rewritten',
+    'youtu': 'kept',
 }

@@ -27,13 +27,17 @@ def _defaults_of(model_type) -> str | None:
 
 def _with_class_fields(cfg: dict, model_type) -> dict:
     """`cfg` with its configuration class's defaults of the top-level keys it leaves out (_hf_defaults.FIELDS), and
-    the keys it stores under other names (_hf_defaults.ALIASES: DBRX's max_seq_len) under their own."""
+    the keys it stores under other names (_hf_defaults.ALIASES: DBRX's max_seq_len) under both names, as the class
+    stores them: a key given sets its field (GLM-4-MoE-Lite's head_dim its qk_rope_head_dim)."""
     row = _defaults_of(model_type)
     fields = _hf_defaults.FIELDS.get(row)
-    cfg = {**fields, **cfg} if fields else cfg
-    aliases = {key: cfg[field] for key, field in _hf_defaults.ALIASES.get(row, {}).items()
-               if key not in cfg and field in cfg}
-    return {**cfg, **aliases} if aliases else cfg
+    cfg = {**fields, **cfg} if fields else dict(cfg)
+    for key, field in _hf_defaults.ALIASES.get(row, {}).items():
+        if key in cfg:
+            cfg[field] = cfg[key]
+        elif field in cfg:
+            cfg[key] = cfg[field]
+    return cfg
 
 
 def class_default(table: str, key: str, model_type, layer_type, where: str):
@@ -70,6 +74,12 @@ def class_rope(model_type, where: str) -> dict | None:
                          f"configuration class derives from its other keys: give them")
     rope = _hf_defaults.ROPE.get(row)
     return copy.deepcopy(rope) if rope else None
+
+
+def class_keeps_head_dim(model_type) -> bool:
+    """True where an MLA model's configuration class keeps a ``head_dim`` the config gives apart from its
+    ``qk_rope_head_dim`` (_hf_defaults.MLA_HEAD_DIM), which its rotary module then reads."""
+    return _hf_defaults.MLA_HEAD_DIM.get(_defaults_of(model_type)) == "kept"
 
 
 def class_layer_types(model_type) -> set:

@@ -280,7 +280,7 @@ MUTANTS = [
            PKG + "_hf_defaults.py", "'smollm3': 2000000.0, ", "",
            ("tests/test_hf_defaults.py", "tests/test_hf_config_defaults.py", "-k", "smollm3")),
     Mutant("the class defaults of the keys a config leaves out not filled in", "model rules, scalings",
-           PKG + "_hf_layers.py", "    cfg = {**fields, **cfg} if fields else cfg", "    cfg = cfg",
+           PKG + "_hf_layers.py", "    cfg = {**fields, **cfg} if fields else dict(cfg)", "    cfg = dict(cfg)",
            ("tests/test_hf_defaults.py", "tests/test_hf_config_defaults.py")),
     # plan
     Mutant("row table ignores broadcasting", "plan", PKG + "_rows.py",
@@ -521,6 +521,12 @@ MUTANTS = [
            "        posenc_block_rows_{{sfx}}(x, out, nrows, stride, c, s, table_stride, {{m}}, inverse, kind);",
            "        posenc_block_rows_{{sfx}}(x, out, nrows, stride, c, s, table_stride, {{m - (m not in (32, 64))}}, "
            "inverse, kind);", ("tests/test_rotary.py",), isa="avx512"),
+    Mutant("a key a class stores in another field fills that field only where it is missing", "model rules, scalings",
+           PKG + "_hf_layers.py", "        if key in cfg:\n            cfg[field] = cfg[key]\n        elif field in cfg:",
+           "        if key not in cfg and field in cfg:", ("tests/test_hf_config.py", "-k", "another_name")),
+    Mutant("no latent attention's class keeps a head_dim it is given", "model rules, scalings", PKG + "_hf_layers.py",
+           '    return _hf_defaults.MLA_HEAD_DIM.get(_defaults_of(model_type)) == "kept"', "    return False",
+           ("tests/test_hf_config.py", "-k", "latent_attentions_head_dim")),
     Mutant("Zen 4 takes no interleaved heads in groups", "dispatch", PKG + "_dispatch.py",
            '                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}")}',
            '                "group_interleaved": (0, f"2048 bytes: AMD Zen 4, {measured}")}',
