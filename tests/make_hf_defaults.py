@@ -264,8 +264,9 @@ def tables():
             out["ALIASES"][model_type] = _aliases(cls)
         if rewritten:
             entries = (*entries[:4], (entries[4] or []) + rewritten)
-        if model_type in MODEL_RULES and MODEL_RULES[model_type].mla and _mla_head_dim(cls, base):
-            out["MLA_HEAD_DIM"][model_type] = _mla_head_dim(cls, base)
+        kept = _mla_head_dim(cls, base) if model_type in MODEL_RULES and MODEL_RULES[model_type].mla else None
+        if kept:
+            out["MLA_HEAD_DIM"][model_type] = kept
         for name, value in zip(("FIELDS", "THETA", "PARTIAL", "SECTION", "ROPE", "DERIVED"), (fields, *entries)):
             if value is not _LEFT_OUT and value != {} and (value is not None or name == "THETA"):
                 out[name][model_type] = value

@@ -537,9 +537,10 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     if rule.mla:
         # the attention rotates q_rot / k_rot, the qk_rope_head_dim features, only
         dim = rotary_dim = _int(cfg, "qk_rope_head_dim", where)
-        head_dim = cfg.get("head_dim") if class_keeps_head_dim(model_type) else None
+        kept = class_keeps_head_dim(model_type) and cfg.get("head_dim") is not None
+        head_dim = _int(cfg, "head_dim", where) if kept else None
         # its rotary module builds cos/sin of head_dim features (Mistral 4's: int(head_dim * partial))
-        if head_dim is not None and rotary_dim not in (_int(cfg, "head_dim", where), int(head_dim * partial)):
+        if kept and rotary_dim not in (head_dim, int(head_dim * partial)):
             raise ValueError(f"{where}: head_dim = {head_dim!r} gives its rotary module cos/sin of other than the "
                              f"qk_rope_head_dim = {rotary_dim} features its attention rotates (transformers' model "
                              f"fails on this config): give a head_dim that fits qk_rope_head_dim, or remove it")
