@@ -8,7 +8,8 @@ the rows, by regime: memory-bound (the workloads' own shapes, 64 MiB and
 more), in cache (W1 and apply_qk at 4 MiB ``(1,32,256,128)`` and 512 KiB
 ``(1,32,32,128)`` float32), decode, tables, scores, half types (bfloat16
 and float16 W1) and head sizes (W1 float32 at head_dim 64 to 256, 64 MiB
-each, the half layout and the interleaved one).  For every goal
+each, the half layout and the interleaved one; and 4 MiB each, the half
+layout, with the in-cache rows' goals).  For every goal
 posenc_fast and its limit (the cheapest NumPy call that moves the same
 bytes) are timed in the same process, interleaved (ours, limit, limit,
 ours, ...), after a warm-up and a check against the float64 reference; the
@@ -93,6 +94,9 @@ GOALS = [
     *(Goal("head sizes", key, "float32", (1, 32, (1 << 19) // dim, dim))
       for dim in (64, 80, 96, 100, 112, 128, 160, 192, 256)
       for key in ("w1_oop_interleaved", "w1_inplace_interleaved")),
+    # in cache (4 MiB) as MIB_4's rows: blocks of rows, whose pair count is a constant (posenc_block_)
+    *(Goal("cache head sizes", key, "float32", (1, 32, (1 << 15) // dim, dim), goal)
+      for dim in (64, 80, 96, 100, 112, 160, 192, 256) for key, goal in (("w1_oop", 1.3), ("w1_inplace", 1.5))),
 ]
 THREADS_GOAL = ("W1 out-of-place with {n} threads", 1.6, 1.15)
 MAX_ULPS = 1.0                      # the tables' exactness goal (float32 ulps)
