@@ -202,11 +202,16 @@ def _torch_view(torch, a, dtype):
     return torch.from_numpy(a)
 
 
+def _kernel_dtypes(torch) -> tuple:
+    """The torch dtypes the row kernels take."""
+    return torch.float32, torch.float64, torch.bfloat16, torch.float16
+
+
 def _numpy_can_take(torch, function, xs, cos, sin) -> bool:
     """True when NumPy views of the tensors `xs` (q and k, or one), cos and sin give exactly
     `function`'s result dtypes and values."""
     # Called once per attention layer and step: the cheapest attributes first.
-    fast = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    fast = _kernel_dtypes(torch)
     for t in (*xs, cos, sin):
         if (type(t) is not torch.Tensor or not t.is_cpu or t.layout != torch.strided
                 or t.dtype not in fast):
@@ -214,6 +219,12 @@ def _numpy_can_take(torch, function, xs, cos, sin) -> bool:
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         FALLBACKS["cos/sin need a gradient"] += 1  # Rotation carries the data's gradients only
         return False
+    return _cache_fits(torch, function, xs, cos, sin)
+
+
+def _cache_fits(torch, function, xs, cos, sin) -> bool:
+    """True when, the tensors being of kernel dtypes, the kernel gives `function`'s result dtypes for
+    them: sin of cos's dtype, and `_dtypes_fit`."""
     return sin.dtype == cos.dtype and _dtypes_fit(torch, function, [t.dtype for t in xs], cos.dtype)
 
 

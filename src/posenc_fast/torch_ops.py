@@ -224,9 +224,9 @@ def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
 def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
     drop_in, function = _hf_function(family, name)
     dtypes = [x.dtype for x in xs]
-    kernel = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-    if not transpose and not (all(t.dtype in kernel for t in (*xs, cos)) and sin.dtype == cos.dtype
-                              and drop_in._dtypes_fit(torch, function, dtypes, cos.dtype)):
+    kernel = drop_in._kernel_dtypes(torch)
+    if not transpose and not (all(t.dtype in kernel for t in (*xs, cos, sin))
+                              and drop_in._cache_fits(torch, function, xs, cos, sin)):
         # the module's formula computes it, in the dtypes torch promotes to: as it does on these
         dtypes = [r.dtype for r in _hf_formula(drop_in, function, family, name)(tuple(xs), cos, sin, unsqueeze_dim)]
     return [_hf_layout(function, x, transpose, dtype) for x, dtype in zip(xs, dtypes)]
