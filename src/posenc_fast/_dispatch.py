@@ -130,11 +130,10 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
                 "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}"),
                 "group": (768, f"768 bytes: AMD Zen 4, {measured}"),
                 "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}")}
+    ungrouped = None, "0, none: the build's (a head at a time; groups not measured on this CPU)"
     return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
             "row": (None, "16 KiB: the build's (measured on AMD Zen 5)"),
-            "group": (None, "0, none: the build's (a head at a time; groups not measured on this CPU)"),
-            "group_interleaved": (None, "0, none: the build's (a head at a time; groups not measured on "
-                                        "this CPU)")}
+            "group": ungrouped, "group_interleaved": ungrouped}
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -191,7 +190,7 @@ def tuned_blocks(text: str | None, cpu: tuple[str, int, int]) -> dict[str, int] 
     if entry is None or "blocks" not in entry:
         return None
     blocks = entry["blocks"]
-    least = {"position": 1, "row": 1, "group": 0, "group_interleaved": 0}
+    least = {kind: smallest for kind, (_, smallest) in _BLOCK_KINDS.items()}
     if not isinstance(blocks, dict) or not all(
             kind in least and type(size) is int and least[kind] <= size <= 2**40 for kind, size in blocks.items()):
         raise ValueError(f"its entry for {cpu_key(cpu)} has blocks that are not sizes in bytes of "
@@ -275,9 +274,11 @@ def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] |
         return None, None
 
 
-BLOCK_KINDS = ("position", "row", "group", "group_interleaved")  # _core.set_block_bytes's order
-_MACROS = {"position": "POSENC_POSITION_BLOCK_BYTES", "row": "POSENC_ROW_BLOCK_BYTES",
-           "group": "POSENC_GROUP_ROW_BYTES", "group_interleaved": "POSENC_GROUP_INTERLEAVED_ROW_BYTES"}
+# Each block size (`block_bytes`'s kinds, in _core.set_block_bytes's order): its build macro, its least value
+_BLOCK_KINDS = {"position": ("POSENC_POSITION_BLOCK_BYTES", 1), "row": ("POSENC_ROW_BLOCK_BYTES", 1),
+                "group": ("POSENC_GROUP_ROW_BYTES", 0),
+                "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0)}
+BLOCK_KINDS = tuple(_BLOCK_KINDS)
 
 
 def block_sizes(cpu: tuple[str, int, int], built: dict[str, tuple[int, bool]],
@@ -297,7 +298,7 @@ def block_sizes(cpu: tuple[str, int, int], built: dict[str, tuple[int, bool]],
     for kind, (nbytes, why) in block_bytes(*cpu).items():
         size, given = built[kind]
         if given:
-            sizes[kind] = size, f"set by the build (-D{_MACROS[kind]})"
+            sizes[kind] = size, f"set by the build (-D{_BLOCK_KINDS[kind][0]})"
         elif tuned and kind in tuned:
             sizes[kind] = tuned[kind], f"{tuned[kind]} bytes: measured on this CPU by python -m posenc_fast tune"
         else:
