@@ -28,6 +28,19 @@ def hf_inv_freq_budget(ours: np.ndarray, rotary_dim: int) -> np.ndarray:
     return 3.0 + np.ceil(np.abs(np.log(ours)))
 
 
+def assert_matches_hf(ours: np.ndarray, hf, rotary_dim: int) -> None:
+    """float32(ours) within transformers' float32 error budget of hf, in ulps (hf_inv_freq_budget)."""
+    assert ours.dtype == np.float64
+    assert ours.shape == (len(hf),)
+    distance = float32_ulp_distance(ours, hf)
+    budget = hf_inv_freq_budget(ours, rotary_dim)
+    worst = int(np.argmax(distance - budget))
+    assert np.all(distance <= budget), (
+        f"inv_freq[{worst}] = {ours[worst]!r} is {distance[worst]} float32 ulps from transformers' "
+        f"{np.float32(hf[worst])!r} (budget {budget[worst]})"
+    )
+
+
 def exact_cos_sin(position: float, frequency: float) -> tuple[float, float]:
     """cos and sin of the exact product position * frequency (both float64), by mpmath."""
     with mpmath.workprec(200):

@@ -17,24 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import float32_ulp_distance, hf_inv_freq_budget
+from helpers import assert_matches_hf
 
 from posenc_fast._frequencies import RopeFrequencies, resolve_rope_scaling
 
 FIXTURES = Path(__file__).parent / "fixtures"
 METHODS = json.loads((FIXTURES / "rope_methods.json").read_text())["cases"]
-
-
-def assert_matches_hf(ours: np.ndarray, hf, rotary_dim: int) -> None:
-    assert ours.dtype == np.float64
-    assert ours.shape == (len(hf),)
-    distance = float32_ulp_distance(ours, hf)
-    budget = hf_inv_freq_budget(ours, rotary_dim)
-    worst = int(np.argmax(distance - budget))
-    assert np.all(distance <= budget), (
-        f"inv_freq[{worst}] = {ours[worst]!r} is {distance[worst]} float32 ulps from transformers' "
-        f"{np.float32(hf[worst])!r} (budget {budget[worst]})"
-    )
 
 
 def resolve(case) -> RopeFrequencies:

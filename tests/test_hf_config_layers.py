@@ -1,8 +1,9 @@
 """``from_hf_config(config, layer=i)``: one decoder layer's RoPE, from plain config.json dicts.
 
-(test_hf_config.py's companion, kept apart for its length; test_hf_models.py checks the same against
-transformers' own models: which layers have a RoPE, Molmo2's scaled and unscaled rotary modules, and
-``layer=i`` as ``layer_type=layer_types[i]`` for every model type with layer types.)
+(a companion of test_hf_config.py and test_hf_config_models.py, kept apart for its length;
+test_hf_models.py checks the same against transformers' own models: which layers have a RoPE,
+Molmo2's scaled and unscaled rotary modules, and ``layer=i`` as ``layer_type=layer_types[i]`` for
+every model type with layer types.)
 """
 
 import numpy as np
