@@ -251,14 +251,17 @@ def test_rotate_rotary_refuses_bad_input_and_writes_nothing(probe):
     out = sentinel(X.shape, np.float32)
     before = out.copy()
 
-    def call(capsule=capsule, dtype=1, dim=8, positions=POSITIONS, offset=0, inverse=0, x=X):
+    def call(capsule=capsule, dtype=1, dim=8, positions=POSITIONS, offset=0, inverse=0, x=X, out=out):
         return probe.rotate_rotary(capsule, dtype, addr(x), addr(out), 2, 3, 2, dim,
                                    addr(positions), offset, inverse)
 
     assert call(capsule=None) == ERR_NULL
     assert call(x=None) == ERR_NULL
-    # float64 data of the float32 table (x as large as the claimed dtype: no overlap with out)
-    assert call(dtype=2, x=X.astype(np.float64)) == ERR_DTYPE
+    # float64 data of the float32 table: x and out as large as the claimed dtype (a float32 out
+    # claimed as float64 reaches past its end, over whatever lies there: ERR_OVERLAP at times)
+    out64 = sentinel(X.shape, np.float64)
+    assert call(dtype=2, x=X.astype(np.float64), out=out64) == ERR_DTYPE
+    assert (out64 == -7.25).all()
     assert call(dtype=7) == ERR_DTYPE
     assert call(dim=6) == ERR_SIZE
     assert call(offset=1) == ERR_RANGE
