@@ -174,6 +174,20 @@ def _one_position_calls():
                    lambda d=dtype, lay=layout: _shifted_one_position(d, lay))
 
 
+def _half_decode_calls():
+    # Added with the half types' rows of one position in vector groups (posenc_position.h), recorded
+    # from the row-by-row kernels before it: head sizes whose pairs fill the groups under AVX-512
+    # (128, 256) or AVX2 (also 64, 192), a decode step's token and its 40 heads.
+    for dtype, name in ((np.float16, "f16"), (ml_dtypes.bfloat16, "bf16")):
+        for dim in (64, 128, 192, 256):
+            rope = pf.RotaryEmbedding(dim, layout="half")
+            x = _data((1, 40, 1, dim), dtype, 22)
+            yield f"rope.decode-{name}-{dim}", lambda r=rope, x=x: r.apply(x, offset=4093)
+            yield (f"rope.decode-inverse-{name}-{dim}",
+                   lambda r=rope, x=x: r.apply(x, offset=70, inverse=True))
+            yield f"rope.decode-in-place-{name}-{dim}", _in_place(rope.apply, x, 9)
+
+
 def _half_bit_pattern_calls():
     # Added before the AVX-512 half-type rows: every float16/bfloat16 bit
     # pattern (subnormals, NaN payloads, inf, pairs that overflow) through the
@@ -252,6 +266,7 @@ def calls():
     yield from _int_calls()
     yield from _half_calls()
     yield from _one_position_calls()
+    yield from _half_decode_calls()
     yield from _half_bit_pattern_calls()
     yield from _qk_norm_calls()
     yield from _rotary_start_calls()

@@ -566,4 +566,9 @@ MUTANTS = [
     Mutant("the AVX512_BF16 kernels never preferred", "dispatch", PKG + "_dispatch.py",
            'PREFERENCE = ("avx512bf16", "avx512", "avx2", "baseline")',
            'PREFERENCE = ("avx512", "avx512bf16", "avx2", "baseline")', ("tests/test_build.py", "-k", "avx512bf16")),
+    Mutant("a half type's one-position group rotates its second vector by the first's cos/sin",
+           "row kernels", PKG + "csrc/posenc_position.h.tp",
+           "                                 cv[g + 1], sv[g + 1], inverse, &ra1, &rb1);",
+           "                                 cv[g], sv[g], inverse, &ra1, &rb1);",
+           ("tests/test_half_types.py", "-k", "one_positions"), isa="avx2"),
 ]
