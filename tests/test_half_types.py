@@ -230,18 +230,19 @@ def test_every_bit_pattern_is_rounded_once(dtype, layout, shape, rotary_dim):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dim", [64, 128, 136, 192, 256])
 @pytest.mark.parametrize("inverse", [False, True])
-def test_one_positions_heads_are_the_model_bitwise(dtype, dim, inverse):
+def test_one_positions_heads_are_the_model_bitwise(dtype, layout, dim, inverse):
     # A decode step's token: its heads in one call of the rows of one position (whole groups of
     # vectors held across the rows for 128 and 256, with AVX2 also 64 and 192; 136 row by row),
     # every bit pattern through them, out of place and in place: bitwise the model.
-    rope = pf.RotaryEmbedding(dim, layout="half")
+    rope = pf.RotaryEmbedding(dim, layout=layout)
     order = np.random.default_rng(1).permutation(1 << 16)
     x = np.resize(np.arange(1 << 16, dtype=np.uint16)[order], (1, (1 << 16) // dim, 1, dim)).view(dtype)
     cos, sin = rope.cos_sin(np.array([4093]), dtype=np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
-        want = model_rotate(x, cos, sin, "half", inverse)
+        want = model_rotate(x, cos, sin, layout, inverse)
     nan = np.isnan(want.astype(F32))
     in_place = x.copy()
     for got in (rope.apply(x, offset=4093, inverse=inverse),

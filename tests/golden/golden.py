@@ -8,6 +8,7 @@ must reproduce the record bit for bit.
 """
 
 import hashlib
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -179,13 +180,13 @@ def _half_decode_calls():
     # from the row-by-row kernels before it: head sizes whose pairs fill the groups under AVX-512
     # (128, 256) or AVX2 (also 64, 192), a decode step's token and its 40 heads.
     for dtype, name in ((np.float16, "f16"), (ml_dtypes.bfloat16, "bf16")):
-        for dim in (64, 128, 192, 256):
-            rope = pf.RotaryEmbedding(dim, layout="half")
+        for layout, dim in itertools.product(("half", "interleaved"), (64, 128, 192, 256)):
+            tag = f"{name}-{layout}-{dim}"
+            rope = pf.RotaryEmbedding(dim, layout=layout)
             x = _data((1, 40, 1, dim), dtype, 22)
-            yield f"rope.decode-{name}-{dim}", lambda r=rope, x=x: r.apply(x, offset=4093)
-            yield (f"rope.decode-inverse-{name}-{dim}",
-                   lambda r=rope, x=x: r.apply(x, offset=70, inverse=True))
-            yield f"rope.decode-in-place-{name}-{dim}", _in_place(rope.apply, x, 9)
+            yield f"rope.decode-{tag}", lambda r=rope, x=x: r.apply(x, offset=4093)
+            yield f"rope.decode-inverse-{tag}", lambda r=rope, x=x: r.apply(x, offset=70, inverse=True)
+            yield f"rope.decode-in-place-{tag}", _in_place(rope.apply, x, 9)
 
 
 def _half_bit_pattern_calls():

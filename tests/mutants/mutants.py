@@ -571,4 +571,9 @@ MUTANTS = [
            "                                 cv[g + 1], sv[g + 1], inverse, &ra1, &rb1);",
            "                                 cv[g], sv[g], inverse, &ra1, &rb1);",
            ("tests/test_half_types.py", "-k", "one_positions"), isa="avx2"),
+    Mutant("a half type's one-position interleaved group rotates by its first vector's cos/sin",
+           "row kernels", PKG + "csrc/posenc_position.h.tp",
+           "                posenc_hv_rotate(a, b, cv[g], sv[g], inverse, &ra, &rb);",
+           "                posenc_hv_rotate(a, b, cv[0], sv[0], inverse, &ra, &rb);",
+           ("tests/test_half_types.py", "-k", "one_positions"), isa="avx2"),
 ]
