@@ -576,4 +576,9 @@ MUTANTS = [
            "                posenc_hv_rotate(a, b, cv[g], sv[g], inverse, &ra, &rb);",
            "                posenc_hv_rotate(a, b, cv[0], sv[0], inverse, &ra, &rb);",
            ("tests/test_half_types.py", "-k", "one_positions"), isa="avx2"),
+    Mutant("a half type's block of rows reads every row's cos/sin from its first position",
+           "row kernels", PKG + "csrc/posenc_position.h.tp",
+           "            posenc_half_vectors_{{sfx}}(xr, xr + n, orow, orow + n, c + r * table_stride,",
+           "            posenc_half_vectors_{{sfx}}(xr, xr + n, orow, orow + n, c,",
+           ("tests/test_half_types.py", "-k", "every_bit_pattern"), isa="avx2"),
 ]
