@@ -175,11 +175,12 @@ def _one_position_calls():
                    lambda d=dtype, lay=layout: _shifted_one_position(d, lay))
 
 
-def _half_decode_calls():
+def _half_vector_loop_calls():
     # Added with the half types' rows of one position in vector groups and their heads' rows in cache
     # by the vector loops alone (posenc_position.h), recorded from the row-by-row kernels before
     # them: head sizes whose pairs fill the groups under AVX-512 (128, 256) or AVX2 (also 64, 192),
-    # a decode step's token and its 40 heads, and a prefill of 33 positions.
+    # a decode step's token and its 40 heads, and a prefill of 33 positions (also of head sizes
+    # whose pairs end in one vector more, 96 and 160).
     for dtype, name in ((np.float16, "f16"), (ml_dtypes.bfloat16, "bf16")):
         for layout, dim in itertools.product(("half", "interleaved"), (64, 128, 192, 256)):
             tag = f"{name}-{layout}-{dim}"
@@ -188,10 +189,16 @@ def _half_decode_calls():
             yield f"rope.decode-{tag}", lambda r=rope, x=x: r.apply(x, offset=4093)
             yield f"rope.decode-inverse-{tag}", lambda r=rope, x=x: r.apply(x, offset=70, inverse=True)
             yield f"rope.decode-in-place-{tag}", _in_place(rope.apply, x, 9)
-            x = _data((1, 4, 33, dim), dtype, 23)
-            yield f"rope.prefill-{tag}", lambda r=rope, x=x: r.apply(x, offset=100)
-            yield f"rope.prefill-inverse-{tag}", lambda r=rope, x=x: r.apply(x, offset=7, inverse=True)
-            yield f"rope.prefill-in-place-{tag}", _in_place(rope.apply, x, 5)
+            yield from _prefill_calls(rope, dtype, tag)
+        for layout, dim in itertools.product(("half", "interleaved"), (96, 160)):  # a vector more
+            yield from _prefill_calls(pf.RotaryEmbedding(dim, layout=layout), dtype, f"{name}-{layout}-{dim}")
+
+
+def _prefill_calls(rope, dtype, tag):
+    x = _data((1, 4, 33, rope.dim), dtype, 23)
+    yield f"rope.prefill-{tag}", lambda r=rope, x=x: r.apply(x, offset=100)
+    yield f"rope.prefill-inverse-{tag}", lambda r=rope, x=x: r.apply(x, offset=7, inverse=True)
+    yield f"rope.prefill-in-place-{tag}", _in_place(rope.apply, x, 5)
 
 
 def _half_bit_pattern_calls():
@@ -272,7 +279,7 @@ def calls():
     yield from _int_calls()
     yield from _half_calls()
     yield from _one_position_calls()
-    yield from _half_decode_calls()
+    yield from _half_vector_loop_calls()
     yield from _half_bit_pattern_calls()
     yield from _qk_norm_calls()
     yield from _rotary_start_calls()
