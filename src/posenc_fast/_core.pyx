@@ -149,7 +149,7 @@ cdef inline char* _data(cnp.ndarray a) noexcept:
 
 include "_core_tables.pxi"
 include "_core_rotate.pxi"
-include "_core_plan.pxi"
+include "_core_blocks.pxi"
 include "_core_rotary.pxi"
 include "_core_walk.pxi"
 include "_core_tokens.pxi"
