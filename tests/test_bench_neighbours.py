@@ -1,5 +1,6 @@
-"""The contention tools of bench/report.py: single-call timing in interleaved blocks, and the
-neighbour processes (started before the block, gone after it however it exits)."""
+"""The contention tools of bench/report.py: single-call timing in interleaved blocks, the
+neighbour processes (started before the block, gone after it however it exits), and rounds
+joined over several placements of the arrays."""
 
 import pytest
 
@@ -47,3 +48,12 @@ def test_neighbour_arguments():
         Neighbour("spin")
     with pytest.raises(ValueError, match="nice"):
         Neighbour("busy", nice=20)
+
+
+def test_joined_placements_pair_round_for_round():
+    # two placements of the arrays: ours 2x the limit on the first, 1x on the second
+    ours = timing.joined([timing.Timing([20.0, 22.0, 24.0], 1), timing.Timing([10.0, 11.0, 30.0], 4)])
+    limit = timing.joined([timing.Timing([10.0, 11.0, 12.0], 1), timing.Timing([10.0, 11.0, 30.0], 4)])
+    assert ours.samples == [20.0, 22.0, 24.0, 10.0, 11.0, 30.0]
+    assert timing.paired_ratio(ours, limit) == 1.5
+    assert timing.paired_ratio_quartiles(ours, limit) == (1.0, 2.0)

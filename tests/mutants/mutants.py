@@ -581,4 +581,9 @@ MUTANTS = [
            "            posenc_half_vectors_{{sfx}}(xr, xr + n, orow, orow + n, c + r * table_stride,",
            "            posenc_half_vectors_{{sfx}}(xr, xr + n, orow, orow + n, c,",
            ("tests/test_half_types.py", "-k", "every_bit_pattern"), isa="avx2"),
+    Mutant("rounds joined over placements keep the first placement's only", "bench, CLI",
+           PKG + "_bench/timing.py",
+           "    return Timing([sample for part in parts for sample in part.samples], parts[0].number)",
+           "    return Timing(list(parts[0].samples), parts[0].number)",
+           ("tests/test_bench_neighbours.py", "-k", "joined")),
 ]

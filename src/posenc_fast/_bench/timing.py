@@ -177,6 +177,15 @@ def percentile(samples, q: float) -> float:
     return float(np.percentile(np.asarray(samples, dtype=np.float64), q))
 
 
+def joined(parts: list[Timing]) -> Timing:
+    """One callable's rounds timed on several placements of its arrays, as one Timing.
+
+    The rounds keep their order, so two joined Timings of callables timed
+    side by side still pair round for round (`paired_ratio`).
+    """
+    return Timing([sample for part in parts for sample in part.samples], parts[0].number)
+
+
 def paired_ratio(a: Timing, b: Timing) -> float:
     """Median over rounds of a's time / b's time (rounds were interleaved)."""
     return statistics.median(x / y for x, y in zip(a.samples, b.samples))
