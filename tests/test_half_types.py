@@ -51,6 +51,20 @@ def assert_near_reference(got, want, scale):
     assert not bad.any(), (got64[bad][:5], want[bad][:5])
 
 
+def every_pattern(shape, dtype, seed):
+    """Every 16-bit pattern of `dtype` (subnormals, infinities, NaN payloads), shuffled, filling `shape`."""
+    order = np.random.default_rng(seed).permutation(1 << 16)
+    return np.resize(np.arange(1 << 16, dtype=np.uint16)[order], shape).view(dtype)
+
+
+def assert_model_bits(results, want):
+    """Each result bitwise `want`, NaN where it has NaN (NumPy's own NaN conversions keep other payloads)."""
+    nan = np.isnan(want.astype(F32))
+    for got in results:
+        assert np.array_equal(bits(got)[~nan], bits(want)[~nan])
+        assert np.isnan(got.astype(F32)[nan]).all()
+
+
 @settings(max_examples=40, deadline=None)
 @given(dtype=st.sampled_from(HALVES), layout=st.sampled_from(["half", "interleaved"]),
        rotary_dim=st.sampled_from([None, 6, 16]), offset=st.sampled_from([0, 77, 2**20 - 9]),
@@ -219,18 +233,14 @@ def test_every_bit_pattern_is_rounded_once(dtype, layout, shape, rotary_dim):
     # 64 and 48 (AVX-512: whole packs and one vector more): a head's rows in cache by the vector
     # loops alone (posenc_block_ of the half types).
     rope = pf.RotaryEmbedding(128, layout=layout, rotary_dim=rotary_dim)
-    order = np.random.default_rng(0).permutation(1 << 16)
-    x = np.resize(np.arange(1 << 16, dtype=np.uint16)[order], shape).view(dtype)
+    x = every_pattern(shape, dtype, 0)
     cos, sin = rope.cos_sin(np.arange(1000, 1000 + shape[2]), dtype=np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         want = model_rotate(x, cos, sin, layout)
-    nan = np.isnan(want.astype(F32))
     misaligned = np.empty(x.size + 1, dtype)[1:].reshape(shape)
     in_place = x.copy()
-    for got in (rope.apply(x, offset=1000), rope.apply(x, offset=1000, out=misaligned),
-                rope.apply(in_place, offset=1000, out=in_place)):
-        assert np.array_equal(bits(got)[~nan], bits(want)[~nan])
-        assert np.isnan(got.astype(F32)[nan]).all()
+    assert_model_bits((rope.apply(x, offset=1000), rope.apply(x, offset=1000, out=misaligned),
+                       rope.apply(in_place, offset=1000, out=in_place)), want)
 
 
 @pytest.mark.parametrize("dtype", HALVES)
@@ -242,17 +252,13 @@ def test_one_positions_heads_are_the_model_bitwise(dtype, layout, dim, inverse):
     # vectors held across the rows for 128 and 256, with AVX2 also 64 and 192; 136 row by row),
     # every bit pattern through them, out of place and in place: bitwise the model.
     rope = pf.RotaryEmbedding(dim, layout=layout)
-    order = np.random.default_rng(1).permutation(1 << 16)
-    x = np.resize(np.arange(1 << 16, dtype=np.uint16)[order], (1, (1 << 16) // dim, 1, dim)).view(dtype)
+    x = every_pattern((1, (1 << 16) // dim, 1, dim), dtype, 1)
     cos, sin = rope.cos_sin(np.array([4093]), dtype=np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         want = model_rotate(x, cos, sin, layout, inverse)
-    nan = np.isnan(want.astype(F32))
     in_place = x.copy()
-    for got in (rope.apply(x, offset=4093, inverse=inverse),
-                rope.apply(in_place, offset=4093, inverse=inverse, out=in_place)):
-        assert np.array_equal(bits(got)[~nan], bits(want)[~nan])
-        assert np.isnan(got.astype(F32)[nan]).all()
+    assert_model_bits((rope.apply(x, offset=4093, inverse=inverse),
+                       rope.apply(in_place, offset=4093, inverse=inverse, out=in_place)), want)
 
 
 @pytest.mark.parametrize("dtype", HALVES)
