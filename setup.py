@@ -133,11 +133,12 @@ def _extensions() -> list[Extension]:
 
     # Cython follows the .pxd/.pxi a module cimports, not the C headers they include: a changed
     # header (a rendered template) must rebuild every module, or a stale kernel table stays built.
-    headers = [str(CSRC / header.name) for header in sorted((HERE / CSRC).glob("*.h"))]
+    headers = [str(folder / header.name) for folder in (CSRC, PKG / "torch_kernel")
+               for header in sorted((HERE / folder).glob("*.h"))]
 
     def ext(name: str, isa: list[str] = (), kernels: bool = False) -> Extension:
         return Extension(f"posenc_fast.{name}", [str(PKG / f"{name}.pyx")], depends=headers,
-                         include_dirs=[np.get_include(), str(CSRC), str(PKG / "include")],
+                         include_dirs=[np.get_include(), str(CSRC), str(PKG / "include"), str(PKG / "torch_kernel")],
                          define_macros=kernel_macros if kernels else macros,
                          extra_compile_args=[*common, *threads, *isa], extra_link_args=link)
 

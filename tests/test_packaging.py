@@ -79,6 +79,7 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
                    "src/posenc_fast/reference.py", "tests/test_cli.py",
                    "tests/capi/capi_probe_c.c", "tests/capi/capi_probe_cy.pyx",
                    "src/posenc_fast/include/posenc_fast.h",
+                   "src/posenc_fast/torch_kernel/posenc_torch_kernel.cpp",
                    "examples/typing_example.py"):
         assert needed in names, f"sdist lacks {needed}"
     assert not [n for n in names if n.endswith((".so", ".pyd")) or n.startswith("build/")]
@@ -90,9 +91,11 @@ def test_build_sdist_and_wheel_then_install_in_a_fresh_venv(tmp_path, timings):
         files = set(archive.namelist())
     assert "posenc_fast/py.typed" in files and "posenc_fast/_core.pyi" in files
     assert any(re.match(r"posenc_fast/_core\..*(so|pyd)$", f) for f in files)
-    # The C API's header and Cython declarations ship (get_include); no other source does.
+    # The C API's header and Cython declarations ship (get_include), and the torch kernel's source
+    # (built where it runs: build-torch-kernel); no other source does.
     api = {"posenc_fast/include/posenc_fast.h", "posenc_fast/include/posenc_fast/capi.pxd",
-           "posenc_fast/include/posenc_fast/__init__.pxd"}
+           "posenc_fast/include/posenc_fast/__init__.pxd", "posenc_fast/torch_kernel/posenc_torch_kernel.h",
+           "posenc_fast/torch_kernel/posenc_torch_kernel.cpp"}
     assert api <= files
     assert not [f for f in files - api if f.endswith((".pyx", ".pxi", ".pxd", ".c", ".h", ".tp"))]
 

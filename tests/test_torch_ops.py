@@ -216,3 +216,26 @@ def test_the_functional_op_trains(torch, is_neox):
         fn(w, hidden).backward()
         grads.append(w.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def test_a_meta_tensor_beside_cpu_ones_is_refused(torch):
+    # torch sends such a call to the op's fake, which writes nothing: each op refuses it, naming the
+    # tensor, and writes nothing; all on meta (shape propagation) stays the fake's no-op.
+    positions, query, key, cache = case(torch)
+    meta = {name: t.to("meta") for name, t in (("positions", positions), ("query", query), ("key", key),
+                                                ("cos_sin_cache", cache))}
+    ops = torch.ops.posenc_fast
+    for name in ("query", "key", "cos_sin_cache"):
+        args = {"positions": positions, "query": query.clone(), "key": key.clone(), "cos_sin_cache": cache,
+                name: meta[name]}
+        with pytest.raises(ValueError, match=f"^{name} must be a strided CPU tensor, got device meta"):
+            ops.rotary_embedding(args["positions"], args["query"], args["key"], 16, args["cos_sin_cache"], True)
+        assert all(torch.equal(args[n], t) for n, t in (("query", query), ("key", key)) if n != name)
+    with pytest.raises(ValueError, match="^cos_sin_cache must be a strided CPU tensor, got device meta"):
+        ops.apply_rotary(positions, query, 16, meta["cos_sin_cache"], True)
+    key_cache, value_cache = torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 16, device="meta")
+    with pytest.raises(ValueError, match="^value_cache must be a strided CPU tensor, got device meta"):
+        ops.apply_qk_to_cache(positions, query.clone(), key.clone(), key.clone(), key_cache, value_cache,
+                              torch.arange(7), 16, cache, True)
+    assert not key_cache.any()
+    ops.rotary_embedding(meta["positions"], meta["query"], meta["key"], 16, meta["cos_sin_cache"], True)

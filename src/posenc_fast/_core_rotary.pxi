@@ -114,7 +114,7 @@ cdef inline bint _fast_array(object x, Py_ssize_t dim):
 
 
 cdef inline void _byte_range(char* data, int nd, const cnp.npy_intp* dims, const cnp.npy_intp* steps,
-                             Py_ssize_t itemsize, char** low, char** high) noexcept:
+                             Py_ssize_t itemsize, char** low, char** high) noexcept nogil:
     # The lowest byte of an array's items (none of size 0) and one past the
     # highest, whatever its strides (a sliced or reversed cos/sin cache
     # reaches past its nbytes, or below its data pointer).

@@ -33,8 +33,11 @@ cdef enum:
 
 
 cdef struct Strided:
-    # An ndarray's or a tensor's memory as read here: its NumPy dtype (borrowed), shape, byte steps.
+    # An ndarray's or a tensor's memory as read here: its NumPy dtype (borrowed; NULL where the compiled
+    # torch kernel made it, _tensor_view), that dtype's number and size, shape, byte steps.
     PyObject* descr
+    int type_num
+    Py_ssize_t itemsize
     char* data
     int nd
     bint writeable
@@ -56,6 +59,7 @@ cdef void _fill_strided(cnp.ndarray a, Strided* v) noexcept:
     # a's memory into v, whatever it is but for its axes (at most STRIDED_AXES).
     cdef int k
     v.descr, v.data, v.nd = <PyObject*>cnp.PyArray_DESCR(a), _data(a), cnp.PyArray_NDIM(a)
+    v.type_num, v.itemsize = cnp.PyArray_TYPE(a), cnp.PyArray_ITEMSIZE(a)
     v.writeable = cnp.PyArray_ISWRITEABLE(a)
     for k in range(v.nd):
         v.dims[k], v.steps[k] = cnp.PyArray_DIMS(a)[k], cnp.PyArray_STRIDES(a)[k]
@@ -71,16 +75,16 @@ cdef inline bint _strided_of(object a, bint tensor, bint grad, bint floats_only,
     return _tensor_strided(a, grad, floats_only, v) if tensor else _array_strided(a, v)
 
 
-cdef inline int _strided_dtype(const Strided* v) noexcept:
+cdef inline int _strided_dtype(const Strided* v) noexcept nogil:
     # v's kernel dtype index, or -1.
-    return posenc_dtype_index((<cnp.dtype>v.descr).type_num)
+    return posenc_dtype_index(v.type_num)
 
 
-cdef inline Py_ssize_t _itemsize(const Strided* v) noexcept:
-    return (<cnp.dtype>v.descr).itemsize
+cdef inline Py_ssize_t _itemsize(const Strided* v) noexcept nogil:
+    return v.itemsize
 
 
-cdef Py_ssize_t _count(const Strided* v) noexcept:
+cdef Py_ssize_t _count(const Strided* v) noexcept nogil:
     # v's number of items.
     cdef Py_ssize_t count = 1
     cdef int k
@@ -89,7 +93,7 @@ cdef Py_ssize_t _count(const Strided* v) noexcept:
     return count
 
 
-cdef bint _strided_disjoint(const Strided* a, const Strided* b) noexcept:
+cdef bint _strided_disjoint(const Strided* a, const Strided* b) noexcept nogil:
     # _disjoint of two Strided.
     cdef char* a_low
     cdef char* a_high
@@ -112,7 +116,7 @@ cdef struct TokenRows:
 
 
 cdef bint _token_rows(const Strided* a, Py_ssize_t tokens, Py_ssize_t head_size, Py_ssize_t offset,
-                      TokenRows* rows) noexcept:
+                      TokenRows* rows) noexcept nogil:
     # vLLM's (tokens, heads * head_size) or (tokens, heads, head_size): aligned,
     # writeable, of a kernel dtype, with unit stride within a head and
     # non-negative token and head strides; the features from `offset` on.
@@ -138,7 +142,7 @@ cdef bint _token_rows(const Strided* a, Py_ssize_t tokens, Py_ssize_t head_size,
     return tokens < 2 or rows.token_stride >= rows.extent
 
 
-cdef bint _rows_disjoint(const TokenRows* a, const TokenRows* b, Py_ssize_t tokens):
+cdef bint _rows_disjoint(const TokenRows* a, const TokenRows* b, Py_ssize_t tokens) noexcept nogil:
     # Exact for two slices of one buffer with the same token stride (a fused qkv
     # projection's q and k), else by the byte ranges they span.
     cdef Py_ssize_t stride = a.token_stride, shift
@@ -271,7 +275,7 @@ cdef void _walk_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
 
 
 cdef TokenWalk _rows_walk(const TokenRows* x, const TokenRows* out, Py_ssize_t tokens, Py_ssize_t dim, int data,
-                          Py_ssize_t itemsize) noexcept:
+                          Py_ssize_t itemsize) noexcept nogil:
     # A walk rotating x's rows into out's (out may be x), no cache.
     cdef TokenWalk w
     memset(&w, 0, sizeof(w))
@@ -280,33 +284,44 @@ cdef TokenWalk _rows_walk(const TokenRows* x, const TokenRows* out, Py_ssize_t t
     return w
 
 
+cdef bint _walk_calls(const TokenWalk* w, const CosSinTable* table, bint half, bint inverse, Py_ssize_t start,
+                      RowCall* q_call, RowCall* k_call) noexcept nogil:
+    # A walk's row kernels into q_call and k_call; False where the data has none with this table.
+    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
+    q_call[0] = _row_call(w.data, table.dtype, w.itemsize, table.itemsize, table.npairs, w.dim, half, inverse,
+                          w.q.data == w.out_q.data, q_bytes, start)
+    # A key row goes to its slot (streamed when large: the cache is not read
+    # back soon) or, for a half cache, to a float32 scratch row in L1.
+    k_call[0] = _row_call(w.data, table.dtype, w.itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
+                          k_bytes if w.narrow == NULL else 0, start)
+    return q_call.rotate != NULL and (w.k.heads == 0 or k_call.rotate != NULL)
+
+
+cdef void _run_tokens(const TokenWalk* w, const long long* slot_of, const long long* row_of, const CosSinTable* table,
+                    const RowCall* q_call, const RowCall* k_call, float* scratch, int threads) noexcept nogil:
+    # Token t: its q rows rotated by table row row_of[t]; with a cache, its k rows rotated into slot
+    # slot_of[t] (-1: none), its v rows copied there.  Each token by one thread: bitwise the same for
+    # any count.
+    cdef TokenJob job = TokenJob(slot_of, row_of, table, scratch, w, q_call, k_call)
+    if w.tokens:
+        posenc_parallel_for((w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, threads, _walk_chunk, &job)
+
+
 cdef int _walk_tokens(const TokenWalk* w, const long long* slot_of, const long long* row_of,
                       const CosSinTable* table, bint half, bint inverse, Py_ssize_t start, int threads) except -1:
-    # Token t: its q rows rotated by table row row_of[t] (inverse: by -theta); with a cache, its k rows
-    # rotated into slot slot_of[t] (-1: none), its v rows copied there.  Each token by one thread:
-    # bitwise the same for any count.
-    cdef Py_ssize_t itemsize = w.itemsize
-    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
-    cdef Py_ssize_t nchunks = (w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
+    # _run_tokens with its row kernels (inverse: q by -theta) and, for a half cache, its scratch rows.
     cdef RowCall q_call, k_call
     cdef float* scratch = NULL
     cdef cnp.ndarray scratch_rows
-    q_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, inverse,
-                       w.q.data == w.out_q.data, q_bytes, start)
-    # A key row goes to its slot (streamed when large: the cache is not read
-    # back soon) or, for a half cache, to a float32 scratch row in L1.
-    k_call = _row_call(w.data, table.dtype, itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
-                       k_bytes if w.narrow == NULL else 0, start)
-    if q_call.rotate == NULL or (w.k.heads and k_call.rotate == NULL):
+    if not _walk_calls(w, table, half, inverse, start, &q_call, &k_call):
         raise TypeError("no rotation kernel for this data with this cos/sin table")
     if w.tokens == 0:
         return 0
     if w.narrow != NULL:
         scratch_rows = cnp.PyArray_EMPTY(2, [threads, w.dim], cnp.NPY_FLOAT32, 0)
         scratch = <float*>_data(scratch_rows)
-    cdef TokenJob job = TokenJob(slot_of, row_of, table, scratch, w, &q_call, &k_call)
     with nogil:
-        posenc_parallel_for(nchunks, threads, _walk_chunk, &job)
+        _run_tokens(w, slot_of, row_of, table, &q_call, &k_call, scratch, threads)
     return 0
 
 
@@ -343,19 +358,19 @@ cdef inline TokenRows _array_rows(cnp.ndarray a) noexcept:
     return rows
 
 
-cdef inline bint _index_strided(const Strided* a, Py_ssize_t n) noexcept:
+cdef inline bint _index_strided(const Strided* a, Py_ssize_t n) noexcept nogil:
     # A contiguous, aligned int64 array of shape (n,); n < 0: any length.
-    return ((<cnp.dtype>a.descr).type_num == cnp.NPY_INT64 and a.nd == 1 and <size_t>a.data % 8 == 0
+    return (a.type_num == cnp.NPY_INT64 and a.nd == 1 and <size_t>a.data % 8 == 0
             and (a.dims[0] < 2 or a.steps[0] == 8) and (n < 0 or a.dims[0] == n))
 
 
-cdef inline bint _vllm_table_takes(int data, int table) noexcept:
+cdef inline bint _vllm_table_takes(int data, int table) noexcept nogil:
     # vllm.py's rule: the [cos | sin] cache in the data's dtype, or float32 for a half type.
     return table == data or (table == POSENC_F32 and (data == POSENC_F16 or data == POSENC_BF16))
 
 
 cdef bint _token_table(const Strided* c, const Strided* positions, Py_ssize_t width, CosSinTable* table,
-                       Py_ssize_t* tokens, const long long** pos) noexcept:
+                       Py_ssize_t* tokens, const long long** pos) noexcept nogil:
     # vLLM's [cos | sin] cache (n, rot_dim), rot_dim even with 2 <= rot_dim <= width, as a table
     # (a position's cos entries, then its sin entries), and the positions: contiguous int64
     # (tokens,), each entry a row of it.
@@ -409,7 +424,11 @@ def rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
     tensors = type(query) is _Tensor
     if tensors and not _writable((query, key)):
         return False
-    if not _rotate_tokens(v, 1 if key is None else 2, head_size, rope_dim_offset, is_neox, inverse):
+    cdef Py_ssize_t n = 1 if key is None else 2, size = head_size, offset = rope_dim_offset
+    cdef bint half = is_neox, backwards = inverse, done
+    with nogil:
+        done = _rotate_tokens(v, n, size, offset, half, backwards)
+    if not done:
         return False
     if tensors:
         _count_writes((query,) if key is None else (query, key))
@@ -430,13 +449,16 @@ cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* 
 
 
 cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, Py_ssize_t offset, bint half,
-                         bint inverse):
-    # rotate_tokens_fast's call on _token_arrays' v: its first n, query or query and key.
+                         bint inverse) noexcept nogil:
+    # rotate_tokens_fast's call on _token_arrays' v (and the compiled torch kernel's): its first n,
+    # query or query and key; False, nothing written, where it does not take them.
     cdef Py_ssize_t j, tokens = 0, size = 0
     cdef const long long* pos = NULL
     cdef int d[2]
     cdef TokenRows rows[2]
-    cdef TokenWalk w
+    cdef TokenWalk w[2]
+    cdef RowCall q_call[2]
+    cdef RowCall k_call
     cdef CosSinTable cos_sin
     if (not _fast_paths_on or head_size < 1 or offset < 0
             or not _token_table(&v[2], &v[3], head_size - offset, &cos_sin, &tokens, &pos)):
@@ -445,13 +467,14 @@ cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, P
         if not _token_rows(&v[j], tokens, head_size, offset, &rows[j]):
             return False
         d[j] = _strided_dtype(&v[j])
-        if (not _vllm_table_takes(d[j], cos_sin.dtype) or K.rotate[d[j]][cos_sin.dtype][0] == NULL
-                or not _strided_disjoint(&v[j], &v[2]) or d[j] != d[0]):
+        if (not _vllm_table_takes(d[j], cos_sin.dtype) or not _strided_disjoint(&v[j], &v[2]) or d[j] != d[0]):
+            return False
+        w[j] = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], _itemsize(&v[j]))
+        if not _walk_calls(&w[j], &cos_sin, half, inverse, 0, &q_call[j], &k_call):
             return False
         size += _count(&v[j])
     if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
     for j in range(n):  # each in place, its token's rows by its position's row
-        w = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], _itemsize(&v[j]))
-        _walk_tokens(&w, NULL, pos, &cos_sin, half, inverse, 0, _threads_for(size))
+        _run_tokens(&w[j], NULL, pos, &cos_sin, &q_call[j], &k_call, NULL, _threads_for(size))
     return True

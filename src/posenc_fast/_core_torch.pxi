@@ -206,6 +206,7 @@ cdef bint _dlpack_strided(object t, bint grad, bint floats_only, Strided* v):
     if found is None or floats_only and posenc_dtype_index((<cnp.dtype>found).type_num) < 0:
         return False
     v.descr, v.nd, v.data, v.writeable = <PyObject*>found, view.ndim, <char*>view.data + view.byte_offset, True
+    v.type_num, v.itemsize = (<cnp.dtype>found).type_num, (<cnp.dtype>found).itemsize
     for k in range(view.ndim):
         v.dims[k] = view.shape[k]
         v.steps[k] = view.strides[k] * (<cnp.dtype>found).itemsize
@@ -228,6 +229,7 @@ cdef bint _attribute_strided(object t, bint grad, bint floats_only, Strided* v):
     if address == 0 or nd > STRIDED_AXES or len(strides) != nd:
         return False
     v.descr, v.nd, v.data, v.writeable = <PyObject*>found, <int>nd, <char*>address, True
+    v.type_num, v.itemsize = (<cnp.dtype>found).type_num, (<cnp.dtype>found).itemsize
     for k in range(nd):
         v.dims[k] = shape[k]
         v.steps[k] = strides[k] * (<cnp.dtype>found).itemsize
@@ -285,7 +287,7 @@ cdef object _owned_output(const Strided* like, DLDataType dtype, char** data):
     # A new C-contiguous tensor of like's shape and `dtype` over one malloc'd block handed to torch
     # through its DLPack table, its memory at data[0]; None if that failed.
     cdef int k, nd = like.nd
-    cdef Py_ssize_t nbytes = (<cnp.dtype>like.descr).itemsize, head = (sizeof(OwnedBlock) + 63) // 64 * 64
+    cdef Py_ssize_t nbytes = like.itemsize, head = (sizeof(OwnedBlock) + 63) // 64 * 64
     cdef void* tensor = NULL
     cdef char* base
     cdef OwnedBlock* block
@@ -319,12 +321,12 @@ cdef object _new_output(const Strided* like, char** data):
     # to torch through its DLPack table where it has one, else torch.from_numpy of a new array,
     # but for bfloat16 (NumPy has none for torch to map; .view(torch.bfloat16) of an int16 tensor
     # costs more than the allocation).
-    cdef int k, typenum = (<cnp.dtype>like.descr).type_num
+    cdef int k, typenum = like.type_num
     cdef cnp.ndarray a
     cdef DLDataType dtype
     cdef bint bf16 = posenc_dtype_index(typenum) == POSENC_BF16
     if _dlpack != NULL:
-        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT if bf16 else DL_FLOAT, 8 * (<cnp.dtype>like.descr).itemsize, 1
+        dtype.code, dtype.bits, dtype.lanes = DL_BFLOAT if bf16 else DL_FLOAT, 8 * like.itemsize, 1
         made = _owned_output(like, dtype, data)
         if made is not None:
             return made
@@ -341,7 +343,7 @@ cdef object _new_output(const Strided* like, char** data):
 cdef bint _contiguous(const Strided* v) noexcept:
     # v C-contiguous, its data aligned to its items (torch's own tensors always are; a view of a
     # buffer need not be).
-    cdef Py_ssize_t itemsize = (<cnp.dtype>v.descr).itemsize, step = itemsize
+    cdef Py_ssize_t itemsize = v.itemsize, step = itemsize
     cdef int k
     for k in range(v.nd - 1, -1, -1):
         if v.dims[k] == 0:
@@ -403,8 +405,8 @@ cdef class TensorRotation:
         grad = _grad_enabled() is True
         if not (_tensor_strided(cos, grad, True, c) and _tensor_strided(sin, grad, True, s)):
             return None
-        typenum = (<cnp.dtype>c.descr).type_num
-        itemsize = (<cnp.dtype>c.descr).itemsize
+        typenum = c.type_num
+        itemsize = c.itemsize
         table = posenc_dtype_index(typenum)
         cnd = c.nd
         if (s.descr != c.descr or s.nd != cnd or cnd < 1 or cnd + 1 > 32
@@ -437,7 +439,7 @@ cdef class TensorRotation:
         for j in range(n):
             if not _tensor_strided(xs[j], grad, True, &v[j]) or v[j].nd < 1 or not _contiguous(&v[j]):
                 return None
-            d[j] = posenc_dtype_index((<cnp.dtype>v[j].descr).type_num)
+            d[j] = posenc_dtype_index(v[j].type_num)
             dim = v[0].dims[v[0].nd - 1]
             if (v[j].dims[v[j].nd - 1] != dim or dim < 2 or dim % 2
                     or not (rotated == dim or self.partial and 2 <= rotated <= dim)
@@ -451,6 +453,62 @@ cdef class TensorRotation:
         other = _new_output(&v[1], &outs[1]) if n == 2 else None
         for j in range(n):  # new outputs: nothing to overlap
             cos_sin = _walk_table(c.data, s.data, &walks[j], itemsize, table)
-            _walk_rows(v[j].data, outs[j], d[j], (<cnp.dtype>v[j].descr).itemsize, dim, &cos_sin, &walks[j],
+            _walk_rows(v[j].data, outs[j], d[j], v[j].itemsize, dim, &cos_sin, &walks[j],
                        self.half, self.inverse, dim - rotated if self.trailing else 0)
         return (made,) if n == 1 else (made, other)
+
+
+# The compiled torch kernel's entry (torch_kernel/posenc_torch_kernel.h): vLLM's rotation on the
+# pointers, sizes and strides torch's C++ kernel reads, without the GIL.
+
+cdef extern from "posenc_torch_kernel.h" nogil:
+    enum:
+        POSENC_TORCH_ENTRY_VERSION
+        POSENC_TENSOR_INT64
+    ctypedef struct posenc_tensor:
+        void* data
+        int dtype
+        int nd
+        const int64_t* sizes
+        const int64_t* strides
+
+cdef extern from "posenc_kernels.h" nogil:
+    int posenc_bf16_typenum
+
+
+cdef bint _tensor_view(const posenc_tensor* t, Strided* v) noexcept nogil:
+    # The kernel's tensor into v (no NumPy dtype: descr NULL), or False.
+    cdef int k, d = 0
+    cdef Py_ssize_t itemsize = 8
+    if t.data == NULL or t.nd < 0 or t.nd > STRIDED_AXES:
+        return False
+    if t.dtype == POSENC_TENSOR_INT64:
+        v.type_num = cnp.NPY_INT64
+    else:
+        d = _kernel_dtype(t.dtype, &itemsize)
+        if d < 0:
+            return False
+        v.type_num = (cnp.NPY_FLOAT32 if d == POSENC_F32 else cnp.NPY_FLOAT64 if d == POSENC_F64
+                      else cnp.NPY_FLOAT16 if d == POSENC_F16 else posenc_bf16_typenum)
+    v.descr, v.data, v.nd, v.writeable, v.itemsize = NULL, <char*>t.data, t.nd, True, itemsize
+    for k in range(t.nd):
+        v.dims[k], v.steps[k] = t.sizes[k], t.strides[k] * itemsize
+    return True
+
+
+cdef int _torch_rotate_tokens(const posenc_tensor* positions, const posenc_tensor* query, const posenc_tensor* key,
+                              const posenc_tensor* cos_sin_cache, int64_t head_size, int64_t offset, int is_neox,
+                              int inverse) noexcept nogil:
+    # posenc_rotate_tokens_fn: rotate_tokens_fast's checks and call on the kernel's tensors.
+    cdef Strided v[4]  # query, key, the cache, the positions
+    cdef Py_ssize_t n = 1 if key == NULL else 2
+    if not (_tensor_view(query, &v[0]) and (key == NULL or _tensor_view(key, &v[1]))
+            and _tensor_view(cos_sin_cache, &v[2]) and _tensor_view(positions, &v[3])
+            and _strided_disjoint(&v[3], &v[0]) and (key == NULL or _strided_disjoint(&v[3], &v[1]))):
+        return 0
+    return _rotate_tokens(v, n, head_size, offset, is_neox != 0, inverse != 0)
+
+
+def torch_kernel_entry():
+    """(address, version) of the compiled torch kernel's entry (posenc_torch_kernel.h)."""
+    return <Py_ssize_t><void*>_torch_rotate_tokens, POSENC_TORCH_ENTRY_VERSION

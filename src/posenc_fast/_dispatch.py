@@ -139,13 +139,19 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
 
 
+def cache_folder() -> Path:
+    """posenc_fast's per-user folder of what it builds or measures on this machine:
+    ``$XDG_CACHE_HOME/posenc_fast`` (``~/.cache`` without it)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "posenc_fast"
+
+
 def tune_file() -> Path:
     """Where ``python -m posenc_fast tune`` stores its choices: ``POSENC_FAST_TUNE_FILE``, else
-    ``$XDG_CACHE_HOME/posenc_fast/tune.json`` (``~/.cache`` without it)."""
+    ``tune.json`` in `cache_folder`."""
     if os.environ.get(TUNE_ENV_VAR):
         return Path(os.environ[TUNE_ENV_VAR])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "posenc_fast" / "tune.json"
+    return cache_folder() / "tune.json"
 
 
 def cpu_key(cpu: tuple[str, int, int]) -> str:

@@ -63,7 +63,7 @@ try:
 except ImportError:
     raise ImportError("posenc_fast.torch_ops needs torch: pip install torch") from None
 
-from . import vllm
+from . import _torch_kernel, vllm
 
 __all__ = ["apply_qk_to_cache", "apply_rotary", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
            "fused_qk_norm_rope", "hf_rotate", "rotary_embedding"]
@@ -72,12 +72,33 @@ _LIBRARY = torch.library.Library("posenc_fast", "DEF")
 
 
 def _define(schema: str, kernel, fake):
-    """posenc_fast::<name> of `schema`: `kernel` on CPU tensors, `fake` for the compiler."""
+    """posenc_fast::<name> of `schema`: `kernel` on CPU tensors (None: one registered in C++), `fake`
+    for the compiler."""
     name = schema.split("(", 1)[0]
     _LIBRARY.define(schema)
-    _LIBRARY.impl(name, kernel, "CPU")
-    torch.library.register_fake(f"posenc_fast::{name}", fake, lib=_LIBRARY)
+    if kernel is not None:
+        _LIBRARY.impl(name, kernel, "CPU")
+    names = [argument.name for argument in torch._C.parse_schema(f"posenc_fast::{schema}").arguments]
+    torch.library.register_fake(f"posenc_fast::{name}", _on_one_device(fake, names), lib=_LIBRARY)
     return getattr(torch.ops.posenc_fast, name)
+
+
+def _on_one_device(fake, names):
+    """`fake` (of the arguments `names`), refusing tensors on two devices: a meta tensor beside CPU ones
+    sends the call to the fake, which would write nothing into the CPU ones and return no values."""
+    def checked(*args, **kwargs):
+        first = None
+        for name, value in (*zip(names, args), *kwargs.items()):
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                if first is None:
+                    first = (name, tensor.device)
+                elif tensor.device != first[1]:
+                    name, device = (name, tensor.device) if first[1].type == "cpu" else first
+                    raise ValueError(f"{name} must be a strided CPU tensor, got device {device}")
+        return fake(*args, **kwargs)
+    return checked
 
 
 def _mutates_only(*args, **kwargs) -> None:
@@ -92,11 +113,18 @@ def _function(name: str):
     return kernel
 
 
-rotary_embedding = _define(
-    "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, SymInt head_size, "
-    "Tensor cos_sin_cache, bool is_neox, SymInt rope_dim_offset=0, bool inverse=False) -> ()",
-    _function("rotary_embedding"), _mutates_only)
+_ROTARY_ARGUMENTS = ("(Tensor positions, Tensor(a!) query, Tensor(b!)? key, SymInt head_size, Tensor cos_sin_cache, "
+                     "bool is_neox, SymInt rope_dim_offset=0, bool inverse=False) -> ()")
+rotary_embedding = _define("rotary_embedding" + _ROTARY_ARGUMENTS, None, _mutates_only)
 """Rotate `query` and `key` in place (see `posenc_fast.vllm.rotary_embedding`)."""
+
+compiled_kernel, kernel_reason = _torch_kernel.load(torch)
+"""The C++ kernel of `rotary_embedding` loaded (`posenc_fast._torch_kernel`), or None; and which kernel
+serves the op, and why."""
+if compiled_kernel is None:
+    _LIBRARY.impl("rotary_embedding", _function("rotary_embedding"), "CPU")
+else:  # the calls the C++ kernel does not take itself go to the Python one, as this op
+    _define("_rotary_embedding_general" + _ROTARY_ARGUMENTS, _function("rotary_embedding"), _mutates_only)
 
 
 def _apply_rotary(positions, x, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,

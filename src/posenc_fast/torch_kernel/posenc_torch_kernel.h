@@ -1,0 +1,38 @@
+/* What the compiled torch kernel (posenc_torch_kernel.cpp, built on the user's machine by
+   `python -m posenc_fast build-torch-kernel`) and _core share: the C entry of vLLM's rotation, which
+   _core lends it by address (torch_kernel_entry()).  Plain C: _core is built without torch. */
+#ifndef POSENC_TORCH_KERNEL_H
+#define POSENC_TORCH_KERNEL_H
+
+#include <stdint.h>
+
+/* Changes whenever posenc_tensor or the entry's arguments change. */
+#define POSENC_TORCH_ENTRY_VERSION 1
+
+/* A tensor's dtype: posenc_fast_dtype's float codes (posenc_fast.h), and int64 for positions. */
+enum {
+    POSENC_TENSOR_FLOAT32 = 1,
+    POSENC_TENSOR_FLOAT64 = 2,
+    POSENC_TENSOR_FLOAT16 = 3,
+    POSENC_TENSOR_BFLOAT16 = 4,
+    POSENC_TENSOR_INT64 = 5
+};
+
+/* A strided CPU tensor: its first item, sizes and strides (in items), as torch holds them. */
+typedef struct {
+    void* data;
+    int dtype;
+    int nd;
+    const int64_t* sizes;
+    const int64_t* strides;
+} posenc_tensor;
+
+/* posenc_fast.vllm.rotary_embedding's common call: query and key (NULL: none) rotated in place by
+   their tokens' rows of the [cos | sin] cache, every check made; 1, or 0 with nothing written where
+   it does not take the call (then the general path checks it fully and raises what it documents). */
+typedef int (*posenc_rotate_tokens_fn)(const posenc_tensor* positions, const posenc_tensor* query,
+                                       const posenc_tensor* key, const posenc_tensor* cos_sin_cache,
+                                       int64_t head_size, int64_t rope_dim_offset, int is_neox,
+                                       int inverse);
+
+#endif

@@ -1,0 +1,153 @@
+"""Cases of the C++ kernel of torch.ops.posenc_fast.rotary_embedding, in a process that loaded it.
+
+Run by tests/test_torch_kernel.py with XDG_CACHE_HOME where it built the kernel (a kernel
+registered with torch stays for the process, so the other tests keep the Python one).  The
+kernel hands every call _core's entry does not take to ``_rotary_embedding_general``, whose
+Python kernel looks `posenc_fast.vllm.rotary_embedding` up at each call: counting those
+calls shows which path ran.
+"""
+
+import pytest
+import torch
+
+import posenc_fast.torch_ops as torch_ops
+from helpers import general_path_only
+from posenc_fast import vllm
+
+OP = torch.ops.posenc_fast.rotary_embedding
+FUNCTION = vllm.rotary_embedding  # the expected results and errors, not counted
+
+
+@pytest.fixture
+def general_calls(monkeypatch):
+    """The calls that reached the Python function, as a list of their argument tuples."""
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return FUNCTION(*args)
+
+    monkeypatch.setattr(vllm, "rotary_embedding", counted)
+    return calls
+
+
+def cache(dtype, rot_dim, rows=64):
+    angles = torch.arange(float(rows), dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
+    return torch.cat((angles.cos(), angles.sin()), dim=1).to(dtype)
+
+
+def tensors(dtype, tokens=5, heads=4, kv_heads=2, head_size=16, layout="2d", seed=0):
+    """query and key as a server holds them: `layout` 2d, 3d, fused (slices of one qkv
+    projection) or padded (heads past head_size)."""
+    g = torch.Generator().manual_seed(seed)
+    if layout == "fused":
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_size, generator=g).to(dtype)
+        return qkv[:, :heads * head_size], qkv[:, heads * head_size:(heads + kv_heads) * head_size]
+    if layout == "padded":
+        q = torch.randn(tokens, heads, head_size + 8, generator=g).to(dtype)
+        k = torch.randn(tokens, kv_heads, head_size + 8, generator=g).to(dtype)
+        return q[..., :head_size], k[..., :head_size]
+    q = torch.randn(tokens, heads * head_size, generator=g).to(dtype)
+    k = torch.randn(tokens, kv_heads * head_size, generator=g).to(dtype)
+    if layout == "3d":
+        return q.view(tokens, heads, head_size), k.view(tokens, kv_heads, head_size)
+    return q, k
+
+
+def test_the_op_is_served_by_the_cpp_kernel():
+    assert torch_ops.compiled_kernel is not None, torch_ops.kernel_reason
+    assert "C++" in torch_ops.kernel_reason
+    cpu = [line for line in torch._C._dispatch_dump("posenc_fast::rotary_embedding").splitlines()
+           if line.startswith("CPU:")]
+    assert len(cpu) == 1 and "posenc_torch_kernel.cpp" in cpu[0]
+
+
+@pytest.mark.parametrize("dtype, table", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                          (torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
+                                          (torch.float16, torch.float32), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("layout", ["2d", "3d", "fused", "padded"])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot_dim, offset, inverse, with_key",
+                         [(16, 0, False, True), (10, 4, False, True), (8, 0, True, False), (12, 2, True, True)])
+def test_the_kernel_rotates_as_the_function(general_calls, dtype, table, layout, is_neox, rot_dim, offset,
+                                            inverse, with_key):
+    positions = torch.tensor([3, 0, 63, 17, 17])
+    q, k = tensors(dtype, layout=layout)
+    expected_q, expected_k = tensors(dtype, layout=layout)  # views of their own buffer, as q and k
+    counted = expected_q._version, expected_k._version
+    FUNCTION(positions, expected_q, expected_k if with_key else None, 16, cache(table, rot_dim),
+                          is_neox, offset, inverse)
+    general_calls.clear()
+    before = q._version, k._version
+    OP(positions, q, k if with_key else None, 16, cache(table, rot_dim), is_neox, offset, inverse)
+    assert general_calls == []  # _core's entry took it
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    # written in place as torch counts it (views of one fused buffer share their counter)
+    assert (q._version - before[0], k._version - before[1]) == (expected_q._version - counted[0],
+                                                              expected_k._version - counted[1])
+    assert q._version > before[0]
+
+
+def assert_same_error(call, arguments, written):
+    """`call` and the function raise alike on `arguments`, writing nothing of `written`."""
+    kept = [t.clone() for t in written]
+    with pytest.raises((TypeError, ValueError)) as ours:
+        call(*arguments)
+    with pytest.raises(type(ours.value)) as theirs:
+        FUNCTION(*arguments)
+    assert str(ours.value) == str(theirs.value)
+    assert all(torch.equal(t, k) for t, k in zip(written, kept))
+
+
+def test_what_the_entry_declines_goes_to_the_function(general_calls):
+    positions, table = torch.tensor([3, 0, 63]), cache(torch.float32, 16)
+    q, k = tensors(torch.float32, tokens=3)
+    # taken by the function, not refused: int32 and (batch, seq) positions
+    for p in (positions.int(), positions.view(1, 3)):
+        q = tensors(torch.float32, tokens=3)[0].view(*p.shape, 64)
+        expected = q.clone()
+        FUNCTION(p, expected, None, 16, table, True)
+        general_calls.clear()
+        OP(p, q, None, 16, table, True)
+        assert len(general_calls) == 1 and torch.equal(q, expected)
+    q = tensors(torch.float32, tokens=3)[0]
+    # refused, by the function's error, nothing written
+    cases = [(positions + 64, q, k, 16, table, True),              # past the cache
+             (positions, q, k, 16, table[:, :15], True),           # odd rot_dim
+             (positions, q, k, 16, table, True, 4),                # offset + rot_dim past head_size
+             (positions, q, k.double(), 16, table, True),          # key of another dtype
+             (positions, q.requires_grad_(), k, 16, table, True)]  # a tensor autograd records
+    for arguments in cases:
+        general_calls.clear()
+        assert_same_error(OP, arguments, [t for t in arguments[1:3] if t is not None])
+        assert len(general_calls) == 1
+    shared = torch.randn(64 * 16 + 64)  # the cache overlapping query's memory
+    assert_same_error(OP, (positions, shared[:192].view(3, 64), None, 16, shared[64:].view(64, 16), True), [shared])
+    with torch.inference_mode():
+        inference = torch.randn(3, 64)
+    assert_same_error(OP, (positions, inference, None, 16, table, True), [inference])
+    with general_path_only():  # _core's entry declines every call
+        expected = tensors(torch.float32, tokens=3)[0]
+        FUNCTION(positions, expected, None, 16, table, True)
+        general_calls.clear()
+        q = tensors(torch.float32, tokens=3)[0]
+        OP(positions, q, None, 16, table, True)
+        assert len(general_calls) == 1 and torch.equal(q, expected)
+
+
+def test_opcheck_and_fullgraph():
+    positions, table = torch.tensor([3, 0, 63, 5]), cache(torch.bfloat16, 16)
+    q, k = tensors(torch.bfloat16, tokens=4, layout="fused")
+    torch.library.opcheck(OP, (positions, q.clone(), k.clone(), 16, table, True, 0, False))
+
+    @torch.compile(fullgraph=True, backend="inductor")
+    def step(positions, qkv):
+        q, k = qkv[:, :64], qkv[:, 64:96]
+        OP(positions, q, k, 16, table, False)
+        return qkv * 1
+
+    qkv = torch.randn(4, 128).to(torch.bfloat16)
+    expected = qkv.clone()
+    FUNCTION(positions, expected[:, :64], expected[:, 64:96], 16, table, False)
+    assert torch.equal(step(positions, qkv), expected)
