@@ -8,10 +8,13 @@ cache float32): a prefill of 4096 tokens at positions 0..4095, and a decode
 step of 16 sequences, one token each.  Rows:
 
 * ``posenc_fast numpy`` / ``posenc_fast torch``: the in-place call on NumPy
-  arrays / on CPU tensors (read in C, not copied); ``torch.ops`` through the
+  arrays / on CPU tensors over the same memory (read in C, not copied); ``torch.ops`` through the
   custom op of `posenc_fast.torch_ops` (dispatcher overhead included);
   ``torch.ops no-op``: an op of the same schema whose kernel does nothing,
-  what torch's call of the op costs by itself (the floor of ``torch.ops``);
+  what torch's call of the op costs by itself (the floor of ``torch.ops``
+  with a Python kernel); ``torch.ops Python``, where the op's C++ kernel is
+  loaded (``python -m posenc_fast build-torch-kernel``): the op's Python
+  kernel, through the same dispatcher;
 * ``apply_qk``: `RotaryEmbedding.apply_qk` rotating the same NumPy arrays in
   place, as (tokens, heads, head_size) with a position per token: the kernel
   behind the op without the op's glue;
@@ -26,7 +29,7 @@ step of 16 sequences, one token each.  Rows:
   on the same arrays; their limit ``copy q, k, v``.
 
 Each line: median time per call and its ratio to the copy (paired per round;
-the KV write rows to the copy of q, k and v).
+the KV write rows to the copy of q, k and v), and the rotations' to ``apply_qk``.
 The torch rows appear only when torch imports.
 """
 
@@ -112,12 +115,14 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
     except Unavailable as exc:
         print(f"  (torch rows skipped: {exc})")
         return calls
-    import posenc_fast.torch_ops  # noqa: F401  (registers torch.ops.posenc_fast)
+    import posenc_fast.torch_ops  # registers torch.ops.posenc_fast
 
     t_dtype = getattr(torch, dtype)
     t_positions, t_cache = torch.from_numpy(positions), torch.from_numpy(cache)
-    t_query = torch.from_numpy(rng.standard_normal(query.shape, dtype=np.float32)).to(t_dtype)
-    t_key = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32)).to(t_dtype)
+    def tensor(a):  # over the NumPy array's memory: the torch rows and apply_qk rotate the same bytes
+        return torch.from_numpy(a.view(np.int16)).view(t_dtype) if t_dtype is torch.bfloat16 else torch.from_numpy(a)
+
+    t_query, t_key = tensor(query), tensor(key)
     if dtype == "float32":  # the native formula rounds bfloat16 three times
         check_q, check_k = t_query.clone(), t_key.clone()
         expected = native_formula(torch, t_positions, check_q, check_k, t_cache)
@@ -126,7 +131,7 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
         print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
     op, op_no_op = torch.ops.posenc_fast.rotary_embedding, no_op(torch)
     t_kv, t_slots = torch.from_numpy(kv.view(np.int16)).view(t_dtype), torch.from_numpy(slots)
-    t_value = torch.from_numpy(rng.standard_normal(key.shape, dtype=np.float32)).to(t_dtype)
+    t_value = tensor(value)
     kv_args = (t_positions, t_query, t_key, t_value, t_kv[0], t_kv[1], t_slots, HEAD_SIZE, t_cache, True, "HND")
     calls.update({
         "KV write torch": lambda: vllm.apply_qk_to_cache(*kv_args),
@@ -135,6 +140,8 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
                                                            HEAD_SIZE, t_cache, True),
         "torch.ops": lambda: op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
         "torch.ops no-op": lambda: op_no_op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
+        **({"torch.ops Python": lambda: torch.ops.posenc_fast._rotary_embedding_general(
+            t_positions, t_query, t_key, HEAD_SIZE, t_cache, True)} if posenc_fast.torch_ops.compiled_kernel else {}),
         "vLLM native": lambda: native_formula(torch, t_positions, t_query, t_key, t_cache),
     })
     return calls
@@ -148,6 +155,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"posenc_fast {pf.__version__}, one thread, q ({HEADS} x {HEAD_SIZE}), "
           f"k ({KV_HEADS} x {HEAD_SIZE}) per token, cpu {pf.build_info()['cpu']}")
+    try:
+        from posenc_fast import torch_ops
+        print(f"torch.ops.posenc_fast.rotary_embedding: {torch_ops.kernel_reason}")
+    except ImportError:
+        pass
     workloads = {"prefill, 4096 tokens": np.arange(4096),
                  "decode, 16 sequences": np.random.default_rng(1).integers(0, 4096, 16)}
     for (title, positions), dtype in itertools.product(workloads.items(), args.dtype):
@@ -156,8 +168,10 @@ def main() -> None:
         set_threads(1)  # posenc_fast's and torch's (imported by now)
         timings = measure(calls, rounds=args.rounds, target_ns=20_000_000)
         for name, timing in timings.items():
-            ratio = paired_ratio(timing, timings["copy q, k, v" if name.startswith("KV write") else "copy"])
-            print(f"  {name:<18} {timing.median_ns / 1e3:10.1f} us  {ratio:6.2f}x copy")
+            kv = name.startswith("KV write")
+            ratio = paired_ratio(timing, timings["copy q, k, v" if kv else "copy"])
+            kernel = "" if kv else f"  {paired_ratio(timing, timings['apply_qk']):6.2f}x apply_qk"
+            print(f"  {name:<18} {timing.median_ns / 1e3:10.1f} us  {ratio:6.2f}x copy{kernel}")
 
 
 if __name__ == "__main__":
