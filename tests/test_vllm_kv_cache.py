@@ -143,6 +143,14 @@ def _query_holds_the_key_cache(call):
     return memory[call["query"].size - 8:][:call["key_cache"].size].reshape(call["key_cache"].shape)
 
 
+def _table_holds_the_value_cache(call):
+    table, cache = call["cos_sin_cache"], call["value_cache"]
+    memory = np.zeros(table.size + cache.size, table.dtype)
+    call["cos_sin_cache"] = memory[:table.size].reshape(table.shape)
+    call["cos_sin_cache"][...] = table
+    return memory[table.size - 8:][:cache.size].reshape(cache.shape)
+
+
 def _index_in_query(name):
     """The call's `name` (positions or slot_mapping, valid values) written into query's memory."""
     return lambda call: int64_inside(call["query"], call[name])
@@ -166,7 +174,9 @@ BAD = {
     "one cache for keys and values": (dict(value_cache=lambda c: c["key_cache"]), ValueError,
                                       "key_cache and value_cache share memory"),
     "the key cache inside query": (dict(key_cache=_query_holds_the_key_cache), ValueError,
-                                   "key_cache shares memory with an input (query, key, value"),
+                                   "key_cache shares memory with query, which the call reads"),
+    "the value cache inside the table": (dict(value_cache=_table_holds_the_value_cache), ValueError,
+                                         "value_cache shares memory with cos_sin_cache, which the call reads"),
     "the value inside query": (dict(value=lambda c: c["query"][:, :32]), ValueError,
                                "query and value share memory"),
     "the key inside query": (dict(key=lambda c: c["query"][:, 16:48]), ValueError, "query and key share memory"),

@@ -107,8 +107,8 @@ class Names(NamedTuple):
 
 
 def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: int,
-               extra_inputs: tuple = (), names: Names = Names()) -> CacheCall:
-    """Validate a rotate-and-write call (`extra_inputs`: other arrays it reads)."""
+               extra_inputs: dict | None = None, names: Names = Names()) -> CacheCall:
+    """Validate a rotate-and-write call (`extra_inputs`: other arrays it reads, by name)."""
     n = names
     q = _token_array(q, n.q, dim)
     k = _token_array(k, n.k, dim)
@@ -131,13 +131,13 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
                         f"float32 {n.q}, {n.k}, {n.v}), got {k_cache.dtype}")
     positions = token_indices(positions, "positions", ntokens)
     slots = _slots(slot_mapping, ntokens, k_cache.shape[0] * k_cache.shape[1])
-    inputs = (q, k, v_, positions, slots) + extra_inputs
+    inputs = {n.q: q, n.k: k, n.v: v_, "positions": positions, "slot_mapping": slots, **(extra_inputs or {})}
     if v.overlaps(k_cache, v_cache):
         raise ValueError(f"{n.k_cache} and {n.v_cache} share memory; pass two separate caches")
     for cache, name in ((k_cache, n.k_cache), (v_cache, n.v_cache)):
-        if any(v.overlaps(cache, x) for x in inputs):
-            raise ValueError(f"{name} shares memory with an input ({n.q}, {n.k}, {n.v}, positions, "
-                             f"slot_mapping)")
+        for other, x in inputs.items():
+            if v.overlaps(cache, x):
+                raise ValueError(f"{name} shares memory with {other}, which the call reads")
     out_q, in_place = v.output(out_q, n.out_q, q.shape, q.dtype, may_be=(q,),
                                must_not_overlap=(k, v_, k_cache, v_cache))
     v.indices_apart({"positions": positions, "slot_mapping": slots}, {n.out_q: out_q})

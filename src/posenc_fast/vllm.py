@@ -377,7 +377,7 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
     normed = _kv_cache._norm_weights(None if q_weight is None else (q_weight, k_weight), head_size, eps,
                                      weight_offset)
     call = _kv_cache.check_call(query, key, value, tokens, key_cache, value_cache,
-                                slot_mapping.reshape(-1), query, head_size, (cache,), _kv_cache.Names(
+                                slot_mapping.reshape(-1), query, head_size, {"cos_sin_cache": cache}, _kv_cache.Names(
                                     "query", "key", "value", "key_cache", "value_cache", "query"))
     if normed is None:
         _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
