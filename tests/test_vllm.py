@@ -211,6 +211,21 @@ def test_features_past_rot_dim_and_other_tokens_untouched():
     assert not np.array_equal(before[..., :6], query[..., :6])
 
 
+def test_ndarray_subclasses_are_rotated_where_they_lie(tmp_path):
+    # np.matrix (which refuses the reshapes into heads) and np.memmap: rotated through plain views
+    rng = np.random.default_rng(4)
+    positions, query, key, cache = make_case(rng, "(tokens, heads*head_size)", 5, 2, 1, 16, 16,
+                                             9, np.float32)
+    expected_q, expected_k = query.copy(), key.copy()
+    vllm.rotary_embedding(positions, expected_q, expected_k, 16, cache, True)
+    mapped = np.memmap(tmp_path / "key", np.float32, "w+", shape=key.shape)
+    mapped[...] = key
+    matrix = np.asmatrix(query.copy())
+    vllm.rotary_embedding(positions, matrix, mapped, 16, cache, True)
+    assert type(matrix) is np.matrix and np.array_equal(np.asarray(matrix), expected_q)
+    assert np.array_equal(np.asarray(mapped), expected_k)
+
+
 class RecordingKernels:
     """The kernels module, recording what rotate_tokens_fast was given and answered."""
 

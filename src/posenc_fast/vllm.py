@@ -187,7 +187,9 @@ def _as_arrays(names: tuple, args: tuple, written: tuple) -> tuple:
         if name in written and not isinstance(x, np.ndarray) and not (x is None and name in _OPTIONAL):
             raise TypeError(f"{name} must be a numpy.ndarray or torch.Tensor (it is written in "
                             f"place), got {type(x).__name__}")
-    return args
+    # a subclass (np.matrix, np.memmap) as a plain view of its memory: np.matrix refuses the reshapes
+    return tuple(x.view(np.ndarray) if isinstance(x, np.ndarray) and type(x) is not np.ndarray else x
+                 for x in args)
 
 
 def tensors_written(names: tuple, args: tuple) -> tuple:
