@@ -12,9 +12,9 @@ step of 16 sequences, one token each.  Rows:
   custom op of `posenc_fast.torch_ops` (dispatcher overhead included);
   ``torch.ops no-op``: an op of the same schema whose kernel does nothing,
   what torch's call of the op costs by itself (the floor of ``torch.ops``
-  with a Python kernel); ``torch.ops Python``, where the op's C++ kernel is
-  loaded (``python -m posenc_fast build-torch-kernel``): the op's Python
-  kernel, through the same dispatcher;
+  with a Python kernel); ``torch.ops Python`` and ``KV write Python op``,
+  where the ops' C++ kernels are loaded (``python -m posenc_fast
+  build-torch-kernel``): their Python kernels, through the same dispatcher;
 * ``apply_qk``: `RotaryEmbedding.apply_qk` rotating the same NumPy arrays in
   place, as (tokens, heads, head_size) with a position per token: the kernel
   behind the op without the op's glue;
@@ -140,10 +140,14 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
                                                            HEAD_SIZE, t_cache, True),
         "torch.ops": lambda: op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
         "torch.ops no-op": lambda: op_no_op(t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
-        **({"torch.ops Python": lambda: torch.ops.posenc_fast._rotary_embedding_general(
-            t_positions, t_query, t_key, HEAD_SIZE, t_cache, True)} if posenc_fast.torch_ops.compiled_kernel else {}),
         "vLLM native": lambda: native_formula(torch, t_positions, t_query, t_key, t_cache),
     })
+    if posenc_fast.torch_ops.compiled_kernels:  # the ops' Python kernels, through the same dispatcher
+        calls.update({
+            "KV write Python op": lambda: torch.ops.posenc_fast._apply_qk_to_cache_general(*kv_args),
+            "torch.ops Python": lambda: torch.ops.posenc_fast._rotary_embedding_general(
+                t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
+        })
     return calls
 
 

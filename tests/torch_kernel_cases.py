@@ -1,10 +1,10 @@
-"""Cases of the C++ kernel of torch.ops.posenc_fast.rotary_embedding, in a process that loaded it.
+"""Cases of the C++ kernels of torch.ops.posenc_fast.rotary_embedding and apply_qk_to_cache, in a process
+that loaded them.
 
 Run by tests/test_torch_kernel.py with XDG_CACHE_HOME where it built the kernel (a kernel
 registered with torch stays for the process, so the other tests keep the Python one).  The
-kernel hands every call _core's entry does not take to ``_rotary_embedding_general``, whose
-Python kernel looks `posenc_fast.vllm.rotary_embedding` up at each call: counting those
-calls shows which path ran.
+kernels hand every call _core's entries do not take to ``_<op>_general``, whose Python kernel
+looks the `posenc_fast.vllm` function up at each call: counting those calls shows which path ran.
 """
 
 import pytest
@@ -18,16 +18,22 @@ OP = torch.ops.posenc_fast.rotary_embedding
 FUNCTION = vllm.rotary_embedding  # the expected results and errors, not counted
 
 
+CACHE_FUNCTION = vllm.apply_qk_to_cache
+
+
 @pytest.fixture
 def general_calls(monkeypatch):
-    """The calls that reached the Python function, as a list of their argument tuples."""
+    """The calls that reached the Python functions, as (name, arguments)."""
     calls = []
 
-    def counted(*args):
-        calls.append(args)
-        return FUNCTION(*args)
+    def counted(name, function):
+        def call(*args):
+            calls.append((name, args))
+            return function(*args)
+        return call
 
-    monkeypatch.setattr(vllm, "rotary_embedding", counted)
+    monkeypatch.setattr(vllm, "rotary_embedding", counted("rotary_embedding", FUNCTION))
+    monkeypatch.setattr(vllm, "apply_qk_to_cache", counted("apply_qk_to_cache", CACHE_FUNCTION))
     return calls
 
 
@@ -55,11 +61,11 @@ def tensors(dtype, tokens=5, heads=4, kv_heads=2, head_size=16, layout="2d", see
     return q, k
 
 
-def test_the_op_is_served_by_the_cpp_kernel():
-    assert torch_ops.compiled_kernel is not None, torch_ops.kernel_reason
+@pytest.mark.parametrize("op", ["rotary_embedding", "apply_qk_to_cache"])
+def test_the_op_is_served_by_the_cpp_kernel(op):
+    assert torch_ops.compiled_kernels is not None, torch_ops.kernel_reason
     assert "C++" in torch_ops.kernel_reason
-    cpu = [line for line in torch._C._dispatch_dump("posenc_fast::rotary_embedding").splitlines()
-           if line.startswith("CPU:")]
+    cpu = [line for line in torch._C._dispatch_dump(f"posenc_fast::{op}").splitlines() if line.startswith("CPU:")]
     assert len(cpu) == 1 and "posenc_torch_kernel.cpp" in cpu[0]
 
 
@@ -151,3 +157,84 @@ def test_opcheck_and_fullgraph():
     expected = qkv.clone()
     FUNCTION(positions, expected[:, :64], expected[:, 64:96], 16, table, False)
     assert torch.equal(step(positions, qkv), expected)
+
+
+CACHE_OP = torch.ops.posenc_fast.apply_qk_to_cache
+
+
+def cache_call(dtype, cache_dtype, layout, is_neox, one_tensor, seed=0):
+    """apply_qk_to_cache's arguments: q, k, v slices of one qkv projection (5 tokens, 4 + 2 heads of 16),
+    vLLM's caches (8 blocks of 4 slots) as `layout` says, one tensor of keys and values or two."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(5, (4 + 2 * 2) * 16, generator=g).to(dtype)
+    shape = (8, 2, 4, 16) if layout == "HND" else (8, 4, 2, 16)
+    kv = torch.zeros((2, *shape), dtype=cache_dtype)
+    caches = (kv[0], kv[1]) if one_tensor else (kv[0].clone(), kv[1].clone())
+    return dict(positions=torch.tensor([3, 0, 63, 17, 17]), query=qkv[:, :64], key=qkv[:, 64:96],
+                value=qkv[:, 96:], key_cache=caches[0], value_cache=caches[1],
+                slot_mapping=torch.tensor([5, -1, 30, 0, 12]), head_size=16,
+                cos_sin_cache=cache(dtype, 16), is_neox=is_neox,
+                kv_cache_layout=layout)
+
+
+def cloned(call):
+    """`call` with its written tensors copied (their buffers of their own, as the originals')."""
+    copies = dict(call)
+    qkv = call["query"]._base.clone()
+    copies.update(query=qkv[:, :64], key=qkv[:, 64:96], value=qkv[:, 96:])
+    if call["key_cache"]._base is not None:
+        kv = call["key_cache"]._base.clone()
+        copies.update(key_cache=kv[0], value_cache=kv[1])
+    else:
+        copies.update(key_cache=call["key_cache"].clone(), value_cache=call["value_cache"].clone())
+    return copies
+
+
+def versions(call):
+    return [call[name]._version for name in ("query", "key_cache", "value_cache")]
+
+
+@pytest.mark.parametrize("dtype, cache_dtype", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                                (torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
+                                                (torch.float32, torch.bfloat16), (torch.float32, torch.float16)])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("one_tensor", [True, False])
+def test_the_cache_kernel_writes_as_the_function(general_calls, dtype, cache_dtype, layout, is_neox, one_tensor):
+    call = cache_call(dtype, cache_dtype, layout, is_neox, one_tensor)
+    expected = cloned(call)
+    counted = versions(expected)
+    CACHE_FUNCTION(**expected)
+    before = versions(call)
+    CACHE_OP(**call)
+    assert general_calls == []  # _core's entry took it
+    for name in ("query", "key", "value", "key_cache", "value_cache"):
+        assert torch.equal(call[name], expected[name]), name
+    assert [a - b for a, b in zip(versions(call), before)] == [a - b for a, b in zip(versions(expected), counted)]
+    assert versions(call) != before
+
+
+def test_what_the_cache_entry_declines_goes_to_the_function(general_calls):
+    call = cache_call(torch.float32, torch.float32, "NHD", True, False)
+    weights = dict(q_weight=torch.rand(16) + 0.5, k_weight=torch.rand(16) + 0.5)
+    expected = cloned(call)
+    CACHE_FUNCTION(*expected.values(), *weights.values())
+    CACHE_OP(**call, **weights)  # q/k RMSNorm first: the Python kernel
+    assert [name for name, _ in general_calls] == ["apply_qk_to_cache"]
+    assert all(torch.equal(call[n], expected[n]) for n in ("query", "key_cache", "value_cache"))
+    refused = [dict(slot_mapping=torch.tensor([5, 5, 30, 0, 12])),   # a slot twice
+               dict(slot_mapping=torch.tensor([5, 1, 32, 0, 12])),   # past the cache
+               dict(kv_cache_layout="NDH"),
+               dict(eps=-1.0),
+               dict(positions=torch.tensor([3, 0, 64, 1, 2])),       # past the cos/sin cache
+               dict(value=torch.randn(5, 32, dtype=torch.float64))]
+    for change in refused:
+        bad = dict(cache_call(torch.float32, torch.float32, "NHD", True, False), **change)
+        kept = {n: bad[n].clone() for n in ("query", "key_cache", "value_cache")}
+        general_calls.clear()
+        with pytest.raises((TypeError, ValueError)) as ours:
+            CACHE_OP(**bad)
+        with pytest.raises(type(ours.value)) as theirs:
+            CACHE_FUNCTION(**bad)
+        assert str(ours.value) == str(theirs.value) and len(general_calls) == 1, change
+        assert all(torch.equal(bad[n], kept[n]) for n in kept), change

@@ -8,11 +8,17 @@ from libc.stdlib cimport calloc, free
 
 cdef TokenWalk _cache_walk(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
                             Py_ssize_t itemsize, const Strided* k_cache, const Strided* v_cache) except *:
-    # rows: q, out_q, k, v; the caches (num_blocks, block_size, kv_heads, dim) views.
+    # _cache_walk_of, for caches that take the data.
+    if not _cache_takes(data, _strided_dtype(k_cache)):
+        raise TypeError(f"no cache store of this data into a {<object>k_cache.descr} cache")
+    return _cache_walk_of(rows, tokens, dim, data, itemsize, k_cache, v_cache)
+
+
+cdef TokenWalk _cache_walk_of(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t dim, int data,
+                              Py_ssize_t itemsize, const Strided* k_cache, const Strided* v_cache) noexcept nogil:
+    # rows: q, out_q, k, v; the caches (num_blocks, block_size, kv_heads, dim) views, taking the data.
     cdef TokenWalk w
     cdef int cache = _strided_dtype(k_cache)
-    if not _cache_takes(data, cache):
-        raise TypeError(f"no cache store of this data into a {<object>k_cache.descr} cache")
     w = _rows_walk(&rows[0], &rows[1], tokens, dim, data, itemsize)
     w.k, w.v = rows[2], rows[3]
     w.cache = cache
@@ -23,7 +29,7 @@ cdef TokenWalk _cache_walk(const TokenRows* rows, Py_ssize_t tokens, Py_ssize_t 
     return w
 
 
-cdef inline int _cache_threads(const TokenWalk* w) noexcept:
+cdef inline int _cache_threads(const TokenWalk* w) noexcept nogil:
     # The threads for a walk's q, k and v items.
     return _threads_for(w.tokens * (w.q.heads + 2 * w.k.heads) * w.dim)
 
@@ -118,7 +124,7 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
                   q_factors, k_factors, eps)
 
 
-cdef inline bint _cache_array(const Strided* a, Py_ssize_t kv_heads, Py_ssize_t dim) noexcept:
+cdef inline bint _cache_array(const Strided* a, Py_ssize_t kv_heads, Py_ssize_t dim) noexcept nogil:
     # A writeable, aligned array of a kernel dtype (num_blocks, block_size, kv_heads, dim) whose
     # strides place every element apart (_kv_cache.slot_strides_apart, the general path's rule).
     cdef Py_ssize_t stride[3]
@@ -148,7 +154,7 @@ cdef inline bint _cache_array(const Strided* a, Py_ssize_t kv_heads, Py_ssize_t 
     return True
 
 
-cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots):
+cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots) noexcept nogil:
     # Every slot -1 or in [0, num_slots), no slot twice (pairwise for a few
     # tokens, a bitmap of the cache's slots for many).
     cdef Py_ssize_t i, j
@@ -179,7 +185,8 @@ cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots
 
 
 cdef bint _caches_valid(const Strided* kc, const Strided* vc, Py_ssize_t kv_heads, Py_ssize_t dim, int data,
-                        const Strided* inputs, Py_ssize_t n_inputs, const long long* slots, Py_ssize_t tokens):
+                        const Strided* inputs, Py_ssize_t n_inputs, const long long* slots,
+                        Py_ssize_t tokens) noexcept nogil:
     # The general path's rules (_kv_cache.check_call) for a key and a value cache of the call's
     # rows: each a _cache_array of one dtype and shape, taking `data`, apart from each other and
     # from every input array; every slot -1 or in them, none twice.
@@ -258,6 +265,33 @@ def apply_qk_to_cache_fast(RotaryBase fast not None, q, k, v, positions, k_cache
     return result
 
 
+cdef bint _cache_call(Strided* v, Py_ssize_t head_size, bint hnd, TokenRows* rows, CosSinTable* table,
+                      Py_ssize_t* tokens, const long long** pos, int* d) noexcept nogil:
+    # tokens_to_cache_fast's checks of v (query, key, the [cos | sin] cache, positions, value,
+    # slot_mapping, the key and value caches; hnd: the caches (num_blocks, kv_heads, block_size, dim),
+    # read as NHD after): rows q, out_q (q), k, v, the table, the positions, the data's dtype index;
+    # False where the call is not taken.
+    cdef Py_ssize_t j, i
+    if not _token_table(&v[2], &v[3], head_size, table, tokens, pos):
+        return False
+    d[0] = _strided_dtype(&v[0])
+    for j in range(3):  # query, key, value as rows 1-3; rows[0], the query's result, is the query
+        i = 4 if j == 2 else j
+        if not _token_rows(&v[i], tokens[0], head_size, 0, &rows[j + 1]) or _strided_dtype(&v[i]) != d[0]:
+            return False
+    rows[0] = rows[1]
+    if (not _vllm_table_takes(d[0], table.dtype) or v[6].nd != 4 or v[7].nd != 4
+            or not _strided_disjoint(&v[0], &v[2]) or rows[2].heads != rows[3].heads
+            or not _rows_disjoint(&rows[0], &rows[2], tokens[0]) or not _rows_disjoint(&rows[0], &rows[3], tokens[0])
+            or not _index_strided(&v[5], tokens[0]) or not _strided_disjoint(&v[5], &v[0])):
+        return False
+    if hnd:  # (num_blocks, kv_heads, block_size, dim) read as NHD
+        _swap_axes(&v[6], 1, 2)
+        _swap_axes(&v[7], 1, 2)
+    return _caches_valid(&v[6], &v[7], rows[2].heads, head_size, d[0], v, 6, <const long long*>v[5].data,
+                         tokens[0])
+
+
 def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size,
                          cos_sin_cache, is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset):
     """vllm.apply_qk_to_cache's common call, every check in C: True, or False (nothing written).
@@ -271,7 +305,7 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     cdef Strided v[8]  # query, key, the [cos | sin] cache, positions, value, slot_mapping, the key and value caches
     cdef CosSinTable table
     cdef TokenWalk w
-    cdef Py_ssize_t tokens = 0, j, i
+    cdef Py_ssize_t tokens = 0
     cdef const long long* pos = NULL
     cdef const long long* slots
     cdef double e = 0.0, offset
@@ -287,26 +321,10 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     if not (_strided_of(value, tensors, grad, True, &v[4]) and _strided_of(slot_mapping, tensors, grad, False, &v[5])
             and _strided_of(key_cache, tensors, grad, True, &v[6])
             and _strided_of(value_cache, tensors, grad, True, &v[7])
-            and _token_table(&v[2], &v[3], head_size, &table, &tokens, &pos)):
+            and _cache_call(v, head_size, kv_cache_layout == "HND", rows, &table, &tokens, &pos, &d)
+            and not (tensors and not _writable((query, key_cache, value_cache)))):
         return False
-    d = _strided_dtype(&v[0])
-    for j in range(3):  # query, key, value as rows 1-3; rows[0], the query's result, is the query
-        i = 4 if j == 2 else j
-        if not _token_rows(&v[i], tokens, head_size, 0, &rows[j + 1]) or _strided_dtype(&v[i]) != d:
-            return False
-    rows[0] = rows[1]
-    if (not _vllm_table_takes(d, table.dtype) or v[6].nd != 4 or v[7].nd != 4
-            or not _strided_disjoint(&v[0], &v[2]) or rows[2].heads != rows[3].heads
-            or not _rows_disjoint(&rows[0], &rows[2], tokens) or not _rows_disjoint(&rows[0], &rows[3], tokens)
-            or not _index_strided(&v[5], tokens) or not _strided_disjoint(&v[5], &v[0])):
-        return False
-    if kv_cache_layout == "HND":  # (num_blocks, kv_heads, block_size, dim) read as NHD
-        _swap_axes(&v[6], 1, 2)
-        _swap_axes(&v[7], 1, 2)
     slots = <const long long*>v[5].data
-    if (not _caches_valid(&v[6], &v[7], rows[2].heads, head_size, d, v, 6, slots, tokens)
-            or tensors and not _writable((query, key_cache, value_cache))):
-        return False
     w = _cache_walk(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
     if q_weight is None:
         if K.rotate[d][table.dtype][0] == NULL or not _norm_args_fit(eps, weight_offset, &e, &offset):

@@ -14,6 +14,7 @@
 # tensors makes no ndarray.
 
 from cpython.object cimport PyObject
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 
@@ -65,7 +66,7 @@ cdef void _fill_strided(cnp.ndarray a, Strided* v) noexcept:
         v.dims[k], v.steps[k] = cnp.PyArray_DIMS(a)[k], cnp.PyArray_STRIDES(a)[k]
 
 
-cdef inline void _swap_axes(Strided* v, int i, int j) noexcept:
+cdef inline void _swap_axes(Strided* v, int i, int j) noexcept nogil:
     v.dims[i], v.dims[j] = v.dims[j], v.dims[i]
     v.steps[i], v.steps[j] = v.steps[j], v.steps[i]
 
@@ -191,7 +192,7 @@ cdef struct TokenWalk:
     SlotLayout v_layout
 
 
-cdef inline SlotLayout _slot_layout(const Strided* cache) noexcept:
+cdef inline SlotLayout _slot_layout(const Strided* cache) noexcept nogil:
     # A (num_blocks, block_size, kv_heads, dim) cache's layout.
     cdef SlotLayout layout
     layout.data = cache.data
@@ -307,21 +308,36 @@ cdef void _run_tokens(const TokenWalk* w, const long long* slot_of, const long l
         posenc_parallel_for((w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, threads, _walk_chunk, &job)
 
 
-cdef int _walk_tokens(const TokenWalk* w, const long long* slot_of, const long long* row_of,
-                      const CosSinTable* table, bint half, bint inverse, Py_ssize_t start, int threads) except -1:
-    # _run_tokens with its row kernels (inverse: q by -theta) and, for a half cache, its scratch rows.
+cdef int _walk_tokens_nogil(const TokenWalk* w, const long long* slot_of, const long long* row_of,
+                            const CosSinTable* table, bint half, bint inverse, Py_ssize_t start,
+                            int threads) noexcept nogil:
+    # _run_tokens with its row kernels (inverse: q by -theta) and, for a half cache, its scratch
+    # rows: 0, or (nothing written) 1 where the data has no kernel with this table, 2 without memory.
     cdef RowCall q_call, k_call
     cdef float* scratch = NULL
-    cdef cnp.ndarray scratch_rows
     if not _walk_calls(w, table, half, inverse, start, &q_call, &k_call):
-        raise TypeError("no rotation kernel for this data with this cos/sin table")
+        return 1
     if w.tokens == 0:
         return 0
     if w.narrow != NULL:
-        scratch_rows = cnp.PyArray_EMPTY(2, [threads, w.dim], cnp.NPY_FLOAT32, 0)
-        scratch = <float*>_data(scratch_rows)
+        scratch = <float*>malloc(max(threads, 1) * w.dim * sizeof(float))
+        if scratch == NULL:
+            return 2
+    _run_tokens(w, slot_of, row_of, table, &q_call, &k_call, scratch, threads)
+    free(scratch)
+    return 0
+
+
+cdef int _walk_tokens(const TokenWalk* w, const long long* slot_of, const long long* row_of,
+                      const CosSinTable* table, bint half, bint inverse, Py_ssize_t start, int threads) except -1:
+    # _walk_tokens_nogil without the GIL, its failures raised.
+    cdef int status
     with nogil:
-        _run_tokens(w, slot_of, row_of, table, &q_call, &k_call, scratch, threads)
+        status = _walk_tokens_nogil(w, slot_of, row_of, table, half, inverse, start, threads)
+    if status == 1:
+        raise TypeError("no rotation kernel for this data with this cos/sin table")
+    if status == 2:
+        raise MemoryError()
     return 0
 
 

@@ -471,6 +471,15 @@ cdef extern from "posenc_torch_kernel.h" nogil:
         int nd
         const int64_t* sizes
         const int64_t* strides
+    ctypedef int (*posenc_rotate_tokens_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                                            const posenc_tensor*, int64_t, int64_t, int, int) noexcept nogil
+    ctypedef int (*posenc_tokens_to_cache_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                                              const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                                              const posenc_tensor*, int64_t, const posenc_tensor*, int,
+                                              int) noexcept nogil
+    ctypedef struct posenc_torch_entries:
+        posenc_rotate_tokens_fn rotate_tokens
+        posenc_tokens_to_cache_fn tokens_to_cache
 
 cdef extern from "posenc_kernels.h" nogil:
     int posenc_bf16_typenum
@@ -509,6 +518,37 @@ cdef int _torch_rotate_tokens(const posenc_tensor* positions, const posenc_tenso
     return _rotate_tokens(v, n, head_size, offset, is_neox != 0, inverse != 0)
 
 
+cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_tensor* query, const posenc_tensor* key,
+                                const posenc_tensor* value, const posenc_tensor* key_cache,
+                                const posenc_tensor* value_cache, const posenc_tensor* slot_mapping,
+                                int64_t head_size, const posenc_tensor* cos_sin_cache, int is_neox,
+                                int hnd) noexcept nogil:
+    # posenc_tokens_to_cache_fn: tokens_to_cache_fast's checks and call (no norm) on the kernel's tensors.
+    cdef Strided v[8]  # as tokens_to_cache_fast's
+    cdef TokenRows rows[4]
+    cdef CosSinTable table
+    cdef TokenWalk w
+    cdef Py_ssize_t tokens = 0
+    cdef const long long* pos = NULL
+    cdef int d = 0, j
+    cdef const posenc_tensor* given[8]
+    given[:] = [query, key, cos_sin_cache, positions, value, slot_mapping, key_cache, value_cache]
+    if not _fast_paths_on or head_size < 1:
+        return 0
+    for j in range(8):
+        if not _tensor_view(given[j], &v[j]):
+            return 0
+    if not (_strided_disjoint(&v[3], &v[0]) and _strided_disjoint(&v[3], &v[1])
+            and _cache_call(v, head_size, hnd != 0, rows, &table, &tokens, &pos, &d)):
+        return 0
+    w = _cache_walk_of(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
+    return _walk_tokens_nogil(&w, <const long long*>v[5].data, pos, &table, is_neox != 0, False, 0,
+                              _cache_threads(&w)) == 0
+
+
+cdef posenc_torch_entries _TORCH_ENTRIES = posenc_torch_entries(_torch_rotate_tokens, _torch_tokens_to_cache)
+
+
 def torch_kernel_entry():
-    """(address, version) of the compiled torch kernel's entry (posenc_torch_kernel.h)."""
-    return <Py_ssize_t><void*>_torch_rotate_tokens, POSENC_TORCH_ENTRY_VERSION
+    """(address, version) of the compiled torch kernel's entries (posenc_torch_kernel.h)."""
+    return <Py_ssize_t><void*>&_TORCH_ENTRIES, POSENC_TORCH_ENTRY_VERSION

@@ -1,16 +1,18 @@
-"""The C++ kernel of ``torch.ops.posenc_fast.rotary_embedding``: built on this machine, loaded by `torch_ops`.
+"""The C++ kernels of two torch ops: built on this machine, loaded by `torch_ops`.
 
 torch calls an op's kernel written in Python for ~2.4 us however little it
 does, one written in C++ for ~1.7 us; a decode step's rotation takes 6-7 us
-(bench/README.md).  The C++ kernel (``torch_kernel/posenc_torch_kernel.cpp``)
-is compiled against the torch installed here, so it is built here:
-``python -m posenc_fast build-torch-kernel`` (a C++ compiler, a few seconds)
-writes it to `cache_folder`, under a name keyed by its source, torch's
-version and the Python ABI, and `posenc_fast.torch_ops` loads it at import
-where it finds it (``POSENC_FAST_TORCH_KERNEL=0``: never).  Without it the
-op's kernel is the Python function.  Either way the results and the errors
-are `posenc_fast.vllm.rotary_embedding`'s: the C++ kernel hands every call
-that _core's entry does not take to that function.
+(bench/README.md).  ``torch_kernel/posenc_torch_kernel.cpp`` holds the CPU
+kernels of ``torch.ops.posenc_fast.rotary_embedding`` and
+``apply_qk_to_cache`` (the per-token ops of a decode step), compiled against
+the torch installed here, so built here: ``python -m posenc_fast
+build-torch-kernel`` (a C++ compiler, a few seconds) writes them to
+`cache_folder`, under a name keyed by their source, torch's version and the
+Python ABI, and `posenc_fast.torch_ops` loads them at import where it finds
+them (``POSENC_FAST_TORCH_KERNEL=0``: never).  Without them the ops' kernels
+are the Python functions.  Either way the results and the errors are
+`posenc_fast.vllm`'s: a C++ kernel hands every call that _core's entry does
+not take to the function.
 """
 
 import ctypes
@@ -28,7 +30,7 @@ HEADER = SOURCE.with_suffix(".h")
 
 
 def library_path(torch) -> Path:
-    """Where the kernel for `torch` (the module) and this Python lies once built."""
+    """Where the kernels for `torch` (the module) and this Python lie once built."""
     key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), HEADER.read_bytes(), torch.__version__.encode(),
                                      sys.implementation.cache_tag.encode(),
                                      str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()])).hexdigest()[:16]
@@ -36,7 +38,7 @@ def library_path(torch) -> Path:
 
 
 def build(torch) -> Path:
-    """Compile the kernel for `torch` with ``$CXX`` (``c++`` without it); return its path.
+    """Compile the kernels for `torch` with ``$CXX`` (``c++`` without it); return its path.
 
     Raises
     ------
@@ -64,15 +66,15 @@ def build(torch) -> Path:
 
 
 def load(torch) -> tuple[Path | None, str]:
-    """Load the kernel built for `torch`, if there is one: (its path or None, why)."""
+    """Load the kernels built for `torch`, if there are: (their library's path or None, why)."""
     if os.environ.get(ENV_VAR) == "0":
-        return None, f"the Python kernel: turned off ({ENV_VAR}=0)"
+        return None, f"the Python kernels: turned off ({ENV_VAR}=0)"
     path = library_path(torch)
     if not path.exists():
-        return None, (f"the Python kernel: none built for torch {torch.__version__} "
+        return None, (f"the Python kernels: none built for torch {torch.__version__} "
                       "(python -m posenc_fast build-torch-kernel)")
     torch.ops.load_library(str(path))
     address, version = kernels.torch_kernel_entry()
-    if not ctypes.CDLL(str(path)).posenc_torch_kernel_set_entry(ctypes.c_void_p(address), version):
-        return path, "loaded, but of another entry version: every call takes the Python kernel"
-    return path, f"the C++ kernel: {path}"
+    if not ctypes.CDLL(str(path)).posenc_torch_kernel_set_entries(ctypes.c_void_p(address), version):
+        return path, "loaded, but of another entry version: every call takes the Python kernels"
+    return path, f"the C++ kernels: {path}"

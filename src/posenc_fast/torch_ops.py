@@ -118,13 +118,6 @@ _ROTARY_ARGUMENTS = ("(Tensor positions, Tensor(a!) query, Tensor(b!)? key, SymI
 rotary_embedding = _define("rotary_embedding" + _ROTARY_ARGUMENTS, None, _mutates_only)
 """Rotate `query` and `key` in place (see `posenc_fast.vllm.rotary_embedding`)."""
 
-compiled_kernel, kernel_reason = _torch_kernel.load(torch)
-"""The C++ kernel of `rotary_embedding` loaded (`posenc_fast._torch_kernel`), or None; and which kernel
-serves the op, and why."""
-if compiled_kernel is None:
-    _LIBRARY.impl("rotary_embedding", _function("rotary_embedding"), "CPU")
-else:  # the calls the C++ kernel does not take itself go to the Python one, as this op
-    _define("_rotary_embedding_general" + _ROTARY_ARGUMENTS, _function("rotary_embedding"), _mutates_only)
 
 
 def _apply_rotary(positions, x, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
@@ -296,14 +289,22 @@ fused_qk_norm_rope = _define(
     "float weight_offset=0.0) -> ()", _function("fused_qk_norm_rope"), _mutates_only)
 """RMSNorm and rotate `query` and `key` in place (see `posenc_fast.vllm.fused_qk_norm_rope`)."""
 
-apply_qk_to_cache = _define(
-    "apply_qk_to_cache(Tensor positions, Tensor(a!) query, Tensor key, Tensor value, "
-    "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, SymInt head_size, "
-    "Tensor cos_sin_cache, bool is_neox, str kv_cache_layout=\"NHD\", Tensor? q_weight=None, "
-    "Tensor? k_weight=None, float eps=1e-06, float weight_offset=0.0) -> ()",
-    _function("apply_qk_to_cache"), _mutates_only)
+_CACHE_ARGUMENTS = ("(Tensor positions, Tensor(a!) query, Tensor key, Tensor value, Tensor(b!) key_cache, "
+                    "Tensor(c!) value_cache, Tensor slot_mapping, SymInt head_size, Tensor cos_sin_cache, "
+                    "bool is_neox, str kv_cache_layout=\"NHD\", Tensor? q_weight=None, Tensor? k_weight=None, "
+                    "float eps=1e-06, float weight_offset=0.0) -> ()")
+apply_qk_to_cache = _define("apply_qk_to_cache" + _CACHE_ARGUMENTS, None, _mutates_only)
 """Rotate `query` in place, write the rotated key and the value into their cache slots
 (see `posenc_fast.vllm.apply_qk_to_cache`)."""
+
+compiled_kernels, kernel_reason = _torch_kernel.load(torch)
+"""The C++ kernels of `rotary_embedding` and `apply_qk_to_cache` loaded (`posenc_fast._torch_kernel`):
+their library's path, or None; and which kernels serve the two ops, and why."""
+for _name, _arguments in (("rotary_embedding", _ROTARY_ARGUMENTS), ("apply_qk_to_cache", _CACHE_ARGUMENTS)):
+    if compiled_kernels is None:
+        _LIBRARY.impl(_name, _function(_name), "CPU")
+    else:  # the calls a C++ kernel does not take itself go to the Python one, as this op
+        _define(f"_{_name}_general" + _arguments, _function(_name), _mutates_only)
 
 concat_and_cache_mla = _define(
     "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "

@@ -1,22 +1,23 @@
-// torch.ops.posenc_fast.rotary_embedding's CPU kernel in C++, against the torch it is built for
-// (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py loads it).  torch's call of
-// a kernel written in Python costs ~2.4 us however little it does; of one in C++ ~1.7 us, which is most
-// of a decode step's op.  The common call goes to _core's entry (posenc_torch_kernel.h); every other
-// call, and every error, to the op _rotary_embedding_general: the Python kernel, which raises what
-// posenc_fast.vllm.rotary_embedding documents.
+// The CPU kernels of torch.ops.posenc_fast.rotary_embedding and apply_qk_to_cache in C++, against the
+// torch they are built for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py
+// loads them).  torch's call of a kernel written in Python costs ~2.4 us however little it does; of
+// one in C++ ~1.7 us, which is most of a decode step's op.  The common calls go to _core's entries
+// (posenc_torch_kernel.h); every other call, and every error, to the op `_<name>_general`: the
+// Python kernel, which raises what posenc_fast.vllm's function documents.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <optional>
 
 #include "posenc_torch_kernel.h"
 
 namespace {
 
-posenc_rotate_tokens_fn rotate_tokens = nullptr;
+const posenc_torch_entries* entries = nullptr;
 
 // `t` as the entry reads it, or false: what the Python fast path (_core_torch.pxi) also declines.
 bool view(const at::Tensor& t, bool written, posenc_tensor* v) {
@@ -39,19 +40,25 @@ bool view(const at::Tensor& t, bool written, posenc_tensor* v) {
     return v->data != nullptr;
 }
 
+// Bump the version counters of tensors written in place, as torch's in-place ops count them.
+void count_writes(std::initializer_list<const at::Tensor*> written) {
+    for (const at::Tensor* t : written)
+        t->unsafeGetTensorImpl()->bump_version();
+}
+
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       c10::SymInt head_size, const at::Tensor& cos_sin_cache, bool is_neox,
                       c10::SymInt rope_dim_offset, bool inverse) {
     posenc_tensor v[4];
     auto size = head_size.maybe_as_int(), offset = rope_dim_offset.maybe_as_int();
-    if (rotate_tokens != nullptr && size && offset && view(query, true, &v[0])
+    if (entries != nullptr && size && offset && view(query, true, &v[0])
             && (!key || view(*key, true, &v[1])) && view(cos_sin_cache, false, &v[2])
             && view(positions, false, &v[3])
-            && rotate_tokens(&v[3], &v[0], key ? &v[1] : nullptr, &v[2], *size, *offset, is_neox, inverse)) {
-        // written in place: their version counters, as torch's in-place ops count them
-        query.unsafeGetTensorImpl()->bump_version();
+            && entries->rotate_tokens(&v[3], &v[0], key ? &v[1] : nullptr, &v[2], *size, *offset, is_neox,
+                                      inverse)) {
+        count_writes({&query});
         if (key)
-            key->unsafeGetTensorImpl()->bump_version();
+            count_writes({&*key});
         return;
     }
     static auto general = c10::Dispatcher::singleton()
@@ -61,17 +68,46 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
     general.call(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse);
 }
 
+void apply_qk_to_cache(const at::Tensor& positions, at::Tensor& query, const at::Tensor& key,
+                       const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
+                       const at::Tensor& slot_mapping, c10::SymInt head_size, const at::Tensor& cos_sin_cache,
+                       bool is_neox, c10::string_view kv_cache_layout, const std::optional<at::Tensor>& q_weight,
+                       const std::optional<at::Tensor>& k_weight, double eps, double weight_offset) {
+    posenc_tensor v[8];
+    auto size = head_size.maybe_as_int();
+    bool hnd = kv_cache_layout == "HND";
+    // without weights: eps and weight_offset are checked as the function checks them
+    if (entries != nullptr && size && (hnd || kv_cache_layout == "NHD") && !q_weight && !k_weight
+            && std::isfinite(eps) && eps >= 0 && std::isfinite(weight_offset)
+            && view(positions, false, &v[0]) && view(query, true, &v[1]) && view(key, false, &v[2])
+            && view(value, false, &v[3]) && view(key_cache, true, &v[4]) && view(value_cache, true, &v[5])
+            && view(slot_mapping, false, &v[6]) && view(cos_sin_cache, false, &v[7])
+            && entries->tokens_to_cache(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], *size, &v[7], is_neox,
+                                        hnd)) {
+        count_writes({&query, &key_cache, &value_cache});
+        return;
+    }
+    static auto general = c10::Dispatcher::singleton()
+        .findSchemaOrThrow("posenc_fast::_apply_qk_to_cache_general", "")
+        .typed<void(const at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                    at::Tensor&, const at::Tensor&, c10::SymInt, const at::Tensor&, bool, c10::string_view,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, double)>();
+    general.call(positions, query, key, value, key_cache, value_cache, slot_mapping, head_size, cos_sin_cache,
+                 is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset);
+}
+
 }  // namespace
 
-// _core's entry (torch_kernel_entry()); 0 where its version is not this file's (then every call
-// goes to the general op).
-extern "C" int posenc_torch_kernel_set_entry(void* entry, int version) {
+// _core's entries (torch_kernel_entry()); 0 where their version is not this file's (then every call
+// goes to the general ops).
+extern "C" int posenc_torch_kernel_set_entries(const void* given, int version) {
     if (version != POSENC_TORCH_ENTRY_VERSION)
         return 0;
-    rotate_tokens = reinterpret_cast<posenc_rotate_tokens_fn>(entry);
+    entries = static_cast<const posenc_torch_entries*>(given);
     return 1;
 }
 
 TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
     m.impl("rotary_embedding", &rotary_embedding);
+    m.impl("apply_qk_to_cache", &apply_qk_to_cache);
 }

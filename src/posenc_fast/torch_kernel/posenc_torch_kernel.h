@@ -1,13 +1,14 @@
 /* What the compiled torch kernel (posenc_torch_kernel.cpp, built on the user's machine by
-   `python -m posenc_fast build-torch-kernel`) and _core share: the C entry of vLLM's rotation, which
-   _core lends it by address (torch_kernel_entry()).  Plain C: _core is built without torch. */
+   `python -m posenc_fast build-torch-kernel`) and _core share: the C entries of vLLM's rotation
+   and KV-cache write, which _core lends it by address (torch_kernel_entry()).  Plain C: _core is
+   built without torch. */
 #ifndef POSENC_TORCH_KERNEL_H
 #define POSENC_TORCH_KERNEL_H
 
 #include <stdint.h>
 
-/* Changes whenever posenc_tensor or the entry's arguments change. */
-#define POSENC_TORCH_ENTRY_VERSION 1
+/* Changes whenever posenc_tensor or the entries change. */
+#define POSENC_TORCH_ENTRY_VERSION 2
 
 /* A tensor's dtype: posenc_fast_dtype's float codes (posenc_fast.h), and int64 for positions. */
 enum {
@@ -27,12 +28,28 @@ typedef struct {
     const int64_t* strides;
 } posenc_tensor;
 
-/* posenc_fast.vllm.rotary_embedding's common call: query and key (NULL: none) rotated in place by
-   their tokens' rows of the [cos | sin] cache, every check made; 1, or 0 with nothing written where
-   it does not take the call (then the general path checks it fully and raises what it documents). */
+/* Each entry takes the common call of a posenc_fast.vllm function, every check made: 1, or 0 with
+   nothing written where it does not take the call (then the general path checks it fully and raises
+   what the function documents). */
+
+/* rotary_embedding: query and key (NULL: none) rotated in place by their tokens' rows of the
+   [cos | sin] cache. */
 typedef int (*posenc_rotate_tokens_fn)(const posenc_tensor* positions, const posenc_tensor* query,
                                        const posenc_tensor* key, const posenc_tensor* cos_sin_cache,
                                        int64_t head_size, int64_t rope_dim_offset, int is_neox,
                                        int inverse);
+
+/* apply_qk_to_cache without q/k weights: query rotated in place, the rotated key and the value
+   written into their slots of the key and value caches (hnd: kv_cache_layout "HND", else "NHD"). */
+typedef int (*posenc_tokens_to_cache_fn)(const posenc_tensor* positions, const posenc_tensor* query,
+                                         const posenc_tensor* key, const posenc_tensor* value,
+                                         const posenc_tensor* key_cache, const posenc_tensor* value_cache,
+                                         const posenc_tensor* slot_mapping, int64_t head_size,
+                                         const posenc_tensor* cos_sin_cache, int is_neox, int hnd);
+
+typedef struct {
+    posenc_rotate_tokens_fn rotate_tokens;
+    posenc_tokens_to_cache_fn tokens_to_cache;
+} posenc_torch_entries;
 
 #endif
