@@ -285,37 +285,24 @@ cdef TokenWalk _rows_walk(const TokenRows* x, const TokenRows* out, Py_ssize_t t
     return w
 
 
-cdef bint _walk_calls(const TokenWalk* w, const CosSinTable* table, bint half, bint inverse, Py_ssize_t start,
-                      RowCall* q_call, RowCall* k_call) noexcept nogil:
-    # A walk's row kernels into q_call and k_call; False where the data has none with this table.
-    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
-    q_call[0] = _row_call(w.data, table.dtype, w.itemsize, table.itemsize, table.npairs, w.dim, half, inverse,
-                          w.q.data == w.out_q.data, q_bytes, start)
-    # A key row goes to its slot (streamed when large: the cache is not read
-    # back soon) or, for a half cache, to a float32 scratch row in L1.
-    k_call[0] = _row_call(w.data, table.dtype, w.itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
-                          k_bytes if w.narrow == NULL else 0, start)
-    return q_call.rotate != NULL and (w.k.heads == 0 or k_call.rotate != NULL)
-
-
-cdef void _run_tokens(const TokenWalk* w, const long long* slot_of, const long long* row_of, const CosSinTable* table,
-                    const RowCall* q_call, const RowCall* k_call, float* scratch, int threads) noexcept nogil:
-    # Token t: its q rows rotated by table row row_of[t]; with a cache, its k rows rotated into slot
-    # slot_of[t] (-1: none), its v rows copied there.  Each token by one thread: bitwise the same for
-    # any count.
-    cdef TokenJob job = TokenJob(slot_of, row_of, table, scratch, w, q_call, k_call)
-    if w.tokens:
-        posenc_parallel_for((w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, threads, _walk_chunk, &job)
-
-
 cdef int _walk_tokens_nogil(const TokenWalk* w, const long long* slot_of, const long long* row_of,
                             const CosSinTable* table, bint half, bint inverse, Py_ssize_t start,
                             int threads) noexcept nogil:
-    # _run_tokens with its row kernels (inverse: q by -theta) and, for a half cache, its scratch
-    # rows: 0, or (nothing written) 1 where the data has no kernel with this table, 2 without memory.
+    # Token t: its q rows rotated by table row row_of[t] (inverse: by -theta); with a cache, its k rows
+    # rotated into slot slot_of[t] (-1: none), its v rows copied there.  Each token by one thread:
+    # bitwise the same for any count.  0, or (nothing written) 1 where the data has no kernel with this
+    # table, 2 without memory for a half cache's scratch rows.
+    cdef Py_ssize_t q_bytes = w.tokens * w.q.heads * w.row_bytes, k_bytes = w.tokens * w.k.heads * w.row_bytes
     cdef RowCall q_call, k_call
     cdef float* scratch = NULL
-    if not _walk_calls(w, table, half, inverse, start, &q_call, &k_call):
+    cdef TokenJob job
+    q_call = _row_call(w.data, table.dtype, w.itemsize, table.itemsize, table.npairs, w.dim, half, inverse,
+                       w.q.data == w.out_q.data, q_bytes, start)
+    # A key row goes to its slot (streamed when large: the cache is not read
+    # back soon) or, for a half cache, to a float32 scratch row in L1.
+    k_call = _row_call(w.data, table.dtype, w.itemsize, table.itemsize, table.npairs, w.dim, half, False, False,
+                       k_bytes if w.narrow == NULL else 0, start)
+    if q_call.rotate == NULL or (w.k.heads and k_call.rotate == NULL):
         return 1
     if w.tokens == 0:
         return 0
@@ -323,7 +310,8 @@ cdef int _walk_tokens_nogil(const TokenWalk* w, const long long* slot_of, const 
         scratch = <float*>malloc(max(threads, 1) * w.dim * sizeof(float))
         if scratch == NULL:
             return 2
-    _run_tokens(w, slot_of, row_of, table, &q_call, &k_call, scratch, threads)
+    job = TokenJob(slot_of, row_of, table, scratch, w, &q_call, &k_call)
+    posenc_parallel_for((w.tokens + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, threads, _walk_chunk, &job)
     free(scratch)
     return 0
 
@@ -473,8 +461,6 @@ cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, P
     cdef int d[2]
     cdef TokenRows rows[2]
     cdef TokenWalk w[2]
-    cdef RowCall q_call[2]
-    cdef RowCall k_call
     cdef CosSinTable cos_sin
     if (not _fast_paths_on or head_size < 1 or offset < 0
             or not _token_table(&v[2], &v[3], head_size - offset, &cos_sin, &tokens, &pos)):
@@ -483,14 +469,13 @@ cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, P
         if not _token_rows(&v[j], tokens, head_size, offset, &rows[j]):
             return False
         d[j] = _strided_dtype(&v[j])
-        if (not _vllm_table_takes(d[j], cos_sin.dtype) or not _strided_disjoint(&v[j], &v[2]) or d[j] != d[0]):
+        if (not _vllm_table_takes(d[j], cos_sin.dtype) or K.rotate[d[j]][cos_sin.dtype][0] == NULL
+                or not _strided_disjoint(&v[j], &v[2]) or d[j] != d[0]):
             return False
         w[j] = _rows_walk(&rows[j], &rows[j], tokens, head_size - offset, d[j], _itemsize(&v[j]))
-        if not _walk_calls(&w[j], &cos_sin, half, inverse, 0, &q_call[j], &k_call):
-            return False
         size += _count(&v[j])
     if n == 2 and not _rows_disjoint(&rows[0], &rows[1], tokens):
         return False
-    for j in range(n):  # each in place, its token's rows by its position's row
-        _run_tokens(&w[j], NULL, pos, &cos_sin, &q_call[j], &k_call, NULL, _threads_for(size))
+    for j in range(n):  # each in place, its token's rows by its position's row (no scratch: never fails)
+        _walk_tokens_nogil(&w[j], NULL, pos, &cos_sin, half, inverse, 0, _threads_for(size))
     return True
