@@ -43,6 +43,16 @@ def test_without_a_build_the_op_keeps_the_python_kernel(monkeypatch, tmp_path):
     assert path is None and f"{_torch_kernel.ENV_VAR}=0" in reason
 
 
+def test_a_library_that_does_not_load_leaves_the_python_kernels(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = _torch_kernel.library_path(torch)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared library")
+    loaded, reason = _torch_kernel.load(torch)
+    assert loaded is None and reason.startswith(f"the Python kernels: {path} did not load")
+
+
 def test_a_failing_compiler_is_a_clear_error(monkeypatch, tmp_path):
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

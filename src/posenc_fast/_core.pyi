@@ -105,6 +105,7 @@ def apply_qk_to_cache_fast(fast: RotaryBase, q: Any, k: Any, v: Any, positions: 
                            k_cache: Any, v_cache: Any, slot_mapping: Any, out_q: Any,
                            qk_norm: Any = None, eps: Any = 1e-6,
                            weight_offset: Any = 0.0) -> _FloatOut | None: ...
+def torch_kernel_entry() -> tuple[int, int]: ...
 def tokens_to_cache_fast(positions: Any, query: Any, key: Any, value: Any, key_cache: Any,
                          value_cache: Any, slot_mapping: Any, head_size: Any, cos_sin_cache: Any,
                          is_neox: Any, kv_cache_layout: Any, q_weight: Any, k_weight: Any, eps: Any,

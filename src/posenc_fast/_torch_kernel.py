@@ -73,7 +73,10 @@ def load(torch) -> tuple[Path | None, str]:
     if not path.exists():
         return None, (f"the Python kernels: none built for torch {torch.__version__} "
                       "(python -m posenc_fast build-torch-kernel)")
-    torch.ops.load_library(str(path))
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as error:  # e.g. built against another build of this torch version
+        return None, f"the Python kernels: {path} did not load ({error}); build it again"
     address, version = kernels.torch_kernel_entry()
     if not ctypes.CDLL(str(path)).posenc_torch_kernel_set_entries(ctypes.c_void_p(address), version):
         return path, "loaded, but of another entry version: every call takes the Python kernels"
