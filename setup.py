@@ -138,7 +138,7 @@ def _extensions() -> list[Extension]:
 
     def ext(name: str, isa: list[str] = (), kernels: bool = False) -> Extension:
         return Extension(f"posenc_fast.{name}", [str(PKG / f"{name}.pyx")], depends=headers,
-                         include_dirs=[np.get_include(), str(CSRC), str(PKG / "include"), str(PKG / "torch_kernel")],
+                         include_dirs=[np.get_include(), str(CSRC), str(PKG / "include")],
                          define_macros=kernel_macros if kernels else macros,
                          extra_compile_args=[*common, *threads, *isa], extra_link_args=link)
 

@@ -461,7 +461,7 @@ cdef class TensorRotation:
 # The compiled torch kernel's entry (torch_kernel/posenc_torch_kernel.h): vLLM's rotation on the
 # pointers, sizes and strides torch's C++ kernel reads, without the GIL.
 
-cdef extern from "posenc_torch_kernel.h" nogil:
+cdef extern from "torch_kernel/posenc_torch_kernel.h" nogil:  # beside _core.c
     enum:
         POSENC_TORCH_ENTRY_VERSION
         POSENC_TENSOR_INT64
