@@ -449,7 +449,12 @@ cdef bint _token_arrays(query, key, cos_sin_cache, positions, Strided* v, bint* 
             and (key is None or _strided_of(key, tensors, grad[0], True, &v[1]))
             and _strided_of(cos_sin_cache, tensors, grad[0], True, &v[2])
             and _strided_of(positions, tensors, grad[0], False, &v[3])
-            and _strided_disjoint(&v[3], &v[0]) and (key is None or _strided_disjoint(&v[3], &v[1])))
+            and _positions_apart(v, key is not None))
+
+
+cdef inline bint _positions_apart(const Strided* v, bint with_key) noexcept nogil:
+    # v's positions (v[3]) apart from its query (v[0]) and key (v[1]): the walk reads them while it writes.
+    return _strided_disjoint(&v[3], &v[0]) and (not with_key or _strided_disjoint(&v[3], &v[1]))
 
 
 cdef bint _rotate_tokens(const Strided* v, Py_ssize_t n, Py_ssize_t head_size, Py_ssize_t offset, bint half,

@@ -513,7 +513,7 @@ cdef int _torch_rotate_tokens(const posenc_tensor* positions, const posenc_tenso
     cdef Py_ssize_t n = 1 if key == NULL else 2
     if not (_tensor_view(query, &v[0]) and (key == NULL or _tensor_view(key, &v[1]))
             and _tensor_view(cos_sin_cache, &v[2]) and _tensor_view(positions, &v[3])
-            and _strided_disjoint(&v[3], &v[0]) and (key == NULL or _strided_disjoint(&v[3], &v[1]))):
+            and _positions_apart(v, key != NULL)):
         return 0
     return _rotate_tokens(v, n, head_size, offset, is_neox != 0, inverse != 0)
 
@@ -538,8 +538,7 @@ cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_ten
     for j in range(8):
         if not _tensor_view(given[j], &v[j]):
             return 0
-    if not (_strided_disjoint(&v[3], &v[0]) and _strided_disjoint(&v[3], &v[1])
-            and _cache_call(v, head_size, hnd != 0, rows, &table, &tokens, &pos, &d)):
+    if not (_positions_apart(v, True) and _cache_call(v, head_size, hnd != 0, rows, &table, &tokens, &pos, &d)):
         return 0
     w = _cache_walk_of(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
     return _walk_tokens_nogil(&w, <const long long*>v[5].data, pos, &table, is_neox != 0, False, 0,
