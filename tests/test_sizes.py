@@ -182,12 +182,13 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
-# (position, row, group, group_interleaved) block bytes: blocks of 16 positions and of 1, a head at a
-# time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups of heads, with blocks of 16
-# positions and of 1; one layout in groups, the other not
-@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0), (4 << 20, 8 << 10, 768, 2048), (1, 1, 1 << 20, 1 << 20),
-                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20), (1, 1, 1 << 20, 0),
-                                         (1, 1, 0, 1 << 20)])
+# (position, row, group, group_interleaved, scalar_in_place) block bytes: blocks of 16 positions and
+# of 1, a head at a time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups of heads, with
+# blocks of 16 positions and of 1; one layout in groups, the other not; the in-place rows past the
+# caches by the scalar kernel or by the vectors
+@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512), (4 << 20, 8 << 10, 768, 2048, 512),
+                                         (1, 1, 1 << 20, 1 << 20, 0), (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048),
+                                         (1, 1, 1 << 20, 0, 1 << 30), (1, 1, 0, 1 << 20, 0)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
@@ -301,17 +302,30 @@ def test_streamed_rows_of_every_head_size_equal_in_place_rows(dtype, layout, dim
         assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("scalar_in_place", [0, 1 << 30])  # every row by the scalar kernel, none
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("dim", [24, 80, 100, 128])
-def test_in_place_rows_past_the_caches_at_every_alignment(dtype, dim):
+def test_in_place_rows_past_the_caches_at_every_alignment(dtype, dim, scalar_in_place):
     # In place past POSENC_STREAM_BYTES, half-layout rows shorter than
-    # POSENC_SCALAR_IN_PLACE_ROW_BYTES go by unaligned vectors, the pairs past
+    # block_bytes()["scalar_in_place"] go by unaligned vectors, the pairs past
     # the last whole vector by one overlapping vector loaded before any store;
     # longer rows by the scalar kernel, from a scalar head to the vector
     # alignment (24: fewer pairs than an AVX-512 vector of float32).  x at
     # every element offset from a boundary, forward and inverse, equals the
-    # out-of-place result (another kernel) bit for bit.
-    dtype = np.dtype(dtype)
+    # out-of-place result (another kernel) bit for bit, by either kernel.
+    from posenc_fast import _core
+
+    sizes = [size for size, _ in _core.block_bytes().values()]
+    before = _core.set_block_bytes(*sizes[:4], scalar_in_place)
+    try:
+        assert _core.in_place_row_kernel(dim * np.dtype(dtype).itemsize) == (
+            "scalar" if scalar_in_place == 0 else "vectors")
+        _in_place_rows_at_every_alignment(np.dtype(dtype), dim)
+    finally:
+        _core.set_block_bytes(*before)
+
+
+def _in_place_rows_at_every_alignment(dtype, dim):
     rope = pf.RotaryEmbedding(dim, layout="half")
     shape = (1, 4, (16 << 20) // (4 * dim * dtype.itemsize) + 3, dim)
     x = np.random.default_rng(dim).standard_normal(shape).astype(dtype)

@@ -21,7 +21,7 @@ import numpy as np
 
 # Each block size's candidates: the values measured best on AMD Zen 5 and on Zen 4 (bench/sweeps.md).
 BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
-                    "group_interleaved": (0, 2048)}
+                    "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096)}
 # Another block size replaces the one in use only where it runs at most this fraction of its time:
 # a choice within the noise of a few rounds is no choice.
 MARGIN = 0.97
@@ -73,6 +73,9 @@ def _block_workloads(kind):
     if kind == "group":  # half-layout rows in groups
         return _rotations([(f32, (1, 32, 4096, 128), False), (f32, (1, 32, 4096, 128), True),
                            (f32, (1, 32, 2730, 192), True), (bf16, (1, 32, 4096, 128), False)])
+    if kind == "scalar_in_place":  # half-layout rows in place past the caches, of 512 bytes to 2 KiB
+        return _rotations([(f32, (1, 32, 4096, 128), True), (f64, (1, 32, 2048, 128), True),
+                           (f32, (1, 32, 2730, 192), True), (f64, (1, 32, 1024, 256), True)])
     return _rotations([(f32, (1, 32, 4096, 128), False), (f32, (1, 32, 2048, 256), True),  # interleaved
                        (f64, (1, 32, 2048, 128), False), (bf16, (1, 32, 4096, 128), True)], "interleaved")
 

@@ -21,6 +21,22 @@ cdef struct RowCall:
     bint blocks             # rows in blocks, one rotate_position call each
 
 
+# Half-layout rows of at least this many bytes, rotated in place past POSENC_STREAM_BYTES, take the
+# scalar row kernel, shorter ones the explicit vectors: the build's POSENC_SCALAR_IN_PLACE_ROW_BYTES,
+# or this CPU's measured value (set once, at import, by _dispatch; set_block_bytes).
+cdef Py_ssize_t _scalar_in_place_row_bytes = POSENC_SCALAR_IN_PLACE_ROW_BYTES
+
+
+cdef inline bint _in_place_scalar(Py_ssize_t row_bytes) noexcept nogil:
+    return row_bytes >= _scalar_in_place_row_bytes
+
+
+def in_place_row_kernel(Py_ssize_t row_bytes):
+    """Which kernel rotates half-layout rows of `row_bytes` in place past the caches: "scalar" or
+    "vectors" (by the size `set_block_bytes` set last)."""
+    return "scalar" if _in_place_scalar(row_bytes) else "vectors"
+
+
 cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t table_itemsize,
                               Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
                               bint in_place, Py_ssize_t nbytes, Py_ssize_t start=0) noexcept nogil:
@@ -29,14 +45,14 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     # (rotate_position): a position's heads, or a head's positions.  Past
     # the caches a result is written with non-temporal stores (never in
     # place: those lines were just read), half-layout rows in place by the
-    # scalar row functions from POSENC_SCALAR_IN_PLACE_ROW_BYTES on; from half
+    # scalar row functions from _scalar_in_place_row_bytes on; from half
     # an L2 (POSENC_PREFETCH_BYTES) a row taken alone prefetches.
     cdef RowCall call
     cdef bint large = nbytes >= POSENC_STREAM_BYTES
     cdef int kind
     if half and in_place:
         kind = (POSENC_ROW_HALF_IN_PLACE
-                if large and dim * itemsize >= POSENC_SCALAR_IN_PLACE_ROW_BYTES
+                if large and _in_place_scalar(dim * itemsize)
                 else POSENC_ROW_HALF_IN_PLACE_VEC)
     elif half:
         kind = POSENC_ROW_HALF_STREAM if large else POSENC_ROW_HALF_VEC

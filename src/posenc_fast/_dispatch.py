@@ -57,10 +57,13 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     On Intel Xeon family 6 model 0xCF (a 2-core KVM guest), avx512 / avx2:
     W1 from memory 0.96-1.02, W3 0.96, W4/W5 tables 0.98-1.00, apply_qk
     0.98, add_alibi 0.96, float16 W1 0.78-0.95, bfloat16 W1 0.57-0.77,
-    head_dim 100 0.98-0.99; issue 29 reports model 0xA7 faster with avx512 in
-    most rows (W1 out of place 1.97x -> 1.57x a copy).  Other Intel models
-    after Skylake-SP take what those two favour, and say they were not
-    measured.
+    head_dim 100 0.98-0.99.  On Intel Xeon family 6 model 0xA7 (AVX512_BF16
+    and FP16, AMX; a 2-core KVM guest, 2026-12-07), avx512bf16 / avx2: W3
+    0.77, add_alibi 0.74, W5 0.83-0.87, bfloat16 W1 0.62-0.82, float16 W1
+    0.72-0.98, W4 and apply_qk 0.99, head_dim 100 0.98 / 1.07 out of place /
+    in place, but W1 float32 / float64 from memory out of place 1.14 / 1.14
+    (every variant within those rows' goal) and in place 1.04 / 0.99.  Other Intel models after Skylake-SP take what those
+    two favour, and say they were not measured.
     On AMD EPYC Zen 4 (family 0x19 model 0x11, a 2-core KVM guest; every
     family 0x19 CPU with AVX-512 is a Zen 4), avx512 / avx2, two runs: W1
     from memory float32 0.98, float64 1.02-1.08 out of place, 0.86-0.88 in
@@ -92,7 +95,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     of the in-place walks past the caches (streamed results keep the build's
     ``POSENC_POSITION_BLOCK_BYTES``); ``"row"``, per kernel call of the walks below them;
     ``"group"`` and ``"group_interleaved"``, the longest half-layout and interleaved row the
-    walks past the caches take a few heads at a time.
+    walks past the caches take a few heads at a time; ``"scalar_in_place"``, the shortest
+    half-layout row they rotate in place by the scalar kernel (shorter ones: the vectors).
 
     Parameters
     ----------
@@ -102,8 +106,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     Returns
     -------
     dict of (int or None, str)
-        Each size, or None for the build's (512 KiB, 16 KiB, 0 and 0), and
-        the reason in words.
+        Each size, or None for the build's (512 KiB, 16 KiB, 0, 0 and 512
+        bytes), and the reason in words.
 
     Notes
     -----
@@ -122,18 +126,39 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     1.02x).  Zen 4's other models take its values, unmeasured.  Heads in
     groups of four for half-layout rows of at most 768 bytes and interleaved
     ones of at most 2 KiB, Zen 4 (2026-12-06): see ``POSENC_GROUP_ROW_BYTES``
-    in csrc/posenc_config.h.
+    in csrc/posenc_config.h.  Intel Xeon family 6 model 0xA7 (2026-12-07,
+    ``python -m posenc_fast tune --dry-run``, Zen 4's sizes / the build's):
+    position blocks of 4 MiB 1.36-1.67x (W1 in place float32, float64,
+    bfloat16, head_dim 256), row blocks of 8 KiB 0.99-1.01x, head groups
+    1.14-2.04x (768 bytes) and 0.87-1.38x (2 KiB, interleaved; float64 out
+    of place the one gain): the build's values there.  The scalar in-place
+    kernel from 4 KiB rows instead of 512 bytes (the vectors below), Intel
+    model 0xA7, W1 in place, one process, the size switched between
+    interleaved rounds: float64 head_dim 128 1.36-1.42 -> 1.22-1.27x its
+    limit, 256 1.50 -> 1.34x, float32 head_dim 128 1.17 -> 1.08x, 192 1.09
+    -> 1.02x, 256 1.09 -> 1.06x, 512 1.08 -> 1.11x; on the Zen 4 the vectors
+    lost 1 KiB rows (float64 1.29-1.51 -> 1.78x, float32 head_dim 256
+    1.39-1.47 -> 2.15x: POSENC_SCALAR_IN_PLACE_ROW_BYTES).
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
         return {"position": (4 << 20, f"4 MiB: AMD Zen 4, {measured}"),
                 "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}"),
                 "group": (768, f"768 bytes: AMD Zen 4, {measured}"),
-                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}")}
+                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}"),
+                "scalar_in_place": (None, f"512 bytes: the build's (AMD Zen 4, {measured})")}
+    if vendor == "GenuineIntel" and family == 6 and model == 0xA7:
+        where = "Intel family 6 model 0xa7, measured"
+        return {"position": (None, f"512 KiB: the build's ({where})"),
+                "row": (None, f"16 KiB: the build's ({where})"),
+                "group": (None, f"0, none: the build's (a head at a time; {where})"),
+                "group_interleaved": (None, f"0, none: the build's (a head at a time; {where})"),
+                "scalar_in_place": (4096, f"4096 bytes: {where}")}
     ungrouped = None, "0, none: the build's (a head at a time; groups not measured on this CPU)"
     return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
             "row": (None, "16 KiB: the build's (measured on AMD Zen 5)"),
-            "group": ungrouped, "group_interleaved": ungrouped}
+            "group": ungrouped, "group_interleaved": ungrouped,
+            "scalar_in_place": (None, "512 bytes: the build's (measured on AMD Zen 4)")}
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -200,7 +225,7 @@ def tuned_blocks(text: str | None, cpu: tuple[str, int, int]) -> dict[str, int] 
     if not isinstance(blocks, dict) or not all(
             kind in least and type(size) is int and least[kind] <= size <= 2**40 for kind, size in blocks.items()):
         raise ValueError(f"its entry for {cpu_key(cpu)} has blocks that are not sizes in bytes of "
-                         f"{tuple(least)} (position and row >= 1, the groups >= 0, each at most 2**40): "
+                         f"{tuple(least)} (position and row >= 1, the others >= 0, each at most 2**40): "
                          f"{blocks!r}")
     return dict(blocks)
 
@@ -239,7 +264,8 @@ def choose(built: list[str], supported: list[str], requested: str,
     Where AVX-512 is preferred, ``avx512bf16`` comes before ``avx512``: the
     same kernels, bfloat16 rounded by vcvtne2ps2bf16 to the same bits
     (``bench/bench_isa.py --variants avx512,avx512bf16`` on AMD Zen 4:
-    bfloat16 W1 0.63-0.85, the other rows 0.96-1.01; not measured on Intel).
+    bfloat16 W1 0.63-0.85, the other rows 0.96-1.01; on Intel model 0xA7
+    bfloat16 W1 0.75-0.90, float16 in place 0.87, the other rows 0.97-1.01).
     """
     usable = [name for name in PREFERENCE if name in built and name in supported]
     requested = requested.strip().lower()
@@ -283,7 +309,8 @@ def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] |
 # Each block size (`block_bytes`'s kinds, in _core.set_block_bytes's order): its build macro, its least value
 _BLOCK_KINDS = {"position": ("POSENC_POSITION_BLOCK_BYTES", 1), "row": ("POSENC_ROW_BLOCK_BYTES", 1),
                 "group": ("POSENC_GROUP_ROW_BYTES", 0),
-                "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0)}
+                "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0),
+                "scalar_in_place": ("POSENC_SCALAR_IN_PLACE_ROW_BYTES", 0)}
 BLOCK_KINDS = tuple(_BLOCK_KINDS)
 
 

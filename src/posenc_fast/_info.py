@@ -27,8 +27,10 @@ def build_info() -> dict[str, Any]:
         and per kernel call below them: by CPU), ``group_row_bytes`` and
         ``group_interleaved_row_bytes`` (the longest half-layout and
         interleaved row the walks past the caches take a few heads at a time;
-        0: none) and their ``..._reason`` (which source decided: the build,
-        ``tune``'s file, or the table of measured CPUs).
+        0: none), ``scalar_in_place_row_bytes`` (the shortest half-layout
+        row rotated in place past the caches by the scalar kernel, shorter
+        ones by the vectors: by CPU) and their ``..._reason`` (which source
+        decided: the build, ``tune``'s file, or the table of measured CPUs).
     """
     kernels = _dispatch.kernels
     blocks = kernels.block_bytes()
@@ -51,4 +53,6 @@ def build_info() -> dict[str, Any]:
         "group_row_reason": _dispatch.BLOCK_REASONS["group"],
         "group_interleaved_row_bytes": blocks["group_interleaved"][0],
         "group_interleaved_row_reason": _dispatch.BLOCK_REASONS["group_interleaved"],
+        "scalar_in_place_row_bytes": blocks["scalar_in_place"][0],
+        "scalar_in_place_row_reason": _dispatch.BLOCK_REASONS["scalar_in_place"],
     }

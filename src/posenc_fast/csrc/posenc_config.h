@@ -123,7 +123,12 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    0.87/0.87, quiet/hog); streaming from 4 MiB loses 20-45% on the 4M rows
    (W1 oop 2.17/2.24 against 1.61/1.56); 16M and 32M differ only in
    apply_qk's 16 MiB k, mixed.  Kept at 16 MiB.  On the Intel Xeon (2026-12-02,
-   bench/sweeps.md) 16 MiB and never streaming run every 64M row alike. */
+   bench/sweeps.md) 16 MiB and never streaming run every 64M row alike; on the
+   Intel Xeon model 0xA7 (2026-12-07, a 480 MiB L3: glibc's memcpy streams from
+   181 MiB) 16 MiB / 256 MiB / never read W1 float32 out of place 0.93 / 1.05 /
+   1.01, W5 (131072,128) 0.75 / 1.51 / 1.53, the half types out of place
+   1.09-1.68 / 1.47-1.54 / 1.40-1.50: 16 MiB on both CPUs, not derived from
+   the L3's size. */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #endif
@@ -147,7 +152,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    against 1.87 at 4 KiB, ranges 1.86-10.1 and 1.84-2.04).  An earlier sweep
    from 2 to 16 KiB found 6-8 KiB best.  AMD EPYC Zen 4 (2026-12-06, quiet,
    bench/sweeps.md): 4 KiB 0.03-0.18 better on float32 rows, worse on float64
-   in place (1.62 against 1.41) and head_dim 256; 16-32 KiB worse. */
+   in place (1.62 against 1.41) and head_dim 256; 16-32 KiB worse.  Intel
+   Xeon model 0xA7 (2026-12-07, bench/sweeps.md): 4 / 8 / 16 KiB within each
+   other's ranges on the in-place rows but float64 (1.38 / 1.46 / 1.41). */
 #ifndef POSENC_PREFETCH_DISTANCE
 #define POSENC_PREFETCH_DISTANCE 8192
 #endif
@@ -239,10 +246,17 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    1.36 / 1.69x, 256 1.39 / 1.47 / 2.15x and float64 128 1.29 / 1.51 (range
    1.25-1.53) / 1.78x.  Before the overlapping vector (the scalar kernel
    everywhere or nowhere): on the Zen 3 the vectors read head_dim 100 1.33x ->
-   1.19x, 80 0.03-0.07x higher; the Intel Xeon met every in-place row with the
-   scalar kernel and has not run the vectors. */
+   1.19x, 80 0.03-0.07x higher.  On the Intel Xeon model 0xA7 (2026-12-07,
+   one process, the size switched between interleaved rounds) the vectors won
+   rows of 512 bytes to 2 KiB (float64 head_dim 128 1.42 -> 1.27x, 256 1.50
+   -> 1.34x, float32 128 1.17 -> 1.08x): the build's value, a CPU measured
+   otherwise takes its own at import (_dispatch.block_bytes: 4096 there),
+   unless the build was given one (-D). */
 #ifndef POSENC_SCALAR_IN_PLACE_ROW_BYTES
 #define POSENC_SCALAR_IN_PLACE_ROW_BYTES 512
+#define POSENC_SCALAR_IN_PLACE_ROW_BYTES_GIVEN 0
+#else
+#define POSENC_SCALAR_IN_PLACE_ROW_BYTES_GIVEN 1
 #endif
 /* Rows of at most this many bytes, rotated in place past POSENC_STREAM_BYTES
    (the walk of position blocks across heads), go a head's rows of a block in
