@@ -62,8 +62,9 @@ def prefer_avx512(vendor: str, family: int, model: int) -> tuple[bool, str]:
     0.77, add_alibi 0.74, W5 0.83-0.87, bfloat16 W1 0.62-0.82, float16 W1
     0.72-0.98, W4 and apply_qk 0.99, head_dim 100 0.98 / 1.07 out of place /
     in place, but W1 float32 / float64 from memory out of place 1.14 / 1.14
-    (every variant within those rows' goal) and in place 1.04 / 0.99.  Other Intel models after Skylake-SP take what those
-    two favour, and say they were not measured.
+    (every variant within those rows' goal) and in place 1.04 / 0.99.
+    Other Intel models after Skylake-SP take what those two favour, and say
+    they were not measured.
     On AMD EPYC Zen 4 (family 0x19 model 0x11, a 2-core KVM guest; every
     family 0x19 CPU with AVX-512 is a Zen 4), avx512 / avx2, two runs: W1
     from memory float32 0.98, float64 1.02-1.08 out of place, 0.86-0.88 in
