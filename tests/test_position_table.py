@@ -1,5 +1,6 @@
 """add_position_table (learned absolute positions, GPT-2) against the reference."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import untouched
@@ -93,6 +94,46 @@ def test_runs_of_consecutive_rows(strided_table, in_place):
     want = (x.astype(np.float64) + table[positions]).astype(np.float32)
     got = pf.add_position_table(x, table, positions, out=x if in_place else None)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("rows, batch_rows", [
+    (np.tile(np.arange(3, 10), 4), 7), (np.tile(np.arange(5), 2), 5), (np.arange(12), 0),  # one batch
+    (np.concatenate([np.arange(4), np.arange(1, 5)]), 0),  # the second batch starts elsewhere
+    (np.concatenate([np.arange(4), np.arange(3)]), 0),  # a batch short
+    (np.concatenate([np.arange(4), [0, 1, 2, 2]]), 0), (np.array([2, 2, 2, 2]), 1),  # a repeat; batches of 1
+    (np.zeros(0, np.intp), 0)])
+def test_batches_at_the_same_positions_are_found(rows, batch_rows):
+    from posenc_fast import _core
+
+    assert _core.add_batch_rows(np.ascontiguousarray(rows, np.intp)) == batch_rows
+
+
+@pytest.mark.parametrize("add_bytes", [1, 3 * 40 * 4, 1 << 30])  # turns of 1 and 3 table rows, of all
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("shape, positions, offset", [((5, 37, 40), None, 3), ((1, 37, 40), None, 0),
+                                                      ((3, 37, 40), np.arange(36, -1, -1), 0),
+                                                      ((2, 37, 40), np.stack([np.arange(37), np.r_[0, :36]]), 0),
+                                                      ((4, 2, 37, 40), None, 1)])
+def test_batches_in_turns_change_no_bit(add_bytes, in_place, dtype, shape, positions, offset):
+    # add_position_table's batches at the same positions go in turns of `add` bytes of table rows
+    # (_dispatch.block_bytes: by CPU), each batch a turn's rows in turn: the same bits as whole batches.
+    from posenc_fast import _core
+
+    x = random(shape, np.float32, seed=7).astype(dtype)
+    table = random((50, 40), np.float32, seed=8)
+    sizes = [size for size, _ in _core.block_bytes().values()]
+    got = {}
+    for add in (0, add_bytes):
+        before = _core.set_block_bytes(*sizes[:5], add)
+        try:
+            y = x.copy()
+            got[add] = pf.add_position_table(y, table, positions, offset=offset, out=y if in_place else None)
+        finally:
+            _core.set_block_bytes(*before)
+    assert got[add_bytes].tobytes() == got[0].tobytes()
+    want = table[offset + (np.arange(37) if positions is None else positions)]
+    np.testing.assert_allclose(got[0].astype(np.float64), x.astype(np.float64) + want, rtol=1e-2, atol=1e-2)
 
 
 @given(batch=st.integers(0, 3), seq=st.integers(0, 9), dim=st.integers(0, 20),

@@ -182,13 +182,14 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
-# (position, row, group, group_interleaved, scalar_in_place) block bytes: blocks of 16 positions and
-# of 1, a head at a time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups of heads, with
-# blocks of 16 positions and of 1; one layout in groups, the other not; the in-place rows past the
-# caches by the scalar kernel or by the vectors
-@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512), (4 << 20, 8 << 10, 768, 2048, 512),
-                                         (1, 1, 1 << 20, 1 << 20, 0), (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048),
-                                         (1, 1, 1 << 20, 0, 1 << 30), (1, 1, 0, 1 << 20, 0)])
+# (position, row, group, group_interleaved, scalar_in_place, add) block bytes: blocks of 16 positions
+# and of 1, a head at a time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups of heads,
+# with blocks of 16 positions and of 1; one layout in groups, the other not; the in-place rows past
+# the caches by the scalar kernel or by the vectors (add: add_position_table's, not these walks')
+@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512, 0), (4 << 20, 8 << 10, 768, 2048, 512, 0),
+                                         (1, 1, 1 << 20, 1 << 20, 0, 0),
+                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048, 0),
+                                         (1, 1, 1 << 20, 0, 1 << 30, 0), (1, 1, 0, 1 << 20, 0, 0)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
@@ -316,7 +317,7 @@ def test_in_place_rows_past_the_caches_at_every_alignment(dtype, dim, scalar_in_
     from posenc_fast import _core
 
     sizes = [size for size, _ in _core.block_bytes().values()]
-    before = _core.set_block_bytes(*sizes[:4], scalar_in_place)
+    before = _core.set_block_bytes(*sizes[:4], scalar_in_place, sizes[5])
     try:
         assert _core.in_place_row_kernel(dim * np.dtype(dtype).itemsize) == (
             "scalar" if scalar_in_place == 0 else "vectors")

@@ -21,7 +21,8 @@ import numpy as np
 
 # Each block size's candidates: the values measured best on AMD Zen 5 and on Zen 4 (bench/sweeps.md).
 BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
-                    "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096)}
+                    "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096),
+                    "add": (0, 256 << 10)}
 # Another block size replaces the one in use only where it runs at most this fraction of its time:
 # a choice within the noise of a few rounds is no choice.
 MARGIN = 0.97
@@ -73,6 +74,16 @@ def _block_workloads(kind):
     if kind == "group":  # half-layout rows in groups
         return _rotations([(f32, (1, 32, 4096, 128), False), (f32, (1, 32, 4096, 128), True),
                            (f32, (1, 32, 2730, 192), True), (bf16, (1, 32, 4096, 128), False)])
+    if kind == "add":  # add_position_table over batches at the same positions
+        import posenc_fast as pf
+
+        rows = []
+        for shape in ((8, 2048, 1024), (4, 4096, 512)):
+            x = np.full(shape, 0.5, np.float32)
+            table = np.full(shape[1:], 0.25, np.float32)
+            rows.append((f"add_position_table in place float32 {shape}",
+                         lambda x=x, table=table: pf.add_position_table(x, table, out=x)))
+        return rows
     if kind == "scalar_in_place":  # half-layout rows in place past the caches, of 512 bytes to 2 KiB
         return _rotations([(f32, (1, 32, 4096, 128), True), (f64, (1, 32, 2048, 128), True),
                            (f32, (1, 32, 2730, 192), True), (f64, (1, 32, 1024, 256), True)])

@@ -16,37 +16,42 @@ cdef Py_ssize_t _group_interleaved_row_bytes = POSENC_GROUP_INTERLEAVED_ROW_BYTE
 
 
 def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group,
-                    Py_ssize_t group_interleaved, Py_ssize_t scalar_in_place):
+                    Py_ssize_t group_interleaved, Py_ssize_t scalar_in_place, Py_ssize_t add):
     """Set the bytes of cos/sin rows per work item of the in-place walks past the caches
     (`position`), per kernel call of the walks below them (`row`), the longest half-layout
     (`group`) and interleaved (`group_interleaved`) row the walks past the caches take in groups
-    of heads (0: none), and the shortest half-layout row they rotate in place by the scalar
-    kernel (`scalar_in_place`; shorter ones by the vectors), at import or between calls (none
-    running: ``tune`` times each); return the five before.  Results do not depend on them."""
+    of heads (0: none), the shortest half-layout row they rotate in place by the scalar kernel
+    (`scalar_in_place`; shorter ones by the vectors), and the bytes of table rows per turn of
+    add_position_table's walk over batches (`add`; 0: each batch whole), at import or between
+    calls (none running: ``tune`` times each); return the six before.  Results do not depend on
+    them."""
     global _position_block_bytes, _row_block_bytes, _group_row_bytes, _group_interleaved_row_bytes
-    global _scalar_in_place_row_bytes
-    if position < 1 or row < 1 or group < 0 or group_interleaved < 0 or scalar_in_place < 0:
-        raise ValueError(f"position and row must be >= 1, group, group_interleaved and scalar_in_place "
-                         f">= 0, got {position}, {row}, {group}, {group_interleaved} and {scalar_in_place}")
+    global _scalar_in_place_row_bytes, _add_block_bytes
+    if position < 1 or row < 1 or min(group, group_interleaved, scalar_in_place, add) < 0:
+        raise ValueError(f"position and row must be >= 1, group, group_interleaved, scalar_in_place and add "
+                         f">= 0, got {position}, {row}, {group}, {group_interleaved}, {scalar_in_place} "
+                         f"and {add}")
     before = (_position_block_bytes, _row_block_bytes, _group_row_bytes, _group_interleaved_row_bytes,
-              _scalar_in_place_row_bytes)
+              _scalar_in_place_row_bytes, _add_block_bytes)
     _position_block_bytes, _row_block_bytes = position, row
     _group_row_bytes, _group_interleaved_row_bytes = group, group_interleaved
-    _scalar_in_place_row_bytes = scalar_in_place
+    _scalar_in_place_row_bytes, _add_block_bytes = scalar_in_place, add
     return before
 
 
 def block_bytes():
     """{"position": (bytes, given), "row": ..., "group": ..., "group_interleaved": ...,
-    "scalar_in_place": ...}: the five sizes in use, and whether the build was given each
+    "scalar_in_place": ..., "add": ...}: the six sizes in use, and whether the build was given each
     (-DPOSENC_POSITION_BLOCK_BYTES, -DPOSENC_ROW_BLOCK_BYTES, -DPOSENC_GROUP_ROW_BYTES,
-    -DPOSENC_GROUP_INTERLEAVED_ROW_BYTES, -DPOSENC_SCALAR_IN_PLACE_ROW_BYTES: then it stands)."""
+    -DPOSENC_GROUP_INTERLEAVED_ROW_BYTES, -DPOSENC_SCALAR_IN_PLACE_ROW_BYTES,
+    -DPOSENC_ADD_BLOCK_BYTES: then it stands)."""
     return {"position": (_position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)),
             "row": (_row_block_bytes, bool(POSENC_ROW_BLOCK_BYTES_GIVEN)),
             "group": (_group_row_bytes, bool(POSENC_GROUP_ROW_BYTES_GIVEN)),
             "group_interleaved": (_group_interleaved_row_bytes,
                                   bool(POSENC_GROUP_INTERLEAVED_ROW_BYTES_GIVEN)),
-            "scalar_in_place": (_scalar_in_place_row_bytes, bool(POSENC_SCALAR_IN_PLACE_ROW_BYTES_GIVEN))}
+            "scalar_in_place": (_scalar_in_place_row_bytes, bool(POSENC_SCALAR_IN_PLACE_ROW_BYTES_GIVEN)),
+            "add": (_add_block_bytes, bool(POSENC_ADD_BLOCK_BYTES_GIVEN))}
 
 
 cdef inline Py_ssize_t _block_bytes(const RowCall* call) noexcept nogil:

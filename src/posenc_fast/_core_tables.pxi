@@ -105,8 +105,7 @@ cdef void _add_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     # A run of rows that read consecutive table rows (the default positions)
     # is one call: add_position_table (8,2048,1024) float32 in place ran 1.75x
     # an in-place pass with a call per row, 1.35x with a call per run (AVX2
-    # 2.01x -> 1.42x).  Blocks of table rows kept in L2 while every batch
-    # passes over them (64 KiB - 1 MiB) ran 1.5-1.7x, not faster.
+    # 2.01x -> 1.42x; AMD EPYC Zen 3).
     cdef const AddJob* job = <const AddJob*>job_
     cdef Py_ssize_t r = chunk * POSENC_ROW_CHUNK, stop = min(r + POSENC_ROW_CHUNK, job.nrows)
     cdef Py_ssize_t run
@@ -137,6 +136,55 @@ def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray
                              cnp.PyArray_STRIDE(table, 0) == x.shape[1] * cnp.PyArray_ITEMSIZE(table))
     if job.nrows == 0 or job.dim == 0:
         return
+    cdef Py_ssize_t period = add_batch_rows(row_table) if _add_block_bytes > 0 and job.contiguous else 0
+    cdef TurnJob turns
+    if period:
+        turns = TurnJob(&job, period, job.nrows // period,
+                        max(<Py_ssize_t>1, min(period, _add_block_bytes // cnp.PyArray_STRIDE(table, 0))))
+        with nogil:
+            posenc_parallel_for((period + turns.turn - 1) // turns.turn * turns.nbatches, num_threads,
+                                _add_turn, &turns)
+        return
     with nogil:
         posenc_parallel_for((job.nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK, num_threads,
                             _add_chunk, &job)
+
+
+# Bytes of table rows per turn of the walk over batches at the same positions (0: none): the build's
+# POSENC_ADD_BLOCK_BYTES, or this CPU's measured value (set once, at import, by _dispatch;
+# set_block_bytes).
+cdef Py_ssize_t _add_block_bytes = POSENC_ADD_BLOCK_BYTES
+
+
+def add_batch_rows(cnp.ndarray row_table not None):
+    """The rows of a batch where `row_table` (contiguous intp) is two or more batches that each read
+    the same consecutive table rows (add_position_table's default positions), else 0."""
+    cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
+    cdef Py_ssize_t n = row_table.shape[0], p = 1, r
+    while p < n and rows[p] == rows[0] + p:
+        p += 1
+    if p >= n or n % p:
+        return 0
+    for r in range(p, n):
+        if rows[r] != rows[r - p]:
+            return 0
+    return p
+
+
+cdef struct TurnJob:
+    # add_table_rows' call as turns over batches, for the pool.
+    const AddJob* job
+    Py_ssize_t period       # rows of a batch
+    Py_ssize_t nbatches
+    Py_ssize_t turn         # rows of a turn
+
+
+cdef void _add_turn(void* job_, Py_ssize_t item, int slot) noexcept nogil:
+    # Work item = (turn, batch): the turn's consecutive rows of that batch, one call; the batches
+    # of a turn follow each other, so that its table rows are read from L2.
+    cdef const TurnJob* t = <const TurnJob*>job_
+    cdef const AddJob* job = t.job
+    cdef Py_ssize_t first = item // t.nbatches * t.turn
+    cdef Py_ssize_t r = item % t.nbatches * t.period + first
+    job.add(job.x + r * job.row_bytes, job.out + r * job.row_bytes,
+            job.table + job.rows[r] * job.table_stride, min(t.turn, t.period - first) * job.dim)

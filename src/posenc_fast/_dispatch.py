@@ -97,7 +97,9 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     ``POSENC_POSITION_BLOCK_BYTES``); ``"row"``, per kernel call of the walks below them;
     ``"group"`` and ``"group_interleaved"``, the longest half-layout and interleaved row the
     walks past the caches take a few heads at a time; ``"scalar_in_place"``, the shortest
-    half-layout row they rotate in place by the scalar kernel (shorter ones: the vectors).
+    half-layout row they rotate in place by the scalar kernel (shorter ones: the vectors);
+    ``"add"``, bytes of table rows per turn of add_position_table's walk over batches at the
+    same positions (0: each batch whole).
 
     Parameters
     ----------
@@ -107,8 +109,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     Returns
     -------
     dict of (int or None, str)
-        Each size, or None for the build's (512 KiB, 16 KiB, 0, 0 and 512
-        bytes), and the reason in words.
+        Each size, or None for the build's (512 KiB, 16 KiB, 0, 0, 512 bytes
+        and 0), and the reason in words.
 
     Notes
     -----
@@ -139,7 +141,10 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     limit, 256 1.50 -> 1.34x, float32 head_dim 128 1.17 -> 1.08x, 192 1.09
     -> 1.02x, 256 1.09 -> 1.06x, 512 1.08 -> 1.11x; on the Zen 4 the vectors
     lost 1 KiB rows (float64 1.29-1.51 -> 1.78x, float32 head_dim 256
-    1.39-1.47 -> 2.15x: POSENC_SCALAR_IN_PLACE_ROW_BYTES).
+    1.39-1.47 -> 2.15x: POSENC_SCALAR_IN_PLACE_ROW_BYTES).  add_position_table
+    in turns of 256 KiB of table rows over the batches, model 0xA7, (8,2048,
+    1024) float32 in place, the same way: 1.54-1.79 -> 1.13-1.20x (turns lost
+    on the Zen 3 and Zen 4: POSENC_ADD_BLOCK_BYTES).
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
@@ -147,19 +152,22 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
                 "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}"),
                 "group": (768, f"768 bytes: AMD Zen 4, {measured}"),
                 "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}"),
-                "scalar_in_place": (None, f"512 bytes: the build's (AMD Zen 4, {measured})")}
+                "scalar_in_place": (None, f"512 bytes: the build's (AMD Zen 4, {measured})"),
+                "add": (None, f"0, whole batches: the build's (AMD Zen 4, {measured})")}
     if vendor == "GenuineIntel" and family == 6 and model == 0xA7:
         where = "Intel family 6 model 0xa7, measured"
         return {"position": (None, f"512 KiB: the build's ({where})"),
                 "row": (None, f"16 KiB: the build's ({where})"),
                 "group": (None, f"0, none: the build's (a head at a time; {where})"),
                 "group_interleaved": (None, f"0, none: the build's (a head at a time; {where})"),
-                "scalar_in_place": (4096, f"4096 bytes: {where}")}
+                "scalar_in_place": (4096, f"4096 bytes: {where}"),
+                "add": (256 << 10, f"256 KiB: {where}")}
     ungrouped = None, "0, none: the build's (a head at a time; groups not measured on this CPU)"
     return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
             "row": (None, "16 KiB: the build's (measured on AMD Zen 5)"),
             "group": ungrouped, "group_interleaved": ungrouped,
-            "scalar_in_place": (None, "512 bytes: the build's (measured on AMD Zen 4)")}
+            "scalar_in_place": (None, "512 bytes: the build's (measured on AMD Zen 4)"),
+            "add": (None, "0, whole batches: the build's (measured on AMD Zen 3 and Zen 4)")}
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -311,7 +319,8 @@ def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] |
 _BLOCK_KINDS = {"position": ("POSENC_POSITION_BLOCK_BYTES", 1), "row": ("POSENC_ROW_BLOCK_BYTES", 1),
                 "group": ("POSENC_GROUP_ROW_BYTES", 0),
                 "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0),
-                "scalar_in_place": ("POSENC_SCALAR_IN_PLACE_ROW_BYTES", 0)}
+                "scalar_in_place": ("POSENC_SCALAR_IN_PLACE_ROW_BYTES", 0),
+                "add": ("POSENC_ADD_BLOCK_BYTES", 0)}
 BLOCK_KINDS = tuple(_BLOCK_KINDS)
 
 

@@ -29,8 +29,10 @@ def build_info() -> dict[str, Any]:
         interleaved row the walks past the caches take a few heads at a time;
         0: none), ``scalar_in_place_row_bytes`` (the shortest half-layout
         row rotated in place past the caches by the scalar kernel, shorter
-        ones by the vectors: by CPU) and their ``..._reason`` (which source
-        decided: the build, ``tune``'s file, or the table of measured CPUs).
+        ones by the vectors: by CPU), ``add_block_bytes`` (table rows per turn
+        of add_position_table over batches at the same positions; 0: each
+        batch whole) and their ``..._reason`` (which source decided: the
+        build, ``tune``'s file, or the table of measured CPUs).
     """
     kernels = _dispatch.kernels
     blocks = kernels.block_bytes()
@@ -55,4 +57,6 @@ def build_info() -> dict[str, Any]:
         "group_interleaved_row_reason": _dispatch.BLOCK_REASONS["group_interleaved"],
         "scalar_in_place_row_bytes": blocks["scalar_in_place"][0],
         "scalar_in_place_row_reason": _dispatch.BLOCK_REASONS["scalar_in_place"],
+        "add_block_bytes": blocks["add"][0],
+        "add_block_reason": _dispatch.BLOCK_REASONS["add"],
     }

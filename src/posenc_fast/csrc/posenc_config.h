@@ -281,6 +281,21 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    2.73/2.92, 2.64/2.90 (quiet/hog; ranges 0.3-0.6): equal.  No row of
    report.py runs these loops on more threads (the 2-thread row is W1 at
    64 MiB, past the block walk); kept at 16384. */
+/* Bytes of table rows per turn of add_position_table's walk over batches at
+   the same positions: each batch adds a turn's rows while they are in L2,
+   then the next turn (0: each batch whole, in turn).  On the Intel Xeon model
+   0xA7 (2026-12-07, one process, interleaved) (8,2048,1024) float32 in place
+   ran 1.54-1.79x its limit whole, 1.13-1.23x with turns of 128-512 KiB (1.30-
+   1.43x with 1 MiB); on the AMD EPYC Zen 3 blocks of 64 KiB - 1 MiB ran 1.5-1.7x
+   against 1.35x, on the Zen 4 turns of 8-16 KiB lost: 0 is the build's value,
+   a CPU measured otherwise takes its own at import (_dispatch.block_bytes:
+   256 KiB there), unless the build was given one (-D). */
+#ifndef POSENC_ADD_BLOCK_BYTES
+#define POSENC_ADD_BLOCK_BYTES 0
+#define POSENC_ADD_BLOCK_BYTES_GIVEN 0
+#else
+#define POSENC_ADD_BLOCK_BYTES_GIVEN 1
+#endif
 #ifndef POSENC_ELEMENTS_PER_ITEM
 #define POSENC_ELEMENTS_PER_ITEM (1 << 14)
 #endif
