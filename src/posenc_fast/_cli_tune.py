@@ -19,7 +19,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-# Each block size's candidates: the values measured best on AMD Zen 5 and on Zen 4 (bench/sweeps.md).
+# Each block size's candidates: the values measured best on AMD Zen 5, Zen 4 and Intel model 0xA7 (bench/sweeps.md).
 BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
                     "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096),
                     "add": (0, 256 << 10)}
