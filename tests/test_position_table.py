@@ -122,10 +122,10 @@ def test_batches_in_turns_change_no_bit(add_bytes, in_place, dtype, shape, posit
 
     x = random(shape, np.float32, seed=7).astype(dtype)
     table = random((50, 40), np.float32, seed=8)
-    sizes = [size for size, _ in _core.block_bytes().values()]
+    sizes = {kind: size for kind, (size, _) in _core.block_bytes().items()}
     got = {}
     for add in (0, add_bytes):
-        before = _core.set_block_bytes(*sizes[:5], add)
+        before = _core.set_block_bytes(**dict(sizes, add=add))
         try:
             y = x.copy()
             got[add] = pf.add_position_table(y, table, positions, offset=offset, out=y if in_place else None)

@@ -316,8 +316,8 @@ def test_in_place_rows_past_the_caches_at_every_alignment(dtype, dim, scalar_in_
     # out-of-place result (another kernel) bit for bit, by either kernel.
     from posenc_fast import _core
 
-    sizes = [size for size, _ in _core.block_bytes().values()]
-    before = _core.set_block_bytes(*sizes[:4], scalar_in_place, sizes[5])
+    sizes = {kind: size for kind, (size, _) in _core.block_bytes().items()}
+    before = _core.set_block_bytes(**dict(sizes, scalar_in_place=scalar_in_place))
     try:
         assert _core.in_place_row_kernel(dim * np.dtype(dtype).itemsize) == (
             "scalar" if scalar_in_place == 0 else "vectors")

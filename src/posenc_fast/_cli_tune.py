@@ -139,9 +139,9 @@ def measure_blocks(rounds):
     chosen, ratios = {}, {}
 
     def use(kind, size):
-        _core.set_block_bytes(*(size if k == kind else sizes[k] for k in order))
+        _core.set_block_bytes(**dict(sizes, **{kind: size}))
 
-    before = tuple(sizes[k] for k in order)
+    before = dict(sizes)
     try:
         for kind in order:
             if _core.block_bytes()[kind][1]:
@@ -157,7 +157,7 @@ def measure_blocks(rounds):
             chosen[kind] = sizes[kind] = pick(
                 current, {size: _geometric_mean(r.values()) for size, r in ratios[kind].items()})
     finally:
-        _core.set_block_bytes(*before)
+        _core.set_block_bytes(**before)
     return chosen, ratios
 
 

@@ -136,7 +136,8 @@ def add_table_rows(cnp.ndarray x not None, cnp.ndarray out not None, cnp.ndarray
                              cnp.PyArray_STRIDE(table, 0) == x.shape[1] * cnp.PyArray_ITEMSIZE(table))
     if job.nrows == 0 or job.dim == 0:
         return
-    cdef Py_ssize_t period = add_batch_rows(row_table) if _add_block_bytes > 0 and job.contiguous else 0
+    cdef Py_ssize_t period = (_batch_rows(job.rows, job.nrows) if _add_block_bytes > 0 and job.contiguous
+                              else 0)
     cdef TurnJob turns
     if period:
         turns = TurnJob(&job, period, job.nrows // period,
@@ -159,8 +160,11 @@ cdef Py_ssize_t _add_block_bytes = POSENC_ADD_BLOCK_BYTES
 def add_batch_rows(cnp.ndarray row_table not None):
     """The rows of a batch where `row_table` (contiguous intp) is two or more batches that each read
     the same consecutive table rows (add_position_table's default positions), else 0."""
-    cdef const Py_ssize_t* rows = <const Py_ssize_t*>_data(row_table)
-    cdef Py_ssize_t n = row_table.shape[0], p = 1, r
+    return _batch_rows(<const Py_ssize_t*>_data(row_table), row_table.shape[0])
+
+
+cdef Py_ssize_t _batch_rows(const Py_ssize_t* rows, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t p = 1, r
     while p < n and rows[p] == rows[0] + p:
         p += 1
     if p >= n or n % p:

@@ -147,30 +147,30 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     on the Zen 3 and Zen 4: POSENC_ADD_BLOCK_BYTES).
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
-        measured = "measured" if model == 0x11 else "not measured on this model, measured on model 0x11"
-        return {"position": (4 << 20, f"4 MiB: AMD Zen 4, {measured}"),
-                "row": (8 << 10, f"8 KiB: AMD Zen 4, {measured}"),
-                "group": (768, f"768 bytes: AMD Zen 4, {measured}"),
-                "group_interleaved": (2048, f"2048 bytes: AMD Zen 4, {measured}"),
-                "scalar_in_place": (None, f"512 bytes: the build's (AMD Zen 4, {measured})"),
-                "add": (None, f"0, whole batches: the build's (AMD Zen 4, {measured})")}
+        where = "AMD Zen 4, " + ("measured" if model == 0x11 else "not measured on this model, measured on model 0x11")
+        return {**_the_builds(where), "position": (4 << 20, f"4 MiB: {where}"), "row": (8 << 10, f"8 KiB: {where}"),
+                "group": (768, f"768 bytes: {where}"), "group_interleaved": (2048, f"2048 bytes: {where}")}
     if vendor == "GenuineIntel" and family == 6 and model == 0xA7:
         where = "Intel family 6 model 0xa7, measured"
-        return {"position": (None, f"512 KiB: the build's ({where})"),
-                "row": (None, f"16 KiB: the build's ({where})"),
-                "group": (None, f"0, none: the build's (a head at a time; {where})"),
-                "group_interleaved": (None, f"0, none: the build's (a head at a time; {where})"),
-                "scalar_in_place": (4096, f"4096 bytes: {where}"),
+        return {**_the_builds(where), "scalar_in_place": (4096, f"4096 bytes: {where}"),
                 "add": (256 << 10, f"256 KiB: {where}")}
-    ungrouped = None, "0, none: the build's (a head at a time; groups not measured on this CPU)"
-    return {"position": (None, "512 KiB: the build's (measured on AMD Zen 5)"),
-            "row": (None, "16 KiB: the build's (measured on AMD Zen 5)"),
-            "group": ungrouped, "group_interleaved": ungrouped,
-            "scalar_in_place": (None, "512 bytes: the build's (measured on AMD Zen 4)"),
-            "add": (None, "0, whole batches: the build's (measured on AMD Zen 3 and Zen 4)")}
+    return _the_builds("measured on AMD Zen 5", group="groups not measured on this CPU",
+                       scalar_in_place="measured on AMD Zen 4", add="measured on AMD Zen 3 and Zen 4")
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
+# Each size the build gives (None in block_bytes), in words, with the place for where it was measured
+_BUILDS = {"position": "512 KiB: the build's ({})", "row": "16 KiB: the build's ({})",
+           "group": "0, none: the build's (a head at a time; {})",
+           "group_interleaved": "0, none: the build's (a head at a time; {})",
+           "scalar_in_place": "512 bytes: the build's ({})", "add": "0, whole batches: the build's ({})"}
+
+
+def _the_builds(where: str, **elsewhere: str) -> dict[str, tuple[None, str]]:
+    """Every kind at the build's size, measured `where` (a kind in `elsewhere`: there; the
+    interleaved groups as the half-layout ones)."""
+    elsewhere.setdefault("group_interleaved", elsewhere.get("group", where))
+    return {kind: (None, text.format(elsewhere.get(kind, where))) for kind, text in _BUILDS.items()}
 
 
 def cache_folder() -> Path:
@@ -315,7 +315,7 @@ def _read_tuned(cpu: tuple[str, int, int]) -> tuple[str | None, dict[str, int] |
         return None, None
 
 
-# Each block size (`block_bytes`'s kinds, in _core.set_block_bytes's order): its build macro, its least value
+# Each block size (`block_bytes`'s kinds, _core.set_block_bytes's arguments): its build macro, its least value
 _BLOCK_KINDS = {"position": ("POSENC_POSITION_BLOCK_BYTES", 1), "row": ("POSENC_ROW_BLOCK_BYTES", 1),
                 "group": ("POSENC_GROUP_ROW_BYTES", 0),
                 "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0),
@@ -352,7 +352,7 @@ def block_sizes(cpu: tuple[str, int, int], built: dict[str, tuple[int, bool]],
 def _use_block_bytes(cpu: tuple[str, int, int], tuned: dict[str, int] | None) -> dict[str, str]:
     """Set the walks' block sizes (`block_sizes`); return why each."""
     sizes = block_sizes(cpu, _core.block_bytes(), tuned)
-    _core.set_block_bytes(*(sizes[kind][0] for kind in BLOCK_KINDS))
+    _core.set_block_bytes(**{kind: size for kind, (size, _) in sizes.items()})
     return {kind: why for kind, (_, why) in sizes.items()}
 
 
