@@ -182,14 +182,19 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
         np.testing.assert_allclose(got[0, 3, row], expected, rtol=0, atol=atol)
 
 
-# (position, row, group, group_interleaved, scalar_in_place, add) block bytes: blocks of 16 positions
-# and of 1, a head at a time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups of heads,
-# with blocks of 16 positions and of 1; one layout in groups, the other not; the in-place rows past
-# the caches by the scalar kernel or by the vectors (add: add_position_table's, not these walks')
-@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512, 0), (4 << 20, 8 << 10, 768, 2048, 512, 0),
-                                         (1, 1, 1 << 20, 1 << 20, 0, 0),
-                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048, 0),
-                                         (1, 1, 1 << 20, 0, 1 << 30, 0), (1, 1, 0, 1 << 20, 0, 0)])
+# (position, row, group, group_interleaved, scalar_in_place, add, stream) block bytes: blocks of 16
+# positions and of 1, a head at a time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups
+# of heads, with blocks of 16 positions and of 1; one layout in groups, the other not; the in-place
+# rows past the caches by the scalar kernel or by the vectors; every result out of place streamed, or
+# none (add: add_position_table's, not these walks')
+@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512, 0, 16 << 20),
+                                         (4 << 20, 8 << 10, 768, 2048, 512, 0, 16 << 20),
+                                         (1, 1, 1 << 20, 1 << 20, 0, 0, 16 << 20),
+                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048, 0, 16 << 20),
+                                         (1, 1, 1 << 20, 0, 1 << 30, 0, 16 << 20),
+                                         (1, 1, 0, 1 << 20, 0, 0, 16 << 20),
+                                         (512 << 10, 16 << 10, 0, 0, 512, 0, 1),
+                                         (512 << 10, 16 << 10, 0, 0, 512, 0, 1 << 40)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
@@ -210,6 +215,24 @@ def test_the_walks_block_sizes_change_no_bit(block_bytes, in_place, dim, seq_byt
     finally:
         _core.set_block_bytes(*before)
     assert got.tobytes() == want.tobytes()
+
+
+def test_the_stream_size_decides_which_results_are_streamed():
+    # block_bytes()["stream"] (by CPU): out-of-place results at least this large are written with
+    # non-temporal stores and their rows walked past the caches (no bit changes: the test above)
+    from posenc_fast import _core
+
+    sizes = {kind: size for kind, (size, _) in _core.block_bytes().items()}
+    before = _core.set_block_bytes(**dict(sizes, stream=64 << 20))
+    try:
+        assert not _core.streams(32 << 20) and _core.streams(64 << 20)
+        _core.set_block_bytes(**dict(sizes, stream=1 << 20))
+        assert _core.streams(1 << 20) and not _core.streams((1 << 20) - 1)
+        with pytest.raises(ValueError, match="position, row and stream must be >= 1"):
+            _core.set_block_bytes(**dict(sizes, stream=0))
+        assert _core.block_bytes()["stream"][0] == 1 << 20  # nothing set by the refused call
+    finally:
+        _core.set_block_bytes(*before)
 
 
 # ---------------------------------------------------------------------------

@@ -45,7 +45,8 @@ def test_block_sizes_tune_did_not_write_are_refused(blocks):
 
 def test_tuned_block_sizes_win_over_the_table_and_yield_to_the_build():
     built = {"position": (512 << 10, False), "row": (16 << 10, True), "group": (0, False),
-             "group_interleaved": (0, False), "scalar_in_place": (512, False), "add": (0, False)}
+             "group_interleaved": (0, False), "scalar_in_place": (512, False), "add": (0, False),
+             "stream": (16 << 20, False)}
     sizes = _dispatch.block_sizes(ZEN4, built, {"position": 1 << 20, "row": 4096})
     assert sizes["position"] == (1 << 20, "1048576 bytes: measured on this CPU by python -m posenc_fast tune")
     assert sizes["row"] == (16 << 10, "set by the build (-DPOSENC_ROW_BLOCK_BYTES)")
@@ -57,6 +58,7 @@ def test_tuned_block_sizes_win_over_the_table_and_yield_to_the_build():
     intel = _dispatch.block_sizes(("GenuineIntel", 6, 0xA7), built, {"scalar_in_place": 0})
     assert intel["scalar_in_place"][0] == 0 and "tune" in intel["scalar_in_place"][1]
     assert _dispatch.block_sizes(("GenuineIntel", 6, 0xA7), built)["scalar_in_place"][0] == 4096
+    assert _dispatch.block_sizes(("GenuineIntel", 6, 0xA7), built, {"stream": 1 << 20})["stream"][0] == 1 << 20
 
 
 def test_a_block_size_changes_only_beyond_the_margin():

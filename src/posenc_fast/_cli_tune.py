@@ -22,7 +22,7 @@ import numpy as np
 # Each block size's candidates: the values measured best on AMD Zen 5, Zen 4 and Intel model 0xA7 (bench/sweeps.md).
 BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
                     "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096),
-                    "add": (0, 256 << 10)}
+                    "add": (0, 256 << 10), "stream": (16 << 20, 64 << 20)}
 # Another block size replaces the one in use only where it runs at most this fraction of its time:
 # a choice within the noise of a few rounds is no choice.
 MARGIN = 0.97
@@ -84,6 +84,9 @@ def _block_workloads(kind):
             rows.append((f"add_position_table in place float32 {shape}",
                          lambda x=x, table=table: pf.add_position_table(x, table, out=x)))
         return rows
+    if kind == "stream":  # out-of-place results of 16 to 128 MiB, each into the last one's
+        return _rotations([(bf16, (1, 32, 4096, 128), False), (f32, (1, 32, 2560, 128), False),
+                           (f32, (1, 32, 4096, 128), False), (bf16, (1, 32, 16384, 128), False)])
     if kind == "scalar_in_place":  # half-layout rows in place past the caches, of 512 bytes to 2 KiB
         return _rotations([(f32, (1, 32, 4096, 128), True), (f64, (1, 32, 2048, 128), True),
                            (f32, (1, 32, 2730, 192), True), (f64, (1, 32, 1024, 256), True)])

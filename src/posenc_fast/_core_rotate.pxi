@@ -31,6 +31,14 @@ cdef inline bint _in_place_scalar(Py_ssize_t row_bytes) noexcept nogil:
     return row_bytes >= _scalar_in_place_row_bytes
 
 
+# Out-of-place results of at least this many bytes are streamed (non-temporal stores, rows by the
+# walk past the caches); in place, rows of POSENC_STREAM_BYTES or more take that walk: the build's
+# POSENC_STREAM_BYTES, or this CPU's measured value (set once, at import, by _dispatch).
+cdef Py_ssize_t _stream_bytes = POSENC_STREAM_BYTES
+
+
+
+
 def in_place_row_kernel(Py_ssize_t row_bytes):
     """Which kernel rotates half-layout rows of `row_bytes` in place past the caches: "scalar" or
     "vectors" (by the size `set_block_bytes` set last)."""
@@ -41,14 +49,15 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
                               Py_ssize_t npairs, Py_ssize_t dim, bint half, bint inverse,
                               bint in_place, Py_ssize_t nbytes, Py_ssize_t start=0) noexcept nogil:
     # Rows of dim items whose features [start, start + 2*npairs) rotate;
-    # nbytes: the size of x.  Below POSENC_STREAM_BYTES rows go in blocks
-    # (rotate_position): a position's heads, or a head's positions.  Past
-    # the caches a result is written with non-temporal stores (never in
-    # place: those lines were just read), half-layout rows in place by the
+    # nbytes: the size of x.  Below POSENC_STREAM_BYTES (out of place:
+    # _stream_bytes) rows go in blocks (rotate_position): a position's heads,
+    # or a head's positions.  Past the caches a result is written with
+    # non-temporal stores (never in place: those lines were just read),
+    # half-layout rows in place by the
     # scalar row functions from _scalar_in_place_row_bytes on; from half
     # an L2 (POSENC_PREFETCH_BYTES) a row taken alone prefetches.
     cdef RowCall call
-    cdef bint large = nbytes >= POSENC_STREAM_BYTES
+    cdef bint large = nbytes >= (POSENC_STREAM_BYTES if in_place else _stream_bytes)
     cdef int kind
     if half and in_place:
         kind = (POSENC_ROW_HALF_IN_PLACE
@@ -76,6 +85,12 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.prefetch = nbytes >= POSENC_PREFETCH_BYTES
     call.blocks = not large
     return call
+
+
+def streams(Py_ssize_t nbytes):
+    """Whether an out-of-place rotation of float32 rows of 128 into `nbytes` is streamed past
+    the caches (`_row_call`'s choice by the size `set_block_bytes` set last)."""
+    return _row_call(POSENC_F32, POSENC_F32, 4, 4, 64, 128, True, False, False, nbytes).stream
 
 
 cdef struct CosSinTable:

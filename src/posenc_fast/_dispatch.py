@@ -99,7 +99,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     walks past the caches take a few heads at a time; ``"scalar_in_place"``, the shortest
     half-layout row they rotate in place by the scalar kernel (shorter ones: the vectors);
     ``"add"``, bytes of table rows per turn of add_position_table's walk over batches at the
-    same positions (0: each batch whole).
+    same positions (0: each batch whole); ``"stream"``, the least out-of-place rotation result
+    written with non-temporal stores.
 
     Parameters
     ----------
@@ -109,8 +110,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     Returns
     -------
     dict of (int or None, str)
-        Each size, or None for the build's (512 KiB, 16 KiB, 0, 0, 512 bytes
-        and 0), and the reason in words.
+        Each size, or None for the build's (512 KiB, 16 KiB, 0, 0, 512 bytes,
+        0 and 16 MiB), and the reason in words.
 
     Notes
     -----
@@ -144,7 +145,13 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     1.39-1.47 -> 2.15x: POSENC_SCALAR_IN_PLACE_ROW_BYTES).  add_position_table
     in turns of 256 KiB of table rows over the batches, model 0xA7, (8,2048,
     1024) float32 in place, the same way: 1.54-1.79 -> 1.13-1.20x (turns lost
-    on the Zen 3 and Zen 4: POSENC_ADD_BLOCK_BYTES).
+    on the Zen 3 and Zen 4: POSENC_ADD_BLOCK_BYTES).  Out-of-place rotations
+    streamed from 64 MiB instead of 16 MiB, model 0xA7 (2026-12-07, the
+    result written by a copy just before each call, median of 9): bfloat16
+    (1,32,4096,128) 8.2 -> 3.7 ms, float32 (1,32,2560,128) 8.1 -> 3.6 ms,
+    (1,32,3072,128) 8.2 -> 4.8 ms; from 64 MiB streaming still gains (float32
+    (1,32,4096,128) 8.1 against 8.9 ms, bfloat16 (1,32,16384,128) 22.0
+    against 25.7 ms).  The Zen 4's sweeps chose 16 MiB (POSENC_STREAM_BYTES).
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         where = "AMD Zen 4, " + ("measured" if model == 0x11 else "not measured on this model, measured on model 0x11")
@@ -153,9 +160,10 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     if vendor == "GenuineIntel" and family == 6 and model == 0xA7:
         where = "Intel family 6 model 0xa7, measured"
         return {**_the_builds(where), "scalar_in_place": (4096, f"4096 bytes: {where}"),
-                "add": (256 << 10, f"256 KiB: {where}")}
+                "add": (256 << 10, f"256 KiB: {where}"), "stream": (64 << 20, f"64 MiB: {where}")}
     return _the_builds("measured on AMD Zen 5", group="groups not measured on this CPU",
-                       scalar_in_place="measured on AMD Zen 4", add="measured on AMD Zen 3 and Zen 4")
+                       scalar_in_place="measured on AMD Zen 4", add="measured on AMD Zen 3 and Zen 4",
+                       stream="measured on AMD Zen 3, Zen 4 and Zen 5")
 
 
 _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # family 0x19's Zen 4 models
@@ -163,7 +171,8 @@ _ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))  # fami
 _BUILDS = {"position": "512 KiB: the build's ({})", "row": "16 KiB: the build's ({})",
            "group": "0, none: the build's (a head at a time; {})",
            "group_interleaved": "0, none: the build's (a head at a time; {})",
-           "scalar_in_place": "512 bytes: the build's ({})", "add": "0, whole batches: the build's ({})"}
+           "scalar_in_place": "512 bytes: the build's ({})", "add": "0, whole batches: the build's ({})",
+           "stream": "16 MiB: the build's ({})"}
 
 
 def _the_builds(where: str, **elsewhere: str) -> dict[str, tuple[None, str]]:
@@ -234,7 +243,7 @@ def tuned_blocks(text: str | None, cpu: tuple[str, int, int]) -> dict[str, int] 
     if not isinstance(blocks, dict) or not all(
             kind in least and type(size) is int and least[kind] <= size <= 2**40 for kind, size in blocks.items()):
         raise ValueError(f"its entry for {cpu_key(cpu)} has blocks that are not sizes in bytes of "
-                         f"{tuple(least)} (position and row >= 1, the others >= 0, each at most 2**40): "
+                         f"{tuple(least)} (position, row and stream >= 1, the others >= 0, each at most 2**40): "
                          f"{blocks!r}")
     return dict(blocks)
 
@@ -320,7 +329,7 @@ _BLOCK_KINDS = {"position": ("POSENC_POSITION_BLOCK_BYTES", 1), "row": ("POSENC_
                 "group": ("POSENC_GROUP_ROW_BYTES", 0),
                 "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0),
                 "scalar_in_place": ("POSENC_SCALAR_IN_PLACE_ROW_BYTES", 0),
-                "add": ("POSENC_ADD_BLOCK_BYTES", 0)}
+                "add": ("POSENC_ADD_BLOCK_BYTES", 0), "stream": ("POSENC_STREAM_BYTES", 1)}
 BLOCK_KINDS = tuple(_BLOCK_KINDS)
 
 

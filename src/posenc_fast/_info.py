@@ -31,8 +31,10 @@ def build_info() -> dict[str, Any]:
         row rotated in place past the caches by the scalar kernel, shorter
         ones by the vectors: by CPU), ``add_block_bytes`` (table rows per turn
         of add_position_table over batches at the same positions; 0: each
-        batch whole) and their ``..._reason`` (which source decided: the
-        build, ``tune``'s file, or the table of measured CPUs).
+        batch whole), ``stream_bytes`` (the least out-of-place rotation
+        result written with non-temporal stores: by CPU) and their
+        ``..._reason`` (which source decided: the build, ``tune``'s file, or
+        the table of measured CPUs).
     """
     kernels = _dispatch.kernels
     blocks = kernels.block_bytes()
@@ -59,4 +61,6 @@ def build_info() -> dict[str, Any]:
         "scalar_in_place_row_reason": _dispatch.BLOCK_REASONS["scalar_in_place"],
         "add_block_bytes": blocks["add"][0],
         "add_block_reason": _dispatch.BLOCK_REASONS["add"],
+        "stream_bytes": blocks["stream"][0],
+        "stream_reason": _dispatch.BLOCK_REASONS["stream"],
     }
