@@ -68,7 +68,7 @@ def test_thread_count_from_environment():
 
 
 def test_every_built_variant_gives_bitwise_equal_results():
-    code = ("import numpy as np, posenc_fast as pf, sys\n"
+    code = ("import ml_dtypes, numpy as np, posenc_fast as pf, sys\n"
             "x = np.random.default_rng(0).standard_normal((3, 50, 64)).astype(np.float32)\n"
             "r = pf.RotaryEmbedding(64, layout='half').apply(x, offset=10**6)\n"
             "t = pf.sinusoidal_table(300, 37, offset=12345)\n"
@@ -79,8 +79,9 @@ def test_every_built_variant_gives_bitwise_equal_results():
             "     for layout in ('interleaved', 'half') for inverse in (False, True)]\n"
             "a = pf.add_alibi(x[:, :, :50].copy(), offset=3, causal=False)\n"
             "n = [pf.RotaryEmbedding(d).apply_qk_norm(q, q, np.linspace(-2, 2, d), np.ones(d))[0].tobytes()\n"
-            "     for d in (2, 6, 30, 32, 34, 62, 100) for q in\n"  # below, at and past the 32 running sums
-            "     (np.random.default_rng(d).standard_normal((1, 3, 5, d)).astype(t) for t in ('f4', 'f8'))]\n"
+            "     for d in (2, 6, 30, 32, 34, 62, 64, 100, 128, 256) for q in\n"  # below, at and past the 32
+            "     (np.random.default_rng(d).standard_normal((1, 3, 5, d)).astype(t)\n"  # sums; norm_rows' dims
+            "      for t in ('f4', 'f8', 'f2', ml_dtypes.bfloat16))]\n"
             "sys.stdout.buffer.write(r.tobytes() + t.tobytes() + i.tobytes() + b''.join(m)\n"
             "                        + a.tobytes() + b''.join(n))\n"
             "print(pf.build_info()['isa_in_use'], file=sys.stderr)\n")

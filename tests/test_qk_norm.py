@@ -66,6 +66,18 @@ def test_float32_arithmetic_half_types_rounded_once(dtype):
     assert (np.abs(got_q.astype(np.float64) - exact) <= bound).all()
 
 
+def sum_of_squares(x):
+    # The kernels' sum of squares of each row of x: in float64 by 32 running sums added pairwise.
+    squares = x.astype(np.float64) ** 2
+    sums = np.zeros(x.shape[:-1] + (32,))
+    for first in range(0, x.shape[-1], 32):
+        block = squares[..., first:first + 32]
+        sums[..., :block.shape[-1]] += block
+    for width in (16, 8, 4, 2, 1):
+        sums[..., :width] += sums[..., width:2 * width]
+    return sums[..., 0]
+
+
 def the_passes(rope, x, weight, positions, eps):
     # The fused norm's operations in NumPy, each rounded as the kernels round it: the sum of
     # squares in float64 by 32 running sums added pairwise, the scale in float64 (the mean a
@@ -73,14 +85,7 @@ def the_passes(rope, x, weight, positions, eps):
     # x's dtype.
     compute = np.float64 if x.dtype == np.float64 else np.float32
     x32 = x.astype(compute)
-    squares = x32.astype(np.float64) ** 2
-    sums = np.zeros(x.shape[:-1] + (32,))
-    for first in range(0, x.shape[-1], 32):
-        block = squares[..., first:first + 32]
-        sums[..., :block.shape[-1]] += block
-    for width in (16, 8, 4, 2, 1):
-        sums[..., :width] += sums[..., width:2 * width]
-    scale = (1.0 / np.sqrt(sums[..., 0] / x.shape[-1] + eps)).astype(compute)
+    scale = (1.0 / np.sqrt(sum_of_squares(x32) / x.shape[-1] + eps)).astype(compute)
     normed = (x32 * scale[..., None]) * weight.astype(compute)
     cos, sin = rope.cos_sin(positions, dtype=compute)
     cos, sin = cos[:, None], sin[:, None]  # (seq, 1, n): broadcast over heads
@@ -107,6 +112,43 @@ def test_half_layout_rows_are_the_passes_bitwise(dtype, dim):
     for got, x, w in ((got_q, q, wq), (got_k, k, wk)):
         want = the_passes(rope, x, w, positions, 1e-5)
         assert got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes()
+
+
+def rows_at_a_rounding_boundary(dim, eps, dtype, count=3):
+    """Rows of `dtype` whose float32 scale 1 / sqrt(mean of squares + eps) rounds otherwise when the
+    mean is formed as sum * (1 / dim) than as sum / dim (dim not a power of two): each row's sum of
+    squares aims at a midpoint between two float32 scales, element by element (each the square root
+    of the rest, in `dtype`), and is kept where the two means round apart."""
+    rng, rows = np.random.default_rng(dim), []
+    for _ in range(2000):
+        target = float(np.float32(rng.uniform(0.5, 2.0)))
+        target += float(np.spacing(np.float32(target))) / 2
+        total, row = dim * (1 / target**2 - eps), np.zeros(dim, dtype)
+        for i in range(16):
+            rest = total - sum_of_squares(row.astype(np.float32))
+            if rest <= 0:
+                break
+            row[i] = np.sqrt(rest)
+        s = sum_of_squares(row.astype(np.float32))
+        if np.float32(1 / np.sqrt(s / dim + eps)) != np.float32(1 / np.sqrt(s * (1 / dim) + eps)):
+            rows.append(row)
+            if len(rows) == count:
+                return np.stack(rows)
+    raise AssertionError(f"no row at a rounding boundary found for dim {dim}, {np.dtype(dtype)}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", *HALVES])
+@pytest.mark.parametrize("dim", [96, 112])
+def test_the_mean_of_squares_is_a_division_by_dim(dtype, dim):
+    # the float32 scale of rows chosen where sum * (1 / dim) rounds otherwise than sum / dim: every
+    # path (the norm's rows kernel, the passes of a variant without vectors) divides by dim
+    np_dtype = HALVES.get(dtype, (np.dtype(dtype).type,))[0]
+    rope = pf.RotaryEmbedding(dim, layout="half")
+    q = rows_at_a_rounding_boundary(dim, 1e-6, np_dtype)[None]
+    w = np.linspace(0.5, 1.5, dim).astype(np.float32)
+    got_q, _ = rope.apply_qk_norm(q, q.copy(), w, w, np.array([[7]]), eps=1e-6)
+    want = the_passes(rope, q, w, np.array([7]), 1e-6)
+    assert got_q.view(np.uint8).tobytes() == want.view(np.uint8).tobytes()
 
 
 def test_the_server_function_is_the_method():

@@ -115,6 +115,9 @@ FUNCTION_TYPES = [
                                "and stored in the table's dtype, rounded once: the three passes in one.",),
                  ("const float* x, void* out, const float* weight, double scale,",
                   "const float* c, const float* s, Py_ssize_t n")),
+    FunctionType("norm_rows", ("Rows first .. stop - 1 of a posenc_norm_job, each by sum_squares, its scale and",
+                               "norm_half (a half type widened into `scratch`, two rows of dim floats).",),
+                 ("const posenc_norm_job* job, Py_ssize_t first, Py_ssize_t stop, float* scratch",)),
 ]
 
 
@@ -150,6 +153,7 @@ TABLE_FIELDS = [
     TableField("posenc_sum_squares_fn", "sum_squares", _BY_DTYPE, "NULL: a half type (normed in float32)"),
     TableField("posenc_scale_row_fn", "scale_row", _BY_DTYPE, "NULL: a half type"),
     TableField("posenc_norm_half_fn", "norm_half", _BY_DTYPE, "by the stored dtype; NULL: no vectors for it"),
+    TableField("posenc_norm_rows_fn", "norm_rows", _BY_DTYPE, "x's and out's dtype; NULL: no vectors for it"),
 ]
 
 
