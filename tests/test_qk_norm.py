@@ -170,6 +170,24 @@ def test_the_server_function_is_the_method():
     assert qkv[:, 96:].tobytes() == rest.tobytes()  # the value part untouched
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_weights_are_read_by_their_strides(dtype):
+    # weights as views with a step (a row of a stacked parameter, every other item): the same
+    # results as contiguous copies of them, through the method and the server function
+    rng = np.random.default_rng(9)
+    rope = pf.RotaryEmbedding(16, layout="half")
+    stacked = data(rng, (2, 32), dtype)
+    wq, wk = stacked[0, ::2], stacked[1, 1::2]
+    q, k = data(rng, (3, 4, 16), dtype), data(rng, (3, 2, 16), dtype)
+    got = rope.apply_qk_norm(q, k, wq, wk, np.arange(3)[:, None])
+    want = rope.apply_qk_norm(q, k, wq.copy(), wk.copy(), np.arange(3)[:, None])
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+    cos, sin = rope.cos_sin(np.arange(3), dtype=np.float32)
+    query, key = q.reshape(3, 64).copy(), k.reshape(3, 32).copy()
+    vllm.fused_qk_norm_rope(np.arange(3), query, key, wq, wk, 16, np.concatenate((cos, sin), 1), True)
+    assert query.tobytes() == want[0].tobytes() and key.tobytes() == want[1].tobytes()
+
+
 def valid():
     rng = np.random.default_rng(4)
     cache = np.concatenate((np.ones((9, 4)), np.zeros((9, 4))), 1).astype(np.float32)

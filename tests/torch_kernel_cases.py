@@ -1,5 +1,5 @@
-"""Cases of the C++ kernels of torch.ops.posenc_fast.rotary_embedding and apply_qk_to_cache, in a process
-that loaded them.
+"""Cases of the C++ kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache and
+fused_qk_norm_rope, in a process that loaded them.
 
 Run by tests/test_torch_kernel.py with XDG_CACHE_HOME where it built the kernel (a kernel
 registered with torch stays for the process, so the other tests keep the Python one).  The
@@ -19,6 +19,8 @@ FUNCTION = vllm.rotary_embedding  # the expected results and errors, not counted
 
 
 CACHE_FUNCTION = vllm.apply_qk_to_cache
+NORM_OP = torch.ops.posenc_fast.fused_qk_norm_rope
+NORM_FUNCTION = vllm.fused_qk_norm_rope
 
 
 @pytest.fixture
@@ -34,6 +36,7 @@ def general_calls(monkeypatch):
 
     monkeypatch.setattr(vllm, "rotary_embedding", counted("rotary_embedding", FUNCTION))
     monkeypatch.setattr(vllm, "apply_qk_to_cache", counted("apply_qk_to_cache", CACHE_FUNCTION))
+    monkeypatch.setattr(vllm, "fused_qk_norm_rope", counted("fused_qk_norm_rope", NORM_FUNCTION))
     return calls
 
 
@@ -61,7 +64,7 @@ def tensors(dtype, tokens=5, heads=4, kv_heads=2, head_size=16, layout="2d", see
     return q, k
 
 
-@pytest.mark.parametrize("op", ["rotary_embedding", "apply_qk_to_cache"])
+@pytest.mark.parametrize("op", ["rotary_embedding", "apply_qk_to_cache", "fused_qk_norm_rope"])
 def test_the_op_is_served_by_the_cpp_kernel(op):
     assert torch_ops.compiled_kernels is not None, torch_ops.kernel_reason
     assert "C++" in torch_ops.kernel_reason
@@ -233,3 +236,80 @@ def test_what_the_cache_entry_declines_goes_to_the_function(general_calls):
         general_calls.clear()
         assert_same_error(CACHE_OP, (), [bad[n] for n in ("query", "key_cache", "value_cache")], CACHE_FUNCTION, bad)
         assert len(general_calls) == 1, change
+
+
+def norm_weights(dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(16, generator=g) + 0.5).to(dtype), (torch.rand(16, generator=g) + 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("dtype, table", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                          (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                          (torch.float16, torch.float32)])
+@pytest.mark.parametrize("layout", ["2d", "3d", "fused", "padded"])
+@pytest.mark.parametrize("is_neox, weight_dtype, weight_offset", [(True, None, 0.0), (False, torch.float32, 1.0)])
+def test_the_norm_kernel_normalises_as_the_function(general_calls, dtype, table, layout, is_neox, weight_dtype,
+                                                    weight_offset):
+    positions = torch.tensor([3, 0, 63, 17, 17])
+    q, k = tensors(dtype, layout=layout)
+    expected_q, expected_k = tensors(dtype, layout=layout)
+    wq, wk = norm_weights(weight_dtype or dtype)
+    counted = expected_q._version, expected_k._version
+    NORM_FUNCTION(positions, expected_q, expected_k, wq, wk, 16, cache(table, 16), is_neox, 1e-5, weight_offset)
+    general_calls.clear()
+    before = q._version, k._version
+    NORM_OP(positions, q, k, wq, wk, 16, cache(table, 16), is_neox, 1e-5, weight_offset)
+    assert general_calls == []  # _core's entry took it
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    assert (q._version - before[0], k._version - before[1]) == (expected_q._version - counted[0],
+                                                              expected_k._version - counted[1])
+    assert q._version > before[0]
+
+
+def test_what_the_norm_entry_declines_goes_to_the_function(general_calls):
+    positions, table = torch.tensor([3, 0, 63]), cache(torch.float32, 16)
+    wq, wk = norm_weights(torch.float32)
+    # taken by the function, not refused: int32 positions, (batch, seq) positions
+    for p in (positions.int(), positions.view(1, 3)):
+        q, k = (t.view(*p.shape, -1) for t in tensors(torch.float32, tokens=3))
+        expected_q, expected_k = (t.view(*p.shape, -1) for t in tensors(torch.float32, tokens=3))
+        NORM_FUNCTION(p, expected_q, expected_k, wq, wk, 16, table, True)
+        general_calls.clear()
+        NORM_OP(p, q, k, wq, wk, 16, table, True)
+        assert len(general_calls) == 1 and torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    q, k = tensors(torch.float32, tokens=3)
+    # refused, by the function's error, nothing written
+    cases = [((positions, q, k, wq[:15], wk, 16, table, True), {}),        # a weight of 15
+             ((positions, q, k, wq, wk, 16, table, True), dict(eps=-1.0)),
+             ((positions, q, k, wq, wk, 16, table, True), dict(weight_offset=float("nan"))),
+             ((positions + 64, q, k, wq, wk, 16, table, True), {}),        # past the cache
+             ((positions, q, k.double(), wq, wk, 16, table, True), {}),    # key of another dtype
+             ((positions, q, k, wq.clone().requires_grad_(), wk, 16, table, True), {})]  # autograd records
+    for arguments, keywords in cases:
+        general_calls.clear()
+        assert_same_error(NORM_OP, arguments, [q, k], NORM_FUNCTION, keywords)
+        assert len(general_calls) == 1
+    with general_path_only():  # _core's entry declines every call
+        expected_q, expected_k = tensors(torch.float32, tokens=3)
+        NORM_FUNCTION(positions, expected_q, expected_k, wq, wk, 16, table, True)
+        general_calls.clear()
+        q, k = tensors(torch.float32, tokens=3)
+        NORM_OP(positions, q, k, wq, wk, 16, table, True)
+        assert len(general_calls) == 1 and torch.equal(q, expected_q) and torch.equal(k, expected_k)
+
+
+def test_the_norm_op_under_opcheck_and_fullgraph():
+    positions, table = torch.tensor([3, 0, 63, 5]), cache(torch.float32, 16)
+    q, k = tensors(torch.bfloat16, tokens=4, layout="fused")
+    wq, wk = norm_weights(torch.bfloat16)
+    torch.library.opcheck(NORM_OP, (positions, q.clone(), k.clone(), wq, wk, 16, table, True, 1e-6, 1.0))
+
+    @torch.compile(fullgraph=True, backend="inductor")
+    def step(positions, qkv):
+        NORM_OP(positions, qkv[:, :64], qkv[:, 64:96], wq, wk, 16, table, False)
+        return qkv * 1
+
+    qkv = torch.randn(4, 128).to(torch.bfloat16)
+    expected = qkv.clone()
+    NORM_FUNCTION(positions, expected[:, :64], expected[:, 64:96], wq, wk, 16, table, False)
+    assert torch.equal(step(positions, qkv), expected)

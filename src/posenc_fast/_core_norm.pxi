@@ -129,25 +129,31 @@ cdef inline bint _norm_takes(int data, int store, int table, bint half_layout, b
             and (store == data or (at and compute == POSENC_F32 and K.from_f32[store] != NULL)))
 
 
+cdef cnp.ndarray _norm_block(Py_ssize_t dim, int data, int num_threads):
+    # _norm_rows' memory: the float32 weight, then each thread's scratch rows, from a 64-byte boundary.
+    cdef Py_ssize_t compute_size = 8 if data == POSENC_F64 else 4
+    return cnp.PyArray_EMPTY(1, [_scratch_row_bytes(dim, 4) + max(num_threads, 1) * NORM_SCRATCH_ROWS
+                                 * _scratch_row_bytes(dim, compute_size) + 64], cnp.NPY_UINT8, 0)
+
+
 cdef int _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, int data,
                     Py_ssize_t itemsize, int store, const double* weight, double eps,
                     const CosSinTable* table, const Py_ssize_t* rows, bint half_layout, int num_threads,
-                    Py_ssize_t start, const long long* at, const long long* in_at=NULL) except -1:
+                    Py_ssize_t start, const long long* at, const long long* in_at=NULL,
+                    cnp.ndarray block=None) except -1:
     # norm_rotate_rows on pointers (`in_at`: each row's byte offset in x; NULL: rows in order), for
-    # dtypes _norm_takes.
+    # dtypes _norm_takes; `block`: its _norm_block, made before (None: made here).
     cdef int compute = POSENC_F64 if data == POSENC_F64 else POSENC_F32
     cdef Py_ssize_t compute_size = 8 if compute == POSENC_F64 else 4, i
     cdef Py_ssize_t nchunks = (nrows + POSENC_ROW_CHUNK - 1) // POSENC_ROW_CHUNK
     cdef RowCall call = _row_call(compute, table.dtype, compute_size, table.itemsize, table.npairs, dim,
                                   half_layout, False, False, 0, start)
     cdef Py_ssize_t weight_bytes = _scratch_row_bytes(dim, 4)
-    cdef cnp.ndarray block  # the float32 weight, then the scratch rows, 64-byte aligned
     cdef char* aligned
     if nrows == 0 or dim == 0:
         return 0
-    block = cnp.PyArray_EMPTY(
-        1, [weight_bytes + max(num_threads, 1) * NORM_SCRATCH_ROWS * _scratch_row_bytes(dim, compute_size)
-            + 64], cnp.NPY_UINT8, 0)
+    if block is None:
+        block = _norm_block(dim, data, num_threads)
     aligned = _data(block) + ((64 - (<size_t>_data(block) & 63)) & 63)
     for i in range(dim):
         (<float*>aligned)[i] = <float>weight[i]
@@ -208,30 +214,34 @@ cdef bint _finite_real(object value, double* result):
 
 
 cdef object _fast_weight(object weight, Py_ssize_t dim, double offset):
-    # _qk_norm.norm_weight's float64 factors offset + weight, for a C-contiguous (dim,) array of a
+    # _strided_factors of an exact, aligned, native ndarray; None for anything else.
+    cdef Strided v
+    return _strided_factors(&v, dim, offset) if _array_strided(weight, &v) else None
+
+
+cdef object _strided_factors(const Strided* w, Py_ssize_t dim, double offset):
+    # _qk_norm.norm_weight's float64 factors offset + weight, for (dim,) contiguous, aligned items of a
     # kernel dtype; None for anything else.
-    cdef cnp.ndarray w, factors, widened
-    cdef const float* w32
+    cdef cnp.ndarray factors
     cdef double* f
+    cdef float value
     cdef Py_ssize_t i
-    cdef int d
-    if not _fast_array(weight, dim) or cnp.PyArray_NDIM(<cnp.ndarray>weight) != 1:
+    cdef int d = _strided_dtype(w)
+    if (d < 0 or w.nd != 1 or w.dims[0] != dim or (dim > 1 and w.steps[0] != w.itemsize)
+            or <size_t>w.data % <size_t>w.itemsize):
         return None
-    w = <cnp.ndarray>weight
-    d = posenc_dtype_index(cnp.PyArray_TYPE(w))
     factors = cnp.PyArray_EMPTY(1, [dim], cnp.NPY_FLOAT64, 0)
     f = <double*>_data(factors)
     if d == POSENC_F64:
         for i in range(dim):
-            f[i] = (<const double*>_data(w))[i] + offset
-        return factors
-    w32 = <const float*>_data(w)
-    if d != POSENC_F32:  # a half type: widened to float32, exactly
-        widened = cnp.PyArray_EMPTY(1, [dim], cnp.NPY_FLOAT32, 0)
-        K.to_f32[d](_data(w), _data(widened), dim)
-        w32 = <const float*>_data(widened)
-    for i in range(dim):
-        f[i] = <double>w32[i] + offset
+            f[i] = (<const double*>w.data)[i] + offset
+    elif d == POSENC_F32:
+        for i in range(dim):
+            f[i] = <double>(<const float*>w.data)[i] + offset
+    else:  # a half type, widened to float32 (exactly) an item at a time
+        for i in range(dim):
+            K.to_f32[d](w.data + i * w.itemsize, &value, 1)
+            f[i] = <double>value + offset
     return factors
 
 
@@ -350,45 +360,58 @@ def fused_qk_norm_rope_fast(positions, query, key, q_weight, k_weight, head_size
     them.  The cache's rows of the call's positions are widened to the
     compute dtype where they are a half type, as the general path does.
     """
-    cdef TokenRows rows[2]
     cdef Strided v[4]  # query, key, the [cos | sin] cache, the positions
-    cdef CosSinTable cos_sin
-    cdef cnp.ndarray table_rows, widened = None
-    cdef Py_ssize_t tokens = 0, j, dim
-    cdef const long long* pos = NULL
-    cdef double e = 0.0
-    cdef int d, compute
+    cdef Strided w[2]  # the weights
+    cdef double e = 0.0, offset = 0.0
     cdef bint grad, tensors
     if (not _fast_paths_on or not _size_int(head_size) or type(is_neox) is not bool or head_size < 1
             or key is None or not _token_arrays(query, key, cos_sin_cache, positions, v, &grad)
-            or not _token_table(&v[2], &v[3], head_size, &cos_sin, &tokens, &pos)):
+            or not _norm_args_fit(eps, weight_offset, &e, &offset)):
         return False
-    dim, d = head_size, _strided_dtype(&v[0])
-    if not _vllm_table_takes(d, cos_sin.dtype):
+    tensors = type(query) is _Tensor
+    if (tensors and not _writable((query, key)) or not _strided_of(q_weight, tensors, grad, True, &w[0])
+            or not _strided_of(k_weight, tensors, grad, True, &w[1])
+            or not _norm_tokens(v, w, head_size, is_neox, e, offset)):
+        return False
+    if tensors:
+        _count_writes((query, key))
+    return True
+
+
+cdef bint _norm_tokens(const Strided* v, const Strided* w, Py_ssize_t dim, bint half, double eps,
+                       double offset) except -1:
+    # fused_qk_norm_rope_fast's call on _token_arrays' v and the weights w (and the compiled torch
+    # kernel's): True, or False with nothing written where it does not take them.  Every array it
+    # needs is made before the first write.
+    cdef TokenRows rows[2]
+    cdef CosSinTable cos_sin
+    cdef cnp.ndarray widened = None
+    cdef Py_ssize_t tokens = 0, j
+    cdef const long long* pos = NULL
+    cdef int d = _strided_dtype(&v[0]), threads[2]
+    cdef int compute = POSENC_F64 if d == POSENC_F64 else POSENC_F32
+    if not _token_table(&v[2], &v[3], dim, &cos_sin, &tokens, &pos) or not _vllm_table_takes(d, cos_sin.dtype):
         return False
     for j in range(2):
         if (not _token_rows(&v[j], tokens, dim, 0, &rows[j]) or _strided_dtype(&v[j]) != d
                 or not _strided_disjoint(&v[j], &v[2])):
             return False
-    tensors = type(query) is _Tensor
-    if not _rows_disjoint(&rows[0], &rows[1], tokens) or tensors and not _writable((query, key)):
+    factors = (_strided_factors(&w[0], dim, offset), _strided_factors(&w[1], dim, offset))
+    if not _rows_disjoint(&rows[0], &rows[1], tokens) or factors[0] is None or factors[1] is None:
         return False
-    if tensors:  # the weights read as tensors too
-        q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
-    factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, dim, &e)
-    if factors is None:
-        return False
-    compute = POSENC_F64 if d == POSENC_F64 else POSENC_F32
     if cos_sin.dtype != compute:  # a half-type cache: the call's rows, widened (row t for token t)
         widened = _widened_rows(&cos_sin, pos, tokens)
-    if not _norm_takes(d, d, cos_sin.dtype, is_neox, True):
+    if not _norm_takes(d, d, cos_sin.dtype, half, True):
         return False
+    made = []
     for j in range(2):
-        at, table_rows = _token_tables(&rows[j], tokens, NULL if widened is not None else pos)
-        _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads, dim, d,
-                   _itemsize(&v[0]), d, <const double*>_data(<cnp.ndarray>factors[j]), e,
-                   &cos_sin, <const Py_ssize_t*>_data(table_rows), is_neox,
-                   _threads_for(tokens * rows[j].heads * dim), 0, _offsets(at), _offsets(at))
-    if tensors:
-        _count_writes((query, key))
+        threads[j] = _threads_for(tokens * rows[j].heads * dim)
+        made.append((*_token_tables(&rows[j], tokens, NULL if widened is not None else pos),
+                     _norm_block(dim, d, threads[j])))
+    for j in range(2):
+        at, table_rows, block = made[j]
+        _norm_rows(rows[j].data, rows[j].data, tokens * rows[j].heads, dim, d, _itemsize(&v[0]), d,
+                   <const double*>_data(<cnp.ndarray>factors[j]), eps, &cos_sin,
+                   <const Py_ssize_t*>_data(<cnp.ndarray>table_rows), half, threads[j], 0, _offsets(at),
+                   _offsets(at), block)
     return True

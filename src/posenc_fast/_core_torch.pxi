@@ -477,9 +477,13 @@ cdef extern from "torch_kernel/posenc_torch_kernel.h" nogil:  # beside _core.c
                                               const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
                                               const posenc_tensor*, int64_t, const posenc_tensor*, int,
                                               int) noexcept nogil
+    ctypedef int (*posenc_norm_tokens_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                                          const posenc_tensor*, const posenc_tensor*, int64_t, const posenc_tensor*,
+                                          int, double, double) noexcept nogil
     ctypedef struct posenc_torch_entries:
         posenc_rotate_tokens_fn rotate_tokens
         posenc_tokens_to_cache_fn tokens_to_cache
+        posenc_norm_tokens_fn norm_tokens
 
 cdef extern from "posenc_kernels.h" nogil:
     int posenc_bf16_typenum
@@ -545,7 +549,28 @@ cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_ten
                               _cache_threads(&w)) == 0
 
 
-cdef posenc_torch_entries _TORCH_ENTRIES = posenc_torch_entries(_torch_rotate_tokens, _torch_tokens_to_cache)
+cdef int _torch_norm_tokens(const posenc_tensor* positions, const posenc_tensor* query, const posenc_tensor* key,
+                            const posenc_tensor* q_weight, const posenc_tensor* k_weight, int64_t head_size,
+                            const posenc_tensor* cos_sin_cache, int is_neox, double eps,
+                            double weight_offset) noexcept nogil:
+    # posenc_norm_tokens_fn: fused_qk_norm_rope_fast's checks and call on the kernel's tensors, the
+    # arrays it makes under the GIL (all before its first write: a failure there writes nothing).
+    cdef Strided v[4]  # as fused_qk_norm_rope_fast's
+    cdef Strided w[2]
+    if not (_fast_paths_on and head_size >= 1 and isfinite(eps) and eps >= 0 and isfinite(weight_offset)
+            and _tensor_view(query, &v[0]) and _tensor_view(key, &v[1]) and _tensor_view(cos_sin_cache, &v[2])
+            and _tensor_view(positions, &v[3]) and _tensor_view(q_weight, &w[0])
+            and _tensor_view(k_weight, &w[1]) and _positions_apart(v, True)):
+        return 0
+    with gil:
+        try:
+            return _norm_tokens(v, w, head_size, is_neox != 0, eps, weight_offset)
+        except BaseException:  # e.g. MemoryError: nothing written, the general path raises it
+            return 0
+
+
+cdef posenc_torch_entries _TORCH_ENTRIES = posenc_torch_entries(_torch_rotate_tokens, _torch_tokens_to_cache,
+                                                                _torch_norm_tokens)
 
 
 def torch_kernel_entry():

@@ -286,10 +286,10 @@ def _hf_rotate_backward(ctx, grads):
 torch.library.register_autograd("posenc_fast::hf_rotate", _hf_rotate_backward,
                                 setup_context=_hf_rotate_context, lib=_LIBRARY)
 
-fused_qk_norm_rope = _define(
-    "fused_qk_norm_rope(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, "
-    "Tensor k_weight, SymInt head_size, Tensor cos_sin_cache, bool is_neox, float eps=1e-06, "
-    "float weight_offset=0.0) -> ()", _function("fused_qk_norm_rope"), _mutates_only)
+_NORM_ARGUMENTS = ("(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor q_weight, Tensor k_weight, "
+                   "SymInt head_size, Tensor cos_sin_cache, bool is_neox, float eps=1e-06, "
+                   "float weight_offset=0.0) -> ()")
+fused_qk_norm_rope = _define("fused_qk_norm_rope" + _NORM_ARGUMENTS, None, _mutates_only)
 """RMSNorm and rotate `query` and `key` in place (see `posenc_fast.vllm.fused_qk_norm_rope`)."""
 
 _CACHE_ARGUMENTS = ("(Tensor positions, Tensor(a!) query, Tensor key, Tensor value, Tensor(b!) key_cache, "
@@ -301,9 +301,11 @@ apply_qk_to_cache = _define("apply_qk_to_cache" + _CACHE_ARGUMENTS, None, _mutat
 (see `posenc_fast.vllm.apply_qk_to_cache`)."""
 
 compiled_kernels, kernel_reason = _torch_kernel.load(torch)
-"""The C++ kernels of `rotary_embedding` and `apply_qk_to_cache` loaded (`posenc_fast._torch_kernel`):
-their library's path, or None; and which kernels serve the two ops, and why."""
-for _name, _arguments in (("rotary_embedding", _ROTARY_ARGUMENTS), ("apply_qk_to_cache", _CACHE_ARGUMENTS)):
+"""The C++ kernels of `rotary_embedding`, `apply_qk_to_cache` and `fused_qk_norm_rope` loaded
+(`posenc_fast._torch_kernel`): their library's path, or None; and which kernels serve the three ops,
+and why."""
+for _name, _arguments in (("rotary_embedding", _ROTARY_ARGUMENTS), ("apply_qk_to_cache", _CACHE_ARGUMENTS),
+                          ("fused_qk_norm_rope", _NORM_ARGUMENTS)):
     if compiled_kernels is None:
         _LIBRARY.impl(_name, _function(_name), "CPU")
     else:  # the calls a C++ kernel does not take itself go to the Python one, as this op

@@ -1,4 +1,5 @@
-// The CPU kernels of torch.ops.posenc_fast.rotary_embedding and apply_qk_to_cache in C++, against the
+// The CPU kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache and fused_qk_norm_rope in
+// C++, against the
 // torch they are built for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py
 // loads them).  torch's call of a kernel written in Python costs ~2.4 us however little it does; of
 // one in C++ ~1.7 us, which is most of a decode step's op.  The common calls go to _core's entries
@@ -96,6 +97,26 @@ void apply_qk_to_cache(const at::Tensor& positions, at::Tensor& query, const at:
                  is_neox, kv_cache_layout, q_weight, k_weight, eps, weight_offset);
 }
 
+void fused_qk_norm_rope(const at::Tensor& positions, at::Tensor& query, at::Tensor& key, const at::Tensor& q_weight,
+                        const at::Tensor& k_weight, c10::SymInt head_size, const at::Tensor& cos_sin_cache,
+                        bool is_neox, double eps, double weight_offset) {
+    posenc_tensor v[6];
+    auto size = head_size.maybe_as_int();
+    if (entries != nullptr && size && view(query, true, &v[0]) && view(key, true, &v[1])
+            && view(q_weight, false, &v[2]) && view(k_weight, false, &v[3]) && view(cos_sin_cache, false, &v[4])
+            && view(positions, false, &v[5])
+            && entries->norm_tokens(&v[5], &v[0], &v[1], &v[2], &v[3], *size, &v[4], is_neox, eps,
+                                    weight_offset)) {
+        count_writes({&query, &key});
+        return;
+    }
+    static auto general = c10::Dispatcher::singleton()
+        .findSchemaOrThrow("posenc_fast::_fused_qk_norm_rope_general", "")
+        .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    c10::SymInt, const at::Tensor&, bool, double, double)>();
+    general.call(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache, is_neox, eps, weight_offset);
+}
+
 }  // namespace
 
 // _core's entries (torch_kernel_entry()); 0 where their version is not this file's (then every call
@@ -110,4 +131,5 @@ extern "C" int posenc_torch_kernel_set_entries(const void* given, int version) {
 TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
     m.impl("rotary_embedding", &rotary_embedding);
     m.impl("apply_qk_to_cache", &apply_qk_to_cache);
+    m.impl("fused_qk_norm_rope", &fused_qk_norm_rope);
 }

@@ -1,6 +1,6 @@
 /* What the compiled torch kernel (posenc_torch_kernel.cpp, built on the user's machine by
-   `python -m posenc_fast build-torch-kernel`) and _core share: the C entries of vLLM's rotation
-   and KV-cache write, which _core lends it by address (torch_kernel_entry()).  Plain C: _core is
+   `python -m posenc_fast build-torch-kernel`) and _core share: the C entries of vLLM's rotation,
+   KV-cache write and fused q/k norm, which _core lends it by address (torch_kernel_entry()).  Plain C: _core is
    built without torch. */
 #ifndef POSENC_TORCH_KERNEL_H
 #define POSENC_TORCH_KERNEL_H
@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* Changes whenever posenc_tensor or the entries change. */
-#define POSENC_TORCH_ENTRY_VERSION 2
+#define POSENC_TORCH_ENTRY_VERSION 3
 
 /* A tensor's dtype: posenc_fast_dtype's float codes (posenc_fast.h), and int64 for positions. */
 enum {
@@ -47,9 +47,18 @@ typedef int (*posenc_tokens_to_cache_fn)(const posenc_tensor* positions, const p
                                          const posenc_tensor* slot_mapping, int64_t head_size,
                                          const posenc_tensor* cos_sin_cache, int is_neox, int hnd);
 
+/* fused_qk_norm_rope: each head of query and key RMSNormed (weights q_weight, k_weight of any float
+   dtype; eps; weight_offset) and rotated in place by its token's row of the [cos | sin] cache. */
+typedef int (*posenc_norm_tokens_fn)(const posenc_tensor* positions, const posenc_tensor* query,
+                                     const posenc_tensor* key, const posenc_tensor* q_weight,
+                                     const posenc_tensor* k_weight, int64_t head_size,
+                                     const posenc_tensor* cos_sin_cache, int is_neox, double eps,
+                                     double weight_offset);
+
 typedef struct {
     posenc_rotate_tokens_fn rotate_tokens;
     posenc_tokens_to_cache_fn tokens_to_cache;
+    posenc_norm_tokens_fn norm_tokens;
 } posenc_torch_entries;
 
 #endif
