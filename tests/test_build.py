@@ -130,7 +130,7 @@ def test_avx512_is_chosen_where_measurements_favour_it(cpu, expected, measured):
     (("AuthenticAMD", 0x19, 0x61), (4 << 20, 8 << 10, 768, 2048, None, None, None), "not measured on this model"),
     (("AuthenticAMD", 0x19, 0x01), (None,) * 7, "the build's"),
     (ZEN5, (None,) * 7, "the build's"), (("GenuineIntel", 6, 0xCF), (None,) * 7, "the build's"),
-    (("GenuineIntel", 6, 0xA7), (None, None, None, None, 4096, 256 << 10, 64 << 20),
+    (("GenuineIntel", 6, 0xA7), (None, None, None, None, 4096, 256 << 10, 48 << 20),
      "Intel family 6 model 0xa7, measured")])
 def test_block_sizes_are_chosen_by_cpu(cpu, expected, words):
     from posenc_fast import _core, _cpu, _dispatch

@@ -217,12 +217,29 @@ def test_the_cache_kernel_writes_as_the_function(general_calls, dtype, cache_dty
     assert versions(call) != before
 
 
+@pytest.mark.parametrize("dtype, cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.float64, torch.float64), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("layout, is_neox, one_tensor", [("NHD", True, False), ("HND", False, True)])
+def test_the_cache_kernel_normalises_as_the_function(general_calls, dtype, cache_dtype, layout, is_neox, one_tensor):
+    call = dict(cache_call(dtype, cache_dtype, layout, is_neox, one_tensor), eps=1e-5, weight_offset=1.0)
+    call.update(zip(("q_weight", "k_weight"), norm_weights(torch.float32)))
+    expected = cloned(call)
+    counted = versions(expected)
+    CACHE_FUNCTION(**expected)
+    before = versions(call)
+    CACHE_OP(**call)
+    assert general_calls == []  # _core's entry took it
+    for name in ("query", "key", "value", "key_cache", "value_cache"):
+        assert torch.equal(call[name], expected[name]), name
+    assert [a - b for a, b in zip(versions(call), before)] == [a - b for a, b in zip(versions(expected), counted)]
+
+
 def test_what_the_cache_entry_declines_goes_to_the_function(general_calls):
     call = cache_call(torch.float32, torch.float32, "NHD", True, False)
-    weights = dict(q_weight=torch.rand(16) + 0.5, k_weight=torch.rand(16) + 0.5)
+    weights = dict(q_weight=(torch.rand(32) + 0.5)[::2], k_weight=torch.rand(16) + 0.5)
     expected = cloned(call)
     CACHE_FUNCTION(*expected.values(), *weights.values())
-    CACHE_OP(**call, **weights)  # q/k RMSNorm first: the Python kernel
+    CACHE_OP(**call, **weights)  # a weight with a step: the Python kernel
     assert [name for name, _ in general_calls] == ["apply_qk_to_cache"]
     assert all(torch.equal(call[n], expected[n]) for n in ("query", "key_cache", "value_cache"))
     refused = [dict(slot_mapping=torch.tensor([5, 5, 30, 0, 12])),   # a slot twice
@@ -230,7 +247,10 @@ def test_what_the_cache_entry_declines_goes_to_the_function(general_calls):
                dict(kv_cache_layout="NDH"),
                dict(eps=-1.0),
                dict(positions=torch.tensor([3, 0, 64, 1, 2])),       # past the cos/sin cache
-               dict(value=torch.randn(5, 32, dtype=torch.float64))]
+               dict(value=torch.randn(5, 32, dtype=torch.float64)),
+               dict(q_weight=torch.ones(16)),                        # one weight of two
+               dict(q_weight=torch.ones(15), k_weight=torch.ones(16)),
+               dict(q_weight=torch.ones(16), k_weight=torch.ones(16), eps=-1.0)]
     for change in refused:
         bad = dict(cache_call(torch.float32, torch.float32, "NHD", True, False), **change)
         general_calls.clear()

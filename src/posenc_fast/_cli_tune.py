@@ -22,7 +22,7 @@ import numpy as np
 # Each block size's candidates: the values measured best on AMD Zen 5, Zen 4 and Intel model 0xA7 (bench/sweeps.md).
 BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
                     "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096),
-                    "add": (0, 256 << 10), "stream": (16 << 20, 64 << 20)}
+                    "add": (0, 256 << 10), "stream": (16 << 20, 48 << 20)}
 # Another block size replaces the one in use only where it runs at most this fraction of its time:
 # a choice within the noise of a few rounds is no choice.
 MARGIN = 0.97

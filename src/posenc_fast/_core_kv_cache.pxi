@@ -89,9 +89,13 @@ cdef int _write_normed(const TokenWalk* w, const long long* slot_of, const long 
     if not (_norm_takes(w.data, w.data, table.dtype, half, False)
             and _norm_takes(w.data, w.cache, table.dtype, half, True)):
         raise TypeError("no fused norm and rotation for this data into this cache")
+    cdef int q_threads = _threads_for(w.tokens * w.q.heads * w.dim)
+    cdef int k_threads = _threads_for(w.tokens * w.k.heads * w.dim)
     q_in, q_rows = _token_tables(&w.q, w.tokens, row_of)
     q_out = q_in if w.out_q.data == w.q.data else _token_tables(&w.out_q, w.tokens, row_of)[0]
     k_in, k_rows = _token_tables(&w.k, w.tokens, row_of)
+    # every array made before the first write (the compiled torch kernel falls back on a failure)
+    q_block, k_block = _norm_block(w.dim, w.data, q_threads), _norm_block(w.dim, w.data, k_threads)
     for t in range(w.tokens):  # each key row's byte offset in the key cache, -1: not stored
         slot = slot_of[t]
         for h in range(w.k.heads):
@@ -99,10 +103,10 @@ cdef int _write_normed(const TokenWalk* w, const long long* slot_of, const long 
                 _slot_row(&w.k_layout, slot) - w.k_layout.data + h * w.k_layout.head_stride)
     _norm_rows(w.q.data, w.out_q.data, w.tokens * w.q.heads, w.dim, w.data, w.itemsize, w.data,
                <const double*>_data(q_factors), eps, table, <const Py_ssize_t*>_data(<cnp.ndarray>q_rows), half,
-               _threads_for(w.tokens * w.q.heads * w.dim), start, _offsets(q_out), _offsets(q_in))
+               q_threads, start, _offsets(q_out), _offsets(q_in), q_block)
     _norm_rows(w.k.data, w.k_layout.data, w.tokens * w.k.heads, w.dim, w.data, w.itemsize, w.cache,
                <const double*>_data(k_factors), eps, table, <const Py_ssize_t*>_data(<cnp.ndarray>k_rows), half,
-               _threads_for(w.tokens * w.k.heads * w.dim), start, at, _offsets(k_in))
+               k_threads, start, at, _offsets(k_in), k_block)
     for t in range(w.tokens):
         if slot_of[t] >= 0:
             _copy_values(t, _slot_row(&w.v_layout, slot_of[t]), w)
@@ -308,10 +312,10 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
     cdef Py_ssize_t tokens = 0
     cdef const long long* pos = NULL
     cdef const long long* slots
+    cdef Strided weights[2]
     cdef double e = 0.0, offset
     cdef int d
     cdef bint grad, tensors
-    cdef cnp.ndarray widened = None
     if (not _fast_paths_on or not _size_int(head_size) or type(is_neox) is not bool or head_size < 1
             or type(kv_cache_layout) is not str or kv_cache_layout not in ("NHD", "HND")
             or (q_weight is None) != (k_weight is None) or key is None
@@ -326,23 +330,32 @@ def tokens_to_cache_fast(positions, query, key, value, key_cache, value_cache, s
         return False
     slots = <const long long*>v[5].data
     w = _cache_walk(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
+    if not _norm_args_fit(eps, weight_offset, &e, &offset):
+        return False
     if q_weight is None:
-        if K.rotate[d][table.dtype][0] == NULL or not _norm_args_fit(eps, weight_offset, &e, &offset):
+        if K.rotate[d][table.dtype][0] == NULL:
             return False
         _walk_tokens(&w, slots, pos, &table, is_neox, False, 0, _cache_threads(&w))
-    else:
-        if tensors:  # the weights read as tensors too
-            q_weight, k_weight = _tensor_array(q_weight, grad, True), _tensor_array(k_weight, grad, True)
-        factors = _fast_norm_weights(q_weight, k_weight, eps, weight_offset, head_size, &e)
-        if factors is None:
-            return False
-        if table.dtype != POSENC_F64 and table.dtype != POSENC_F32:  # a half-type table: the call's rows, widened
-            widened = _widened_rows(&table, pos, tokens)
-        if not (_norm_takes(d, d, table.dtype, is_neox, False)
-                and _norm_takes(d, w.cache, table.dtype, is_neox, True)):
-            return False
-        _write_normed(&w, slots, NULL if widened is not None else pos, &table, is_neox, 0, factors[0], factors[1],
-                      e)
+    elif not (_strided_of(q_weight, tensors, grad, True, &weights[0])
+              and _strided_of(k_weight, tensors, grad, True, &weights[1])
+              and _normed_to_cache(&w, slots, pos, &table, is_neox, weights, e, offset)):
+        return False
     if tensors:
         _count_writes((query, key_cache, value_cache))
+    return True
+
+
+cdef bint _normed_to_cache(const TokenWalk* w, const long long* slots, const long long* pos, CosSinTable* table,
+                           bint half, const Strided* weights, double eps, double offset) except -1:
+    # tokens_to_cache_fast's call with weights (and the compiled torch kernel's): True, or False with
+    # nothing written where it does not take them.
+    cdef cnp.ndarray widened = None
+    factors = (_strided_factors(&weights[0], w.dim, offset), _strided_factors(&weights[1], w.dim, offset))
+    if factors[0] is None or factors[1] is None:
+        return False
+    if table.dtype != POSENC_F64 and table.dtype != POSENC_F32:  # a half-type table: the call's rows, widened
+        widened = _widened_rows(table, pos, w.tokens)
+    if not (_norm_takes(w.data, w.data, table.dtype, half, False) and _norm_takes(w.data, w.cache, table.dtype, half, True)):
+        return False
+    _write_normed(w, slots, NULL if widened is not None else pos, table, half, 0, factors[0], factors[1], eps)
     return True

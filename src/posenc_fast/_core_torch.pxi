@@ -476,7 +476,8 @@ cdef extern from "torch_kernel/posenc_torch_kernel.h" nogil:  # beside _core.c
     ctypedef int (*posenc_tokens_to_cache_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
                                               const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
                                               const posenc_tensor*, int64_t, const posenc_tensor*, int,
-                                              int) noexcept nogil
+                                              int, const posenc_tensor*, const posenc_tensor*, double,
+                                              double) noexcept nogil
     ctypedef int (*posenc_norm_tokens_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
                                           const posenc_tensor*, const posenc_tensor*, int64_t, const posenc_tensor*,
                                           int, double, double) noexcept nogil
@@ -526,9 +527,12 @@ cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_ten
                                 const posenc_tensor* value, const posenc_tensor* key_cache,
                                 const posenc_tensor* value_cache, const posenc_tensor* slot_mapping,
                                 int64_t head_size, const posenc_tensor* cos_sin_cache, int is_neox,
-                                int hnd) noexcept nogil:
-    # posenc_tokens_to_cache_fn: tokens_to_cache_fast's checks and call (no norm) on the kernel's tensors.
+                                int hnd, const posenc_tensor* q_weight, const posenc_tensor* k_weight, double eps,
+                                double weight_offset) noexcept nogil:
+    # posenc_tokens_to_cache_fn: tokens_to_cache_fast's checks and call on the kernel's tensors; with
+    # weights, the arrays the norm makes under the GIL (all before its first write).
     cdef Strided v[8]  # as tokens_to_cache_fast's
+    cdef Strided weights[2]
     cdef TokenRows rows[4]
     cdef CosSinTable table
     cdef TokenWalk w
@@ -537,7 +541,8 @@ cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_ten
     cdef int d = 0, j
     cdef const posenc_tensor* given[8]
     given[:] = [query, key, cos_sin_cache, positions, value, slot_mapping, key_cache, value_cache]
-    if not _fast_paths_on or head_size < 1:
+    if (not _fast_paths_on or head_size < 1 or (q_weight == NULL) != (k_weight == NULL)
+            or not (isfinite(eps) and eps >= 0 and isfinite(weight_offset))):
         return 0
     for j in range(8):
         if not _tensor_view(given[j], &v[j]):
@@ -545,8 +550,17 @@ cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_ten
     if not (_positions_apart(v, True) and _cache_call(v, head_size, hnd != 0, rows, &table, &tokens, &pos, &d)):
         return 0
     w = _cache_walk_of(rows, tokens, head_size, d, _itemsize(&v[0]), &v[6], &v[7])
-    return _walk_tokens_nogil(&w, <const long long*>v[5].data, pos, &table, is_neox != 0, False, 0,
-                              _cache_threads(&w)) == 0
+    if q_weight == NULL:
+        return _walk_tokens_nogil(&w, <const long long*>v[5].data, pos, &table, is_neox != 0, False, 0,
+                                  _cache_threads(&w)) == 0
+    if not (_tensor_view(q_weight, &weights[0]) and _tensor_view(k_weight, &weights[1])):
+        return 0
+    with gil:
+        try:
+            return _normed_to_cache(&w, <const long long*>v[5].data, pos, &table, is_neox != 0, weights, eps,
+                                    weight_offset)
+        except BaseException:  # e.g. MemoryError: nothing written, the general path raises it
+            return 0
 
 
 cdef int _torch_norm_tokens(const posenc_tensor* positions, const posenc_tensor* query, const posenc_tensor* key,

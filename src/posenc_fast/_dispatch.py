@@ -146,12 +146,13 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     in turns of 256 KiB of table rows over the batches, model 0xA7, (8,2048,
     1024) float32 in place, the same way: 1.54-1.79 -> 1.13-1.20x (turns lost
     on the Zen 3 and Zen 4: POSENC_ADD_BLOCK_BYTES).  Out-of-place rotations
-    streamed from 64 MiB instead of 16 MiB, model 0xA7 (2026-12-07, the
+    streamed from 48 MiB instead of 16 MiB, model 0xA7 (2026-12-07, the
     result written by a copy just before each call, median of 9): bfloat16
-    (1,32,4096,128) 8.2 -> 3.7 ms, float32 (1,32,2560,128) 8.1 -> 3.6 ms,
-    (1,32,3072,128) 8.2 -> 4.8 ms; from 64 MiB streaming still gains (float32
-    (1,32,4096,128) 8.1 against 8.9 ms, bfloat16 (1,32,16384,128) 22.0
-    against 25.7 ms).  The Zen 4's sweeps chose 16 MiB (POSENC_STREAM_BYTES).
+    (1,32,4096,128) 8.2 -> 3.7 ms, float32 (1,32,2560,128) 8.1 -> 3.6 ms;
+    from 64 MiB streaming still gains (float32 (1,32,4096,128) 8.1 against
+    8.9 ms, bfloat16 (1,32,16384,128) 22.0 against 25.7 ms), and report.py's
+    float32 rows just under 64 MiB ran 1.36-1.57x their copy unstreamed (met
+    streamed).  The Zen 4's sweeps chose 16 MiB (POSENC_STREAM_BYTES).
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         where = "AMD Zen 4, " + ("measured" if model == 0x11 else "not measured on this model, measured on model 0x11")
@@ -160,7 +161,7 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     if vendor == "GenuineIntel" and family == 6 and model == 0xA7:
         where = "Intel family 6 model 0xa7, measured"
         return {**_the_builds(where), "scalar_in_place": (4096, f"4096 bytes: {where}"),
-                "add": (256 << 10, f"256 KiB: {where}"), "stream": (64 << 20, f"64 MiB: {where}")}
+                "add": (256 << 10, f"256 KiB: {where}"), "stream": (48 << 20, f"48 MiB: {where}")}
     return _the_builds("measured on AMD Zen 5", group="groups not measured on this CPU",
                        scalar_in_place="measured on AMD Zen 4", add="measured on AMD Zen 3 and Zen 4",
                        stream="measured on AMD Zen 3, Zen 4 and Zen 5")

@@ -129,9 +129,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    1.01, W5 (131072,128) 0.75 / 1.51 / 1.53, the half types out of place
    1.09-1.68 / 1.47-1.54 / 1.40-1.50: 16 MiB for the tables and in place on
    both CPUs, not derived from the L3's size.  Out-of-place rotations there
-   stream from 64 MiB (_dispatch.block_bytes, "stream": into a result the
-   call before had left in the cache, non-temporal stores of 32-48 MiB ran
-   2.2x slower than plain ones); the build's value, a CPU measured otherwise
+   stream from 48 MiB (_dispatch.block_bytes, "stream": into a result the
+   call before had left in the cache, non-temporal stores of 32-40 MiB ran
+   2.2x slower than plain ones; from 64 MiB they win); the build's value, a CPU measured otherwise
    takes its own at import, unless the build was given one (-D). */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)

@@ -11,7 +11,6 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <optional>
 
 #include "posenc_torch_kernel.h"
@@ -74,17 +73,17 @@ void apply_qk_to_cache(const at::Tensor& positions, at::Tensor& query, const at:
                        const at::Tensor& slot_mapping, c10::SymInt head_size, const at::Tensor& cos_sin_cache,
                        bool is_neox, c10::string_view kv_cache_layout, const std::optional<at::Tensor>& q_weight,
                        const std::optional<at::Tensor>& k_weight, double eps, double weight_offset) {
-    posenc_tensor v[8];
+    posenc_tensor v[10];
     auto size = head_size.maybe_as_int();
-    bool hnd = kv_cache_layout == "HND";
-    // without weights: eps and weight_offset are checked as the function checks them
-    if (entries != nullptr && size && (hnd || kv_cache_layout == "NHD") && !q_weight && !k_weight
-            && std::isfinite(eps) && eps >= 0 && std::isfinite(weight_offset)
+    bool hnd = kv_cache_layout == "HND", weights = q_weight && k_weight;
+    if (entries != nullptr && size && (hnd || kv_cache_layout == "NHD") && weights == (q_weight || k_weight)
             && view(positions, false, &v[0]) && view(query, true, &v[1]) && view(key, false, &v[2])
             && view(value, false, &v[3]) && view(key_cache, true, &v[4]) && view(value_cache, true, &v[5])
             && view(slot_mapping, false, &v[6]) && view(cos_sin_cache, false, &v[7])
+            && (!weights || (view(*q_weight, false, &v[8]) && view(*k_weight, false, &v[9])))
             && entries->tokens_to_cache(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], *size, &v[7], is_neox,
-                                        hnd)) {
+                                        hnd, weights ? &v[8] : nullptr, weights ? &v[9] : nullptr, eps,
+                                        weight_offset)) {
         count_writes({&query, &key_cache, &value_cache});
         return;
     }

@@ -39,13 +39,16 @@ typedef int (*posenc_rotate_tokens_fn)(const posenc_tensor* positions, const pos
                                        int64_t head_size, int64_t rope_dim_offset, int is_neox,
                                        int inverse);
 
-/* apply_qk_to_cache without q/k weights: query rotated in place, the rotated key and the value
-   written into their slots of the key and value caches (hnd: kv_cache_layout "HND", else "NHD"). */
+/* apply_qk_to_cache: query rotated in place, the rotated key and the value written into their
+   slots of the key and value caches (hnd: kv_cache_layout "HND", else "NHD"); with q_weight and
+   k_weight (NULL: none) each head of query and key RMSNormed first (eps, weight_offset). */
 typedef int (*posenc_tokens_to_cache_fn)(const posenc_tensor* positions, const posenc_tensor* query,
                                          const posenc_tensor* key, const posenc_tensor* value,
                                          const posenc_tensor* key_cache, const posenc_tensor* value_cache,
                                          const posenc_tensor* slot_mapping, int64_t head_size,
-                                         const posenc_tensor* cos_sin_cache, int is_neox, int hnd);
+                                         const posenc_tensor* cos_sin_cache, int is_neox, int hnd,
+                                         const posenc_tensor* q_weight, const posenc_tensor* k_weight,
+                                         double eps, double weight_offset);
 
 /* fused_qk_norm_rope: each head of query and key RMSNormed (weights q_weight, k_weight of any float
    dtype; eps; weight_offset) and rotated in place by its token's row of the [cos | sin] cache. */
