@@ -180,6 +180,11 @@ def cache_call(dtype, cache_dtype, layout, is_neox, one_tensor, seed=0):
                 kv_cache_layout=layout)
 
 
+def norm_weights(dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(16, generator=g) + 0.5).to(dtype), (torch.rand(16, generator=g) + 0.5).to(dtype)
+
+
 def cloned(call):
     """`call` with its written tensors copied (their buffers of their own, as the originals')."""
     copies = dict(call)
@@ -203,8 +208,12 @@ def versions(call):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("one_tensor", [True, False])
-def test_the_cache_kernel_writes_as_the_function(general_calls, dtype, cache_dtype, layout, is_neox, one_tensor):
+@pytest.mark.parametrize("normed", [False, True])  # q/k RMSNorm first (Gemma's 1 + weight)
+def test_the_cache_kernel_writes_as_the_function(general_calls, dtype, cache_dtype, layout, is_neox, one_tensor,
+                                                 normed):
     call = cache_call(dtype, cache_dtype, layout, is_neox, one_tensor)
+    if normed:
+        call.update(zip(("q_weight", "k_weight"), norm_weights(torch.float32)), eps=1e-5, weight_offset=1.0)
     expected = cloned(call)
     counted = versions(expected)
     CACHE_FUNCTION(**expected)
@@ -215,23 +224,6 @@ def test_the_cache_kernel_writes_as_the_function(general_calls, dtype, cache_dty
         assert torch.equal(call[name], expected[name]), name
     assert [a - b for a, b in zip(versions(call), before)] == [a - b for a, b in zip(versions(expected), counted)]
     assert versions(call) != before
-
-
-@pytest.mark.parametrize("dtype, cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                                (torch.float64, torch.float64), (torch.float32, torch.bfloat16)])
-@pytest.mark.parametrize("layout, is_neox, one_tensor", [("NHD", True, False), ("HND", False, True)])
-def test_the_cache_kernel_normalises_as_the_function(general_calls, dtype, cache_dtype, layout, is_neox, one_tensor):
-    call = dict(cache_call(dtype, cache_dtype, layout, is_neox, one_tensor), eps=1e-5, weight_offset=1.0)
-    call.update(zip(("q_weight", "k_weight"), norm_weights(torch.float32)))
-    expected = cloned(call)
-    counted = versions(expected)
-    CACHE_FUNCTION(**expected)
-    before = versions(call)
-    CACHE_OP(**call)
-    assert general_calls == []  # _core's entry took it
-    for name in ("query", "key", "value", "key_cache", "value_cache"):
-        assert torch.equal(call[name], expected[name]), name
-    assert [a - b for a, b in zip(versions(call), before)] == [a - b for a, b in zip(versions(expected), counted)]
 
 
 def test_what_the_cache_entry_declines_goes_to_the_function(general_calls):
@@ -256,11 +248,6 @@ def test_what_the_cache_entry_declines_goes_to_the_function(general_calls):
         general_calls.clear()
         assert_same_error(CACHE_OP, (), [bad[n] for n in ("query", "key_cache", "value_cache")], CACHE_FUNCTION, bad)
         assert len(general_calls) == 1, change
-
-
-def norm_weights(dtype, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.rand(16, generator=g) + 0.5).to(dtype), (torch.rand(16, generator=g) + 0.5).to(dtype)
 
 
 @pytest.mark.parametrize("dtype, table", [(torch.float32, torch.float32), (torch.float64, torch.float64),

@@ -66,6 +66,7 @@ cdef inline double _norm_scale(double total, Py_ssize_t dim, double reciprocal, 
     return 1.0 / sqrt((total * reciprocal if reciprocal != 0.0 else total / <double>dim) + eps)
 
 
+@cython.cdivision(True)
 cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     # Each row: in the compute type (widened into a scratch row: a half type), its sum
     # of squares taken while the row before is scaled, normalized into a scratch row,

@@ -37,8 +37,6 @@ cdef inline bint _in_place_scalar(Py_ssize_t row_bytes) noexcept nogil:
 cdef Py_ssize_t _stream_bytes = POSENC_STREAM_BYTES
 
 
-
-
 def in_place_row_kernel(Py_ssize_t row_bytes):
     """Which kernel rotates half-layout rows of `row_bytes` in place past the caches: "scalar" or
     "vectors" (by the size `set_block_bytes` set last)."""

@@ -131,8 +131,9 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    both CPUs, not derived from the L3's size.  Out-of-place rotations there
    stream from 48 MiB (_dispatch.block_bytes, "stream": into a result the
    call before had left in the cache, non-temporal stores of 32-40 MiB ran
-   2.2x slower than plain ones; from 64 MiB they win); the build's value, a CPU measured otherwise
-   takes its own at import, unless the build was given one (-D). */
+   2.2x slower than plain ones; from 64 MiB they win); the build's value, a
+   CPU measured otherwise takes its own at import, unless the build was
+   given one (-D). */
 #ifndef POSENC_STREAM_BYTES
 #define POSENC_STREAM_BYTES (16 * 1024 * 1024)
 #define POSENC_STREAM_BYTES_GIVEN 0
