@@ -278,17 +278,22 @@ cdef cnp.ndarray _planned_rows(const RowPlan* plan):
     return rows
 
 
+cdef tuple _norm_plan_arrays(RotaryBase fast, cnp.ndarray x, const RowPlan* plan):
+    # What _norm_planned needs made for x: its rows' table rows and _norm_rows' block.
+    return _planned_rows(plan), _norm_block(fast.dim, _dtype(x), _threads_for(cnp.PyArray_SIZE(x)))
+
+
 cdef int _norm_planned(RotaryBase fast, cnp.ndarray x, cnp.ndarray out, object cache,
-                       const RowPlan* plan, cnp.ndarray factors, double eps) except -1:
-    # The norm and rotation of x's planned rows by `fast`'s cache into out.
+                       cnp.ndarray factors, double eps, tuple made) except -1:
+    # The norm and rotation of x's planned rows by `fast`'s cache into out (`made`: _norm_plan_arrays).
     cdef int d = _dtype(x)
     cdef CosSinTable table = _stacked_table(_data(<cnp.ndarray>cache), fast.npairs,
                                             cnp.PyArray_ITEMSIZE(<cnp.ndarray>cache), _table_of(x))
-    cdef cnp.ndarray rows = _planned_rows(plan)
+    rows, block = made
     return _norm_rows(_data(x), _data(out), cnp.PyArray_SIZE(x) // fast.dim, fast.dim, d,
                       cnp.PyArray_ITEMSIZE(x), d, <const double*>_data(factors), eps, &table,
-                      <const Py_ssize_t*>_data(rows), fast.half, _threads_for(cnp.PyArray_SIZE(x)),
-                      fast.start, NULL)
+                      <const Py_ssize_t*>_data(<cnp.ndarray>rows), fast.half, _threads_for(cnp.PyArray_SIZE(x)),
+                      fast.start, NULL, NULL, block)
 
 
 def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, positions, offset, seq_axis,
@@ -324,8 +329,9 @@ def apply_qk_norm_fast(RotaryBase fast not None, q, k, q_weight, k_weight, posit
             or not _norm_takes(_dtype(q), _dtype(q), _table_of(q), fast.half, False)
             or not _norm_takes(_dtype(k), _dtype(k), _table_of(k), fast.half, False)):
         return None
-    _norm_planned(fast, q, q_out, q_cache, &q_plan, q_factors, e)
-    _norm_planned(fast, k, k_out, k_cache, &k_plan, k_factors, e)
+    made = (_norm_plan_arrays(fast, q, &q_plan), _norm_plan_arrays(fast, k, &k_plan))  # before any write
+    _norm_planned(fast, q, q_out, q_cache, q_factors, e, made[0])
+    _norm_planned(fast, k, k_out, k_cache, k_factors, e, made[1])
     return q_out, k_out
 
 
