@@ -15,7 +15,7 @@
 # while the next row is widened and summed.
 
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
-from libc.math cimport isfinite, sqrt
+from libc.math cimport isfinite
 
 
 cdef struct NormJob:
@@ -37,7 +37,6 @@ cdef struct NormJob:
     const RowCall* call      # the compute dtype's rotation of one row
     posenc_norm_half_fn fused  # scale, rotation and store in one pass (K.norm_half), or NULL: the passes
     posenc_norm_rows_fn rows_kernel  # the whole loop (K.norm_rows: x's dtype stored), or NULL
-    posenc_norm_job rows_job   # its rows
 
 
 cdef enum:
@@ -61,12 +60,6 @@ cdef inline const char* _norm_input(const NormJob* job, int compute, Py_ssize_t 
 
 
 @cython.cdivision(True)
-cdef inline double _norm_scale(double total, Py_ssize_t dim, double reciprocal, double eps) noexcept nogil:
-    # 1 / sqrt(total / dim + eps), by the multiply where reciprocal is 1 / dim exactly (else 0)
-    return 1.0 / sqrt((total * reciprocal if reciprocal != 0.0 else total / <double>dim) + eps)
-
-
-@cython.cdivision(True)
 cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept nogil:
     # Each row: in the compute type (widened into a scratch row: a half type), its sum
     # of squares taken while the row before is scaled, normalized into a scratch row,
@@ -85,21 +78,21 @@ cdef void _norm_rotate_chunk(void* job_, Py_ssize_t chunk, int slot) noexcept no
     cdef char* normed
     cdef char* out_row
     cdef double scale, next_scale = 0.0
-    # 1 / dim where dim is a power of two: the multiply gives the division's bits, and the scale's
-    # chain (a division, a square root, a division) is what a row waits for (bfloat16 rows of 128
-    # in cache 36.3 -> 33.8 ns on an AMD Zen 4); else 0
-    cdef double reciprocal = 1.0 / <double>dim if dim & (dim - 1) == 0 else 0.0
+    cdef double reciprocal = posenc_norm_reciprocal(dim)
+    cdef posenc_norm_job rows_job
     if job.rows_kernel != NULL:
-        job.rows_kernel(&job.rows_job, first, stop, <float*>buffers)
+        rows_job = posenc_norm_job(job.x, job.out, job.in_at, job.out_at, job.rows, job.table.cos, job.table.sin,
+                                   job.table.cos_stride, job.table.sin_stride, job.weight32, job.eps, dim)
+        job.rows_kernel(&rows_job, first, stop, <float*>buffers)
         return
     if first < stop:
         next_row = _norm_input(job, compute, first, buffers)
-        next_scale = _norm_scale(K.sum_squares[compute](next_row, dim), dim, reciprocal, job.eps)
+        next_scale = posenc_norm_scale(K.sum_squares[compute](next_row, dim), dim, reciprocal, job.eps)
     for r in range(first, stop):
         row, scale = next_row, next_scale
         if r + 1 < stop:
             next_row = _norm_input(job, compute, r + 1, buffers + ((r + 1 - first) & 1) * row_bytes)
-            next_scale = _norm_scale(K.sum_squares[compute](next_row, dim), dim, reciprocal, job.eps)
+            next_scale = posenc_norm_scale(K.sum_squares[compute](next_row, dim), dim, reciprocal, job.eps)
         if job.out_at == NULL:
             out_row = job.out + r * dim * job.itemsize
         elif job.out_at[r] < 0:
@@ -162,12 +155,9 @@ cdef int _norm_rows(const char* x, char* out, Py_ssize_t nrows, Py_ssize_t dim, 
     cdef posenc_norm_half_fn fused = (K.norm_half[store] if compute == POSENC_F32 and table.dtype == POSENC_F32
                                       and half_layout and 2 * table.npairs == dim and start == 0 else NULL)
     cdef posenc_norm_rows_fn rows_kernel = K.norm_rows[data] if fused != NULL and store == data else NULL
-    cdef posenc_norm_job rows_job = posenc_norm_job(x, out, in_at, at, rows, table.cos, table.sin,
-                                                    table.cos_stride, table.sin_stride,
-                                                    <const float*>aligned, eps, dim)
     cdef NormJob job = NormJob(rows, x, out, table[0], nrows, dim, itemsize, in_at, at, store,
                                weight, <const float*>aligned, eps, data, aligned + weight_bytes, &call, fused,
-                               rows_kernel, rows_job)
+                               rows_kernel)
     with nogil:
         posenc_parallel_for(nchunks, num_threads, _norm_rotate_chunk, &job)
     return 0
