@@ -26,10 +26,17 @@ step of 16 sequences, one token each.  Rows:
   k rotated into and v copied into vLLM's CPU cache ``(2, num_blocks,
   kv_heads, 16, head_size)`` (``"HND"``), on NumPy arrays, on tensors,
   through ``torch.ops``; ``KV write method``: `RotaryEmbedding.apply_qk_to_cache`
-  on the same arrays; their limit ``copy q, k, v``.
+  on the same arrays; their limit ``copy q, k, v``;
+* ``MLA ...``, decode only: DeepSeek-V3's MLA cache write (128 query heads, rope dim 64,
+  kv_lora_rank 512, a (num_blocks, 16, 576) cache):
+  `posenc_fast.vllm.concat_and_cache_mla_rope_fused` on NumPy arrays, on
+  tensors, through ``torch.ops``; ``MLA unfused``: `rotary_embedding` then
+  `concat_and_cache_mla` (what vLLM's CPU backend runs); their limit ``copy
+  MLA``, a copy of q_pe, k_pe and kv_c.
 
 Each line: median time per call and its ratio to the copy (paired per round;
-the KV write rows to the copy of q, k and v), and the rotations' to ``apply_qk``.
+the KV write rows to the copy of q, k and v, the MLA rows to theirs), and the
+rotations' to ``apply_qk``.
 The torch rows appear only when torch imports.
 """
 
@@ -51,11 +58,12 @@ from posenc_fast._bench.timing import measure, paired_ratio, set_threads
 from posenc_fast._bench.torch_rows import Unavailable, torch_or_unavailable
 
 HEADS, KV_HEADS, HEAD_SIZE, MAX_POSITION = 32, 8, 128, 8192
+MLA_HEADS, ROPE_DIM, KV_LORA_RANK, MLA_TOKENS = 128, 64, 512, 64  # the MLA rows: decode only
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
-def cos_sin_cache() -> np.ndarray:
-    angles = np.arange(MAX_POSITION)[:, None] * np.array(reference.rope_inv_freq(HEAD_SIZE))
+def cos_sin_cache(rot_dim: int = HEAD_SIZE) -> np.ndarray:
+    angles = np.arange(MAX_POSITION)[:, None] * np.array(reference.rope_inv_freq(rot_dim))
     return np.concatenate((np.cos(angles), np.sin(angles)), axis=1).astype(np.float32)
 
 
@@ -110,6 +118,17 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
             out_q=q_heads),
         "copy q, k, v": lambda: (np.copyto(q_copy, query), np.copyto(k_copy, key), np.copyto(v_copy, value)),
     }
+    mla = mla_arrays(rng, tokens, query.dtype) if tokens <= MLA_TOKENS else None
+    if mla is not None:
+        mla_args = (positions, mla["q_pe"], mla["k_pe"], mla["kv_c"], cos_sin_cache(ROPE_DIM), True, slots,
+                    mla["cache"])
+        mla_copies = {name: np.empty_like(mla[name]) for name in ("q_pe", "k_pe", "kv_c")}
+        calls.update({
+            "MLA numpy": lambda: vllm.concat_and_cache_mla_rope_fused(*mla_args),
+            "MLA unfused": lambda: (vllm.rotary_embedding(*mla_args[:3], ROPE_DIM, *mla_args[4:6]),
+                                    vllm.concat_and_cache_mla(mla["kv_c"], mla["k_pe"], mla["cache"], slots)),
+            "copy MLA": lambda: [np.copyto(mla_copies[name], mla[name]) for name in mla_copies],
+        })
     try:
         torch = torch_or_unavailable()
     except Unavailable as exc:
@@ -130,9 +149,16 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
         same = torch.equal(check_q, expected[0]) and torch.equal(check_k, expected[1])
         print(f"  posenc_fast == vLLM native formula, bitwise: {same}")
     op, op_no_op = torch.ops.posenc_fast.rotary_embedding, no_op(torch)
-    t_kv, t_slots = torch.from_numpy(kv.view(np.int16)).view(t_dtype), torch.from_numpy(slots)
+    t_kv, t_slots = tensor(kv), torch.from_numpy(slots)
     t_value = tensor(value)
     kv_args = (t_positions, t_query, t_key, t_value, t_kv[0], t_kv[1], t_slots, HEAD_SIZE, t_cache, True, "HND")
+    if mla is not None:
+        t_mla = (t_positions, *(tensor(mla[name]) for name in ("q_pe", "k_pe", "kv_c")),
+                 torch.from_numpy(mla_args[4]), True, t_slots, tensor(mla["cache"]))
+        calls.update({
+            "MLA torch": lambda: vllm.concat_and_cache_mla_rope_fused(*t_mla),
+            "MLA torch.ops": lambda: torch.ops.posenc_fast.concat_and_cache_mla_rope_fused(*t_mla),
+        })
     calls.update({
         "KV write torch": lambda: vllm.apply_qk_to_cache(*kv_args),
         "KV write torch.ops": lambda: torch.ops.posenc_fast.apply_qk_to_cache(*kv_args),
@@ -149,6 +175,17 @@ def contenders(positions: np.ndarray, dtype: str) -> dict:
                 t_positions, t_query, t_key, HEAD_SIZE, t_cache, True),
         })
     return calls
+
+
+def mla_arrays(rng, tokens: int, dtype: np.dtype) -> dict:
+    """q_pe, the rope part of each query head, as vLLM slices it; k_pe and kv_c, the two parts of one
+    latent projection; a cache of (num_blocks, 16, kv_lora_rank + rope dim)."""
+    def normal(*shape):
+        return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+    latent = normal(tokens, ROPE_DIM + KV_LORA_RANK)
+    return dict(q_pe=normal(tokens, MLA_HEADS, 128 + ROPE_DIM)[..., 128:], k_pe=latent[:, :ROPE_DIM],
+                kv_c=latent[:, ROPE_DIM:], cache=np.zeros((MAX_POSITION // 16, 16, KV_LORA_RANK + ROPE_DIM), dtype))
 
 
 def main() -> None:
@@ -172,9 +209,10 @@ def main() -> None:
         set_threads(1)  # posenc_fast's and torch's (imported by now)
         timings = measure(calls, rounds=args.rounds, target_ns=20_000_000)
         for name, timing in timings.items():
-            kv = name.startswith("KV write")
-            ratio = paired_ratio(timing, timings["copy q, k, v" if kv else "copy"])
-            kernel = "" if kv else f"  {paired_ratio(timing, timings['apply_qk']):6.2f}x apply_qk"
+            limit = ("copy q, k, v" if name.startswith("KV write")
+                     else "copy MLA" if "MLA" in name else "copy")
+            ratio = paired_ratio(timing, timings[limit])
+            kernel = "" if limit != "copy" else f"  {paired_ratio(timing, timings['apply_qk']):6.2f}x apply_qk"
             print(f"  {name:<18} {timing.median_ns / 1e3:10.1f} us  {ratio:6.2f}x copy{kernel}")
 
 

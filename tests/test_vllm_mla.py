@@ -5,6 +5,8 @@ The cases of vLLM's ``tests/kernels/core/test_rotary_embedding_mla_cache_fused.p
 heads, kv_lora_rank 512, block sizes 16, 1024 and 16384): the rotation against
 a float64 reference and bitwise against `rotary_embedding` on copies, each
 token's cache row bitwise ``[kv_c | rotated k_pe]``, every other row untouched.
+The compiled path (``_core.mla_to_cache_fast``) bitwise against the general
+path, and declining, with nothing written, every call the general path refuses.
 """
 
 import ml_dtypes
@@ -12,7 +14,8 @@ import numpy as np
 import pytest
 
 from posenc_fast import reference, vllm
-from helpers import int64_inside, untouched
+from posenc_fast._dispatch import kernels
+from helpers import general_path_only, int64_inside, untouched
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
@@ -127,6 +130,7 @@ def test_bad_input_writes_nothing(change, error, match):
     args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
     args.update(change)
     before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
+    assert kernels.mla_to_cache_fast(**{"kv_cache_dtype": "auto", **args}) is False
     with pytest.raises(error, match=match):
         vllm.concat_and_cache_mla_rope_fused(**args)
     for name, a in args.items():
@@ -141,6 +145,7 @@ def test_indices_inside_a_rotated_input_are_refused(index, holder):
     args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
     args[index] = int64_inside(args[holder], args[index])
     before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
+    assert kernels.mla_to_cache_fast(**args, kv_cache_dtype="auto") is False
     with pytest.raises(ValueError, match=f"{index} shares memory with {holder}"):
         vllm.concat_and_cache_mla_rope_fused(**args)
     for name, a in args.items():
@@ -167,6 +172,7 @@ def test_a_latent_inside_a_rotated_input_is_refused(holder):
     args = _bad(mla_case(np.float32, 4, 64, heads=2, rank=32))
     args["kv_c"] = args[holder].reshape(4, -1)[:, :32]
     before = {name: np.array(a, copy=True) for name, a in args.items() if isinstance(a, np.ndarray)}
+    assert kernels.mla_to_cache_fast(**args, kv_cache_dtype="auto") is False
     with pytest.raises(ValueError, match="kv_c shares memory with q_pe or k_pe"):
         vllm.concat_and_cache_mla_rope_fused(**args)
     for name, a in args.items():
@@ -174,9 +180,70 @@ def test_a_latent_inside_a_rotated_input_is_refused(holder):
             assert untouched(before[name], a), name
 
 
+def server_case(dtype, layout, tokens=9, heads=3, rot_dim=16, rank=24, num_blocks=4, block_size=8):
+    """An MLA call as `_bad`'s: "contiguous" arrays, or "slices" as a server holds them: q_pe and
+    k_pe the rope parts of fused projections, kv_c beside k_pe, a cache of padded rows with its
+    block and offset axes swapped; two tokens skipped."""
+    rng = np.random.default_rng(3)
+    entry = rank + rot_dim
+    if layout == "contiguous":
+        q_pe = rng.standard_normal((tokens, heads, rot_dim)).astype(dtype)
+        k_pe = rng.standard_normal((tokens, 1, rot_dim)).astype(dtype)
+        kv_c = rng.standard_normal((tokens, rank)).astype(dtype)
+        kv_cache = np.full((num_blocks, block_size, entry), np.nan, dtype)
+    else:
+        q_pe = rng.standard_normal((tokens, heads, 8 + rot_dim)).astype(dtype)[..., 8:]
+        key = rng.standard_normal((tokens, rot_dim + rank)).astype(dtype)
+        k_pe, kv_c = key[:, :rot_dim], key[:, rot_dim:]
+        kv_cache = np.full((block_size, num_blocks, entry + 4), np.nan, dtype)[..., :entry].transpose(1, 0, 2)
+    slots = rng.choice(num_blocks * block_size, tokens, replace=False)
+    slots[[2, 5]] = -1
+    table = vllm_cache(rot_dim, dtype=np.float32 if dtype.itemsize == 2 else dtype)
+    return dict(positions=rng.integers(0, 8192, tokens), q_pe=q_pe, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=table,
+                is_neox=True, slot_mapping=slots, kv_cache=kv_cache)
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, "float64"])
+@pytest.mark.parametrize("layout", ["contiguous", "slices"])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_the_compiled_path_writes_as_the_general_path(dtype, layout, is_neox):
+    dtype = np.dtype(DTYPES.get(dtype, dtype))
+    args, expected, fast = (dict(server_case(dtype, layout), is_neox=is_neox) for _ in range(3))
+    with general_path_only():  # two paths: the switch sends the call to the general one
+        assert kernels.mla_to_cache_fast(**server_case(dtype, layout), kv_cache_dtype="auto") is False
+        vllm.concat_and_cache_mla_rope_fused(**expected)
+    assert kernels.mla_to_cache_fast(**fast, kv_cache_dtype="auto") is True
+    for name in ("q_pe", "k_pe", "kv_cache"):
+        assert untouched(expected[name], fast[name]), name
+    assert not untouched(args["q_pe"], fast["q_pe"])  # rotated
+    # the write alone, of the rotated k_pe
+    alone = server_case(dtype, layout)["kv_cache"]
+    assert kernels.mla_to_cache_fast(None, None, fast["k_pe"], args["kv_c"], None, None, args["slot_mapping"],
+                                     alone, "auto") is True
+    assert untouched(expected["kv_cache"], alone)
+
+
+def test_the_compiled_path_on_tensors_counts_its_writes():
+    torch = pytest.importorskip("torch")
+    args, expected = (server_case(np.dtype(np.float32), "slices") for _ in range(2))
+    with general_path_only():  # on tensors: posenc_fast reads them in C from then on
+        vllm.concat_and_cache_mla_rope_fused(**{n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+                                                for n, a in expected.items()})
+    given = {name: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for name, a in args.items()}
+    versions = [given[name]._version for name in ("q_pe", "k_pe", "kv_cache")]
+    assert kernels.mla_to_cache_fast(**given, kv_cache_dtype="auto") is True
+    assert [given[n]._version for n in ("q_pe", "k_pe", "kv_cache")] == [v + 1 for v in versions]
+    for name in ("q_pe", "k_pe", "kv_cache"):
+        assert untouched(expected[name], given[name].numpy()), name
+    mixed = dict(given, kv_c=given["kv_c"].numpy())  # an ndarray among tensors: the general path's
+    assert kernels.mla_to_cache_fast(**mixed, kv_cache_dtype="auto") is False
+
+
 def test_a_cache_over_an_input_is_refused():
     positions, query, k_pe, kv_c, slots, kv_cache = mla_case(np.float32, 4, 64, heads=2, rank=32, num_blocks=2)
     before = kv_cache.copy()
+    assert kernels.mla_to_cache_fast(None, None, k_pe, kv_cache[0, :4, :32], None, None, slots, kv_cache,
+                                     "auto") is False
     with pytest.raises(ValueError, match="kv_cache shares memory"):
         vllm.concat_and_cache_mla(kv_cache[0, :4, :32], k_pe, kv_cache, slots)
     assert untouched(before, kv_cache)

@@ -1,5 +1,5 @@
-"""Cases of the C++ kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache and
-fused_qk_norm_rope, in a process that loaded them.
+"""Cases of the C++ kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache,
+fused_qk_norm_rope and the MLA cache writes, in a process that loaded them.
 
 Run by tests/test_torch_kernel.py with XDG_CACHE_HOME where it built the kernel (a kernel
 registered with torch stays for the process, so the other tests keep the Python one).  The
@@ -21,6 +21,10 @@ FUNCTION = vllm.rotary_embedding  # the expected results and errors, not counted
 CACHE_FUNCTION = vllm.apply_qk_to_cache
 NORM_OP = torch.ops.posenc_fast.fused_qk_norm_rope
 NORM_FUNCTION = vllm.fused_qk_norm_rope
+MLA_OP = torch.ops.posenc_fast.concat_and_cache_mla_rope_fused
+MLA_FUNCTION = vllm.concat_and_cache_mla_rope_fused
+MLA_WRITE_OP = torch.ops.posenc_fast.concat_and_cache_mla
+MLA_WRITE_FUNCTION = vllm.concat_and_cache_mla
 
 
 @pytest.fixture
@@ -37,6 +41,8 @@ def general_calls(monkeypatch):
     monkeypatch.setattr(vllm, "rotary_embedding", counted("rotary_embedding", FUNCTION))
     monkeypatch.setattr(vllm, "apply_qk_to_cache", counted("apply_qk_to_cache", CACHE_FUNCTION))
     monkeypatch.setattr(vllm, "fused_qk_norm_rope", counted("fused_qk_norm_rope", NORM_FUNCTION))
+    monkeypatch.setattr(vllm, "concat_and_cache_mla_rope_fused", counted("mla_rope_fused", MLA_FUNCTION))
+    monkeypatch.setattr(vllm, "concat_and_cache_mla", counted("mla", MLA_WRITE_FUNCTION))
     return calls
 
 
@@ -64,7 +70,8 @@ def tensors(dtype, tokens=5, heads=4, kv_heads=2, head_size=16, layout="2d", see
     return q, k
 
 
-@pytest.mark.parametrize("op", ["rotary_embedding", "apply_qk_to_cache", "fused_qk_norm_rope"])
+@pytest.mark.parametrize("op", ["rotary_embedding", "apply_qk_to_cache", "fused_qk_norm_rope", "concat_and_cache_mla",
+                                "concat_and_cache_mla_rope_fused"])
 def test_the_op_is_served_by_the_cpp_kernel(op):
     assert torch_ops.compiled_kernels is not None, torch_ops.kernel_reason
     assert "C++" in torch_ops.kernel_reason
@@ -320,3 +327,68 @@ def test_the_norm_op_under_opcheck_and_fullgraph():
     expected = qkv.clone()
     NORM_FUNCTION(positions, expected[:, :64], expected[:, 64:96], wq, wk, 16, table, False)
     assert torch.equal(step(positions, qkv), expected)
+
+
+def mla_call(dtype, table, is_neox, seed=2):
+    """An MLA call as a server makes it: q_pe the rope part of the query, k_pe and kv_c the two parts
+    of one latent projection, a token skipped."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(6, 3, 8 + 16, generator=g).to(dtype)
+    latent = torch.randn(6, 16 + 24, generator=g).to(dtype)
+    return dict(positions=torch.tensor([3, 0, 63, 17, 17, 9]), q_pe=q[..., 8:], k_pe=latent[:, :16],
+                kv_c=latent[:, 16:], cos_sin_cache=cache(table, 16), is_neox=is_neox,
+                slot_mapping=torch.tensor([5, -1, 30, 0, 12, 31]),
+                kv_cache=torch.full((4, 8, 40), 123.0, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype, table", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                          (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                          (torch.float16, torch.float32)])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_the_mla_kernels_write_as_the_functions(general_calls, dtype, table, is_neox):
+    call, expected = mla_call(dtype, table, is_neox), mla_call(dtype, table, is_neox)
+    MLA_FUNCTION(**expected)
+    general_calls.clear()
+    before = [call[n]._version for n in ("q_pe", "k_pe", "kv_cache")]
+    MLA_OP(**call)
+    assert general_calls == []  # _core's entry took it
+    assert all(torch.equal(call[n], expected[n]) for n in ("q_pe", "k_pe", "kv_c", "positions"))
+    assert torch.equal(call["kv_cache"], expected["kv_cache"])
+    assert all(call[n]._version > v for n, v in zip(("q_pe", "k_pe", "kv_cache"), before))
+    alone = torch.full_like(call["kv_cache"], 123.0)
+    version = alone._version
+    MLA_WRITE_OP(call["kv_c"], call["k_pe"], alone, call["slot_mapping"])
+    assert general_calls == [] and alone._version > version
+    assert torch.equal(alone, expected["kv_cache"])
+
+
+def test_what_the_mla_entry_declines_goes_to_the_function(general_calls):
+    call = mla_call(torch.float32, torch.float32, True)
+    expected = mla_call(torch.float32, torch.float32, True)
+    MLA_FUNCTION(**dict(expected, positions=expected["positions"].int()))
+    general_calls.clear()
+    MLA_OP(**dict(call, positions=call["positions"].int()))  # int32 positions: taken by the function
+    assert [name for name, _ in general_calls] == ["mla_rope_fused"]
+    assert torch.equal(call["kv_cache"], expected["kv_cache"])
+    refused = [dict(slot_mapping=torch.tensor([5, 5, 30, 0, 12, 31])),   # a slot twice
+               dict(slot_mapping=torch.tensor([5, 1, 32, 0, 12, 99])),   # past the cache
+               dict(kv_cache_dtype="fp8"),
+               dict(positions=torch.tensor([3, 0, 64, 1, 2, 5])),        # past the cos/sin cache
+               dict(kv_c=torch.randn(6, 24, dtype=torch.float64)),
+               dict(kv_cache=torch.zeros(4, 8, 41))]
+    for change in refused:
+        bad = dict(mla_call(torch.float32, torch.float32, True), **change)
+        general_calls.clear()
+        assert_same_error(MLA_OP, (), [bad[n] for n in ("q_pe", "k_pe", "kv_cache")], MLA_FUNCTION, bad)
+        assert len(general_calls) == 1, change
+    bad = mla_call(torch.float32, torch.float32, True)
+    general_calls.clear()
+    assert_same_error(MLA_WRITE_OP, (bad["kv_c"], bad["k_pe"], bad["kv_cache"], torch.tensor([5, 5, 0, 1, 2, 3])),
+                      [bad["kv_cache"]], MLA_WRITE_FUNCTION)
+    assert len(general_calls) == 1
+
+
+def test_the_mla_ops_under_opcheck():
+    call = mla_call(torch.bfloat16, torch.float32, False)
+    torch.library.opcheck(MLA_OP, tuple(call.values()))
+    torch.library.opcheck(MLA_WRITE_OP, (call["kv_c"], call["k_pe"], call["kv_cache"], call["slot_mapping"]))

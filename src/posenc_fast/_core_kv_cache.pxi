@@ -128,34 +128,40 @@ def norm_rotate_into_kv_cache(cnp.ndarray q not None, cnp.ndarray out_q not None
                   q_factors, k_factors, eps)
 
 
-cdef inline bint _cache_array(const Strided* a, Py_ssize_t kv_heads, Py_ssize_t dim) noexcept nogil:
-    # A writeable, aligned array of a kernel dtype (num_blocks, block_size, kv_heads, dim) whose
-    # strides place every element apart (_kv_cache.slot_strides_apart, the general path's rule).
-    cdef Py_ssize_t stride[3]
-    cdef Py_ssize_t extent[3]
-    cdef Py_ssize_t inner, i, j, swap, itemsize = _itemsize(a)
-    if not (a.nd == 4 and _strided_dtype(a) >= 0 and a.writeable and <size_t>a.data % itemsize == 0
-            and a.dims[2] == kv_heads and a.dims[3] == dim and (a.steps[3] == itemsize or a.dims[3] <= 1)):
+cdef bint _items_apart(const Strided* a) noexcept nogil:
+    # Every item of `a` in a place of its own (_validate.elements_apart's rule), its last axis of unit
+    # stride: the other axes by stride, none negative, each past the extent of those inside it.
+    cdef Py_ssize_t stride[STRIDED_AXES]
+    cdef Py_ssize_t extent[STRIDED_AXES]
+    cdef Py_ssize_t inner, i, j, swap, outer = a.nd - 1
+    if outer < 0 or not (a.steps[outer] == _itemsize(a) or a.dims[outer] <= 1):
         return False
     if _count(a) == 0:
         return True
-    for i in range(3):  # the outer axes by stride, each past the extent of those inside it
+    for i in range(outer):
         stride[i] = a.steps[i]
         extent[i] = a.dims[i]
         if stride[i] < 0:
             return False
-    for i in range(3):
-        for j in range(2 - i):
+    for i in range(outer):
+        for j in range(outer - 1 - i):
             if stride[j] > stride[j + 1]:
                 swap = stride[j]; stride[j] = stride[j + 1]; stride[j + 1] = swap
                 swap = extent[j]; extent[j] = extent[j + 1]; extent[j + 1] = swap
-    inner = a.dims[3] * itemsize
-    for i in range(3):
+    inner = a.dims[outer] * _itemsize(a)
+    for i in range(outer):
         if extent[i] > 1:
             if stride[i] < inner:
                 return False
             inner = stride[i] * extent[i]
     return True
+
+
+cdef inline bint _cache_array(const Strided* a, Py_ssize_t kv_heads, Py_ssize_t dim) noexcept nogil:
+    # A writeable, aligned array of a kernel dtype (num_blocks, block_size, kv_heads, dim), its
+    # items apart (_kv_cache.slot_strides_apart, the general path's rule).
+    return (a.nd == 4 and _strided_dtype(a) >= 0 and a.writeable and <size_t>a.data % _itemsize(a) == 0
+            and a.dims[2] == kv_heads and a.dims[3] == dim and _items_apart(a))
 
 
 cdef bint _slots_valid(const long long* slots, Py_ssize_t n, long long num_slots) noexcept nogil:

@@ -481,10 +481,14 @@ cdef extern from "torch_kernel/posenc_torch_kernel.h" nogil:  # beside _core.c
     ctypedef int (*posenc_norm_tokens_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
                                           const posenc_tensor*, const posenc_tensor*, int64_t, const posenc_tensor*,
                                           int, double, double) noexcept nogil
+    ctypedef int (*posenc_mla_to_cache_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
+                                           const posenc_tensor*, const posenc_tensor*, int, const posenc_tensor*,
+                                           const posenc_tensor*) noexcept nogil
     ctypedef struct posenc_torch_entries:
         posenc_rotate_tokens_fn rotate_tokens
         posenc_tokens_to_cache_fn tokens_to_cache
         posenc_norm_tokens_fn norm_tokens
+        posenc_mla_to_cache_fn mla_to_cache
 
 cdef extern from "posenc_kernels.h" nogil:
     int posenc_bf16_typenum
@@ -583,8 +587,23 @@ cdef int _torch_norm_tokens(const posenc_tensor* positions, const posenc_tensor*
             return 0
 
 
+cdef int _torch_mla_to_cache(const posenc_tensor* positions, const posenc_tensor* q_pe, const posenc_tensor* k_pe,
+                             const posenc_tensor* kv_c, const posenc_tensor* cos_sin_cache, int is_neox,
+                             const posenc_tensor* slot_mapping, const posenc_tensor* kv_cache) noexcept nogil:
+    # posenc_mla_to_cache_fn: mla_to_cache_fast's checks and call on the kernel's tensors.
+    cdef Strided v[7]  # as _mla_to_cache's
+    cdef bint rotate = positions != NULL
+    if not (_tensor_view(k_pe, &v[1]) and _tensor_view(kv_c, &v[4]) and _tensor_view(slot_mapping, &v[5])
+            and _tensor_view(kv_cache, &v[6])):
+        return 0
+    if rotate and not (q_pe != NULL and cos_sin_cache != NULL and _tensor_view(q_pe, &v[0])
+                       and _tensor_view(cos_sin_cache, &v[2]) and _tensor_view(positions, &v[3])):
+        return 0
+    return _mla_to_cache(v, rotate, is_neox != 0)
+
+
 cdef posenc_torch_entries _TORCH_ENTRIES = posenc_torch_entries(_torch_rotate_tokens, _torch_tokens_to_cache,
-                                                                _torch_norm_tokens)
+                                                                _torch_norm_tokens, _torch_mla_to_cache)
 
 
 def torch_kernel_entry():

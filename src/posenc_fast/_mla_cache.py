@@ -93,6 +93,8 @@ def concat_and_cache_mla(kv_c: ArrayOrTensor, k_pe: ArrayOrTensor, kv_cache: Arr
         Shapes, dtypes or slots that do not fit, a cache sharing memory with
         an input; nothing is written then.
     """
+    if kernels.mla_to_cache_fast(None, None, k_pe, kv_c, None, None, slot_mapping, kv_cache, kv_cache_dtype):
+        return  # the common call: checked, written and its tensor's version counted in C
     from .vllm import _as_arrays, count_writes, tensors_written
 
     tensors = tensors_written(("kv_cache",), (kv_cache,))
@@ -131,6 +133,9 @@ def concat_and_cache_mla_rope_fused(positions: ArrayOrTensor, q_pe: ArrayOrTenso
         As `rotary_embedding` and `concat_and_cache_mla`; nothing is written
         then.
     """
+    if kernels.mla_to_cache_fast(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache,
+                                 kv_cache_dtype):
+        return
     from .vllm import _as_arrays, _rotate_tokens, count_writes, tensors_written
 
     tensors = tensors_written(("q_pe", "k_pe", "kv_cache"), (q_pe, k_pe, kv_cache))

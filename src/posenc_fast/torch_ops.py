@@ -45,8 +45,9 @@ it mutates), with a posenc_fast function as its CPU kernel and a fake
 implementation that tells the compiler the result's shapes without running
 it.  (``torch.library.custom_op`` wraps its kernel in Python layers that
 cost ~35 us a call: a decode step's op took 49-59 us against 18-20 us so,
-the function alone 15 us.)  ``rotary_embedding`` and ``apply_qk_to_cache``,
-a decode step's per-token ops, take C++ kernels instead where
+the function alone 15 us.)  The in-place ops (``rotary_embedding``,
+``apply_qk_to_cache``, ``fused_qk_norm_rope``, the MLA cache writes), a
+decode step's per-token ops, take C++ kernels instead where
 ``python -m posenc_fast build-torch-kernel`` built them for this torch
 (`posenc_fast._torch_kernel`; `kernel_reason` says which serve them): torch
 calls a C++ kernel for ~0.7 us less.
@@ -300,26 +301,26 @@ apply_qk_to_cache = _define("apply_qk_to_cache" + _CACHE_ARGUMENTS, None, _mutat
 """Rotate `query` in place, write the rotated key and the value into their cache slots
 (see `posenc_fast.vllm.apply_qk_to_cache`)."""
 
+_MLA_ARGUMENTS = ("(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
+                  "str kv_cache_dtype=\"auto\", Tensor? scale=None) -> ()")
+concat_and_cache_mla = _define("concat_and_cache_mla" + _MLA_ARGUMENTS, None, _mutates_only)
+"""Write ``[kv_c | k_pe]`` into each token's MLA cache row (see `posenc_fast.vllm.concat_and_cache_mla`)."""
+
+_MLA_FUSED_ARGUMENTS = ("(Tensor positions, Tensor(a!) q_pe, Tensor(b!) k_pe, Tensor kv_c, Tensor cos_sin_cache, "
+                        "bool is_neox, Tensor slot_mapping, Tensor(c!) kv_cache, str kv_cache_dtype=\"auto\", "
+                        "Tensor? kv_cache_scale=None) -> ()")
+concat_and_cache_mla_rope_fused = _define("concat_and_cache_mla_rope_fused" + _MLA_FUSED_ARGUMENTS, None,
+                                          _mutates_only)
+"""Rotate `q_pe` and `k_pe` in place and write the MLA cache rows
+(see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""
+
 compiled_kernels, kernel_reason = _torch_kernel.load(torch)
-"""The C++ kernels of `rotary_embedding`, `apply_qk_to_cache` and `fused_qk_norm_rope` loaded
-(`posenc_fast._torch_kernel`): their library's path, or None; and which kernels serve the three ops,
-and why."""
+"""The C++ kernels of the in-place ops loaded (`posenc_fast._torch_kernel`): their library's path, or
+None; and which kernels serve those ops, and why."""
 for _name, _arguments in (("rotary_embedding", _ROTARY_ARGUMENTS), ("apply_qk_to_cache", _CACHE_ARGUMENTS),
-                          ("fused_qk_norm_rope", _NORM_ARGUMENTS)):
+                          ("fused_qk_norm_rope", _NORM_ARGUMENTS), ("concat_and_cache_mla", _MLA_ARGUMENTS),
+                          ("concat_and_cache_mla_rope_fused", _MLA_FUSED_ARGUMENTS)):
     if compiled_kernels is None:
         _LIBRARY.impl(_name, _function(_name), "CPU")
     else:  # the calls a C++ kernel does not take itself go to the Python one, as this op
         _define(f"_{_name}_general" + _arguments, _function(_name), _mutates_only)
-
-concat_and_cache_mla = _define(
-    "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
-    "str kv_cache_dtype=\"auto\", Tensor? scale=None) -> ()", _function("concat_and_cache_mla"), _mutates_only)
-"""Write ``[kv_c | k_pe]`` into each token's MLA cache row (see `posenc_fast.vllm.concat_and_cache_mla`)."""
-
-concat_and_cache_mla_rope_fused = _define(
-    "concat_and_cache_mla_rope_fused(Tensor positions, Tensor(a!) q_pe, Tensor(b!) k_pe, Tensor kv_c, "
-    "Tensor cos_sin_cache, bool is_neox, Tensor slot_mapping, Tensor(c!) kv_cache, "
-    "str kv_cache_dtype=\"auto\", Tensor? kv_cache_scale=None) -> ()",
-    _function("concat_and_cache_mla_rope_fused"), _mutates_only)
-"""Rotate `q_pe` and `k_pe` in place and write the MLA cache rows
-(see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""

@@ -1,6 +1,5 @@
-// The CPU kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache and fused_qk_norm_rope in
-// C++, against the
-// torch they are built for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py
+// The CPU kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache, fused_qk_norm_rope,
+// concat_and_cache_mla and concat_and_cache_mla_rope_fused in C++, against the torch they are built for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py
 // loads them).  torch's call of a kernel written in Python costs ~2.4 us however little it does; of
 // one in C++ ~1.7 us, which is most of a decode step's op.  The common calls go to _core's entries
 // (posenc_torch_kernel.h); every other call, and every error, to the op `_<name>_general`: the
@@ -116,6 +115,44 @@ void fused_qk_norm_rope(const at::Tensor& positions, at::Tensor& query, at::Tens
     general.call(positions, query, key, q_weight, k_weight, head_size, cos_sin_cache, is_neox, eps, weight_offset);
 }
 
+void concat_and_cache_mla(const at::Tensor& kv_c, const at::Tensor& k_pe, at::Tensor& kv_cache,
+                          const at::Tensor& slot_mapping, c10::string_view kv_cache_dtype,
+                          const std::optional<at::Tensor>& scale) {
+    posenc_tensor v[4];
+    if (entries != nullptr && kv_cache_dtype == "auto" && view(kv_c, false, &v[0]) && view(k_pe, false, &v[1])
+            && view(kv_cache, true, &v[2]) && view(slot_mapping, false, &v[3])
+            && entries->mla_to_cache(nullptr, nullptr, &v[1], &v[0], nullptr, 0, &v[3], &v[2])) {
+        count_writes({&kv_cache});
+        return;
+    }
+    static auto general = c10::Dispatcher::singleton()
+        .findSchemaOrThrow("posenc_fast::_concat_and_cache_mla_general", "")
+        .typed<void(const at::Tensor&, const at::Tensor&, at::Tensor&, const at::Tensor&, c10::string_view,
+                    const std::optional<at::Tensor>&)>();
+    general.call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale);
+}
+
+void concat_and_cache_mla_rope_fused(const at::Tensor& positions, at::Tensor& q_pe, at::Tensor& k_pe,
+                                     const at::Tensor& kv_c, const at::Tensor& cos_sin_cache, bool is_neox,
+                                     const at::Tensor& slot_mapping, at::Tensor& kv_cache,
+                                     c10::string_view kv_cache_dtype,
+                                     const std::optional<at::Tensor>& kv_cache_scale) {
+    posenc_tensor v[7];
+    if (entries != nullptr && kv_cache_dtype == "auto" && view(positions, false, &v[0]) && view(q_pe, true, &v[1])
+            && view(k_pe, true, &v[2]) && view(kv_c, false, &v[3]) && view(cos_sin_cache, false, &v[4])
+            && view(slot_mapping, false, &v[5]) && view(kv_cache, true, &v[6])
+            && entries->mla_to_cache(&v[0], &v[1], &v[2], &v[3], &v[4], is_neox, &v[5], &v[6])) {
+        count_writes({&q_pe, &k_pe, &kv_cache});
+        return;
+    }
+    static auto general = c10::Dispatcher::singleton()
+        .findSchemaOrThrow("posenc_fast::_concat_and_cache_mla_rope_fused_general", "")
+        .typed<void(const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                    const at::Tensor&, at::Tensor&, c10::string_view, const std::optional<at::Tensor>&)>();
+    general.call(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype,
+                 kv_cache_scale);
+}
+
 }  // namespace
 
 // _core's entries (torch_kernel_entry()); 0 where their version is not this file's (then every call
@@ -131,4 +168,6 @@ TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
     m.impl("rotary_embedding", &rotary_embedding);
     m.impl("apply_qk_to_cache", &apply_qk_to_cache);
     m.impl("fused_qk_norm_rope", &fused_qk_norm_rope);
+    m.impl("concat_and_cache_mla", &concat_and_cache_mla);
+    m.impl("concat_and_cache_mla_rope_fused", &concat_and_cache_mla_rope_fused);
 }

@@ -1,6 +1,6 @@
 /* What the compiled torch kernel (posenc_torch_kernel.cpp, built on the user's machine by
    `python -m posenc_fast build-torch-kernel`) and _core share: the C entries of vLLM's rotation,
-   KV-cache write and fused q/k norm, which _core lends it by address (torch_kernel_entry()).  Plain C: _core is
+   KV-cache write, fused q/k norm and MLA cache writes, which _core lends it by address (torch_kernel_entry()).  Plain C: _core is
    built without torch. */
 #ifndef POSENC_TORCH_KERNEL_H
 #define POSENC_TORCH_KERNEL_H
@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* Changes whenever posenc_tensor or the entries change. */
-#define POSENC_TORCH_ENTRY_VERSION 3
+#define POSENC_TORCH_ENTRY_VERSION 4
 
 /* A tensor's dtype: posenc_fast_dtype's float codes (posenc_fast.h), and int64 for positions. */
 enum {
@@ -58,10 +58,20 @@ typedef int (*posenc_norm_tokens_fn)(const posenc_tensor* positions, const posen
                                      const posenc_tensor* cos_sin_cache, int is_neox, double eps,
                                      double weight_offset);
 
+/* concat_and_cache_mla (positions, q_pe and cos_sin_cache NULL; is_neox unread) and
+   concat_and_cache_mla_rope_fused: each token's [kv_c | k_pe] written into its slot's row of kv_cache
+   (kv_cache_dtype "auto"), q_pe and k_pe first rotated in place by the token's row of the
+   [cos | sin] cache. */
+typedef int (*posenc_mla_to_cache_fn)(const posenc_tensor* positions, const posenc_tensor* q_pe,
+                                      const posenc_tensor* k_pe, const posenc_tensor* kv_c,
+                                      const posenc_tensor* cos_sin_cache, int is_neox,
+                                      const posenc_tensor* slot_mapping, const posenc_tensor* kv_cache);
+
 typedef struct {
     posenc_rotate_tokens_fn rotate_tokens;
     posenc_tokens_to_cache_fn tokens_to_cache;
     posenc_norm_tokens_fn norm_tokens;
+    posenc_mla_to_cache_fn mla_to_cache;
 } posenc_torch_entries;
 
 #endif
