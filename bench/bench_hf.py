@@ -9,7 +9,9 @@ Part 1 times the rotation alone for q (1, 32, 4096, 128) and k (1, 8, 4096,
 dim) views of (batch, seq, heads, dim) projections, then for one decode step
 (seq 1), where the per-call overhead shows; the one-token call again in
 float32 and bfloat16 beside the compiled call alone on NumPy views made once
-(``kernel``: what the drop-in's glue adds to); then the functions `install`
+(``kernel``: what the drop-in's glue adds to) and the ops a ``torch.compile``
+graph calls in its place (``op``: ``_hf_rotate_no_grad``, a graph needing no
+gradient; ``op, backward``: ``hf_rotate``); then the functions `install`
 puts in three other modules (Cohere's interleaved pairs, Qwen2-VL's mRoPE,
 DeepSeek-V3's MLA ``apply_rotary_pos_emb_interleave``) against their
 originals, on the same q/k views.  Part 2 times the forward
@@ -27,7 +29,7 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 import posenc_fast as pf
-from posenc_fast import _hf_drop_in, hf
+from posenc_fast import _hf_drop_in, hf, torch_ops  # noqa: F401  (torch_ops registers the ops)
 from posenc_fast._dispatch import kernels
 from posenc_fast._hf_functions import INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS
 from posenc_fast._bench.timing import measure, paired_ratio
@@ -72,6 +74,9 @@ def rotation(repeats: int) -> None:
                f"{layout}", timings, nbytes)
 
 
+LLAMA_OP = ("llama", "apply_rotary_pos_emb", 1, False)  # the ops' family, name, unsqueeze_dim, transpose
+
+
 def decode_step(repeats: int) -> None:
     """The one-token call (q (1,32,1,128) as Llama's transposed view), its glue against the kernel."""
     heads, kv_heads, dim = 32, 8, 128
@@ -91,6 +96,8 @@ def decode_step(repeats: int) -> None:
                 "posenc_fast": lambda: hf.apply_rotary_pos_emb(q, k, cos, sin),
                 "kernel": lambda: kernels.rotate_cos_sin_fast(tuple(views[:2]), *halves, "half", False,
                                                               (None, None)),
+                "op": lambda: torch.ops.posenc_fast._hf_rotate_no_grad([q, k], cos, sin, *LLAMA_OP),
+                "op, backward": lambda: torch.ops.posenc_fast.hf_rotate([q, k], cos, sin, *LLAMA_OP),
             }, rounds=repeats)
         print(f"apply_rotary_pos_emb, one token, q {tuple(q.shape)} k {tuple(k.shape)} {dtype}")
         for name, timing in timings.items():

@@ -11,8 +11,9 @@ every gradient, every updated parameter.  With inductor (its own C++ kernels
 for the rest of the model) the step is close, not bitwise (see
 `test_inductor_step_is_close_to_the_eager_one`).  DeepSeek-V4's function (the
 trailing features, one tensor) and the vision towers' compile to the op too,
-bitwise the eager drop-in (`test_the_new_kinds_compile_to_the_op`).  Skipped
-without torch and transformers.
+bitwise the eager drop-in (`test_the_new_kinds_compile_to_the_op`).  A graph
+needing no gradient calls the op's twin without a backward.  Skipped without
+torch and transformers.
 """
 
 import copy
@@ -45,9 +46,15 @@ def fresh(monkeypatch, tmp_path):
 @pytest.fixture
 def kernel_runs(monkeypatch):
     """The kernel's runs, when they happen (a compiled graph's, not its tracing): "forward" for a
-    rotation, "backward" for gradients rotated back."""
+    rotation (on NumPy views, or the common call's in C), "backward" for gradients rotated back."""
     runs = []
-    rotated, transposed = _drop_in._rotated, _drop_in._transposed
+    rotated, transposed, in_c = _drop_in._rotated, _drop_in._transposed, _drop_in._compiled_call
+
+    def forward_in_c(*args):
+        results = in_c(*args)
+        if results is not None:
+            runs.append("forward")
+        return results
 
     def forward(*args):
         runs.append("forward")
@@ -63,6 +70,7 @@ def kernel_runs(monkeypatch):
 
     monkeypatch.setattr(_drop_in, "_rotated", forward)
     monkeypatch.setattr(_drop_in, "_transposed", backward)
+    monkeypatch.setattr(_drop_in, "_compiled_call", forward_in_c)
     return runs
 
 
@@ -105,10 +113,31 @@ def _recording(backend, graphs):
     return compile_graph
 
 
-def _op_calls(graphs):
-    return sum(node.target is torch.ops.posenc_fast.hf_rotate.default
-               or node.target is torch.ops.posenc_fast.hf_rotate
+def _op_calls(graphs, op="hf_rotate"):
+    packet = getattr(torch.ops.posenc_fast, op)
+    return sum(node.target is packet.default or node.target is packet
                for gm in graphs for node in gm.graph.nodes if node.op == "call_function")
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_graph_needing_no_gradient_calls_the_op_without_one(grad, monkeypatch):
+    # torch's Python layer of an op's backward costs ~20 us a call even under no_grad: a graph whose
+    # inputs need no gradient holds _hf_rotate_no_grad (the same kernel), one that does hf_rotate;
+    # either op's kernel rotates the common call in C, as the eager drop-in does
+    q, k = (torch.randn(1, 1, n, 16).transpose(1, 2).requires_grad_(grad) for n in (4, 2))
+    angles = 7 * 500.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    cos, sin = (f(torch.cat((angles, angles)))[None, None].float() for f in (torch.cos, torch.sin))
+    want = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    graphs = []
+    compiled = torch.compile(hf.apply_rotary_pos_emb, fullgraph=True, backend=_recording("aot_eager", graphs))
+    monkeypatch.setattr(_drop_in, "_rotated", None)  # not the route on NumPy views
+    got = compiled(q, k, cos, sin)
+    assert (_op_calls(graphs), _op_calls(graphs, "_hf_rotate_no_grad")) == ((1, 0) if grad else (0, 1))
+    assert all(torch.equal(g, w) and g.stride() == w.stride() and g.requires_grad == grad
+               for g, w in zip(got, want))
+    if not grad:  # its fake's layout is its kernel's
+        torch.library.opcheck(torch.ops.posenc_fast._hf_rotate_no_grad,
+                              ([q, k], cos, sin, "llama", "apply_rotary_pos_emb", 1, False))
 
 
 def _graph_breaks():

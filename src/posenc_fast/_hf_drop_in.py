@@ -90,12 +90,15 @@ def _fell_back(torch, xs, reason):
 
 def _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim):
     """Under ``torch.compile``: ``torch.ops.posenc_fast.hf_rotate`` (`posenc_fast.torch_ops`), the
-    kernel as an op with its backward; it checks the cache's repeats when it runs."""
+    kernel as an op with its backward (where no input needs a gradient, its twin without one,
+    ``_hf_rotate_no_grad``); it checks the cache's repeats when it runs."""
     if not _fits(function, [x.shape for x in xs], cos.shape[-1]):
         return None  # the formula, which says what is wrong
     from . import torch_ops  # noqa: F401  (registers the op)
     family, name = _patched_as(function)
-    return tuple(torch.ops.posenc_fast.hf_rotate(list(xs), cos, sin, family, name, unsqueeze_dim, False))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, cos, sin))
+    op = torch.ops.posenc_fast.hf_rotate if grad else torch.ops.posenc_fast._hf_rotate_no_grad
+    return tuple(op(list(xs), cos, sin, family, name, unsqueeze_dim, False))
 
 
 def _patched_as(function):

@@ -200,29 +200,40 @@ def _hf_formula(drop_in, function, family, name):
     return formula
 
 
-def _hf_layout(function, x, transpose, dtype):
-    """An empty tensor of `dtype` laid out as posenc_fast.hf's result for `x`: in x's memory order where
-    its leading axes permuted are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous,
-    and so a gradient and a deinterleaving, prefix-token or pair-summing function's result."""
+def _hf_strides(function, x, transpose) -> list:
+    """The strides of posenc_fast.hf's result for `x`: x's memory order where its leading axes permuted
+    are contiguous (`_hf_drop_in._rotate_in_memory_order`), else contiguous, and so a gradient's and
+    a deinterleaving, prefix-token or pair-summing function's result."""
     axes = sorted(range(x.dim() - 1), key=lambda axis: -x.stride(axis)) + [x.dim() - 1]
     if (transpose or function.deinterleaves or function.prefix_tokens or function.sums_pairs or x.is_contiguous()
             or not x.permute(axes).is_contiguous()):
-        return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
-    inverse = sorted(range(x.dim()), key=axes.__getitem__)
-    return torch.empty_like(x.permute(axes), dtype=dtype, memory_format=torch.contiguous_format).permute(inverse)
+        axes = range(x.dim())
+    strides, step = [0] * x.dim(), 1
+    for axis in reversed(axes):  # as torch lays out a contiguous tensor: size-0 and size-1 axes step 1
+        strides[axis] = step
+        step = step * max(x.shape[axis], 1)
+    return strides
 
 
-def _in_layout(result, like):
-    # `result` with the strides `like` has (those of size-1 axes do not address memory: a view)
-    if result.stride() == like.stride():
+def _hf_layout(function, x, transpose, dtype):
+    """An empty tensor of `dtype` laid out as posenc_fast.hf's result for `x` (`_hf_strides`)."""
+    return torch.empty_strided(x.shape, _hf_strides(function, x, transpose), dtype=dtype, device=x.device)
+
+
+def _in_layout(result, strides):
+    # `result` with `strides` (those of size-1 axes do not address memory: a view)
+    if list(result.stride()) == strides:
         return result
-    if all(a == b or n == 1 for a, b, n in zip(result.stride(), like.stride(), like.shape)):
-        return result.as_strided(like.shape, like.stride())
-    return like.copy_(result)
+    if all(a == b or n == 1 for a, b, n in zip(result.stride(), strides, result.shape)):
+        return result.as_strided(result.shape, strides)
+    return torch.empty_strided(result.shape, strides, dtype=result.dtype).copy_(result)
 
 
 def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
     drop_in, function = _hf_function(family, name)
+    results = None if transpose else drop_in._compiled_call(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
+    if results is not None:  # the eager drop-ins' common call, checked and rotated in C: it takes
+        return list(results)  # contiguous data only, and its results are contiguous, as _hf_strides says
     if transpose:
         xs = [g.contiguous() for g in xs]
     with torch.no_grad():  # (called directly) data the kernel does not compute as the module does?
@@ -243,7 +254,7 @@ def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
         results = drop_in._transposed(torch, function, xs, arrays[-2:], unsqueeze_dim)
     else:
         results = drop_in._rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
-    return [_in_layout(r, _hf_layout(function, x, transpose, r.dtype)) for r, x in zip(results, xs)]
+    return [_in_layout(r, _hf_strides(function, x, transpose)) for r, x in zip(results, xs)]
 
 
 def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
@@ -269,8 +280,16 @@ tower's function: its own axis).  `transpose` rotates gradients back (its
 backward).  cos/sin whose entries do not repeat as the function expects, and
 data the kernel does not compute as the module does (called directly), take
 the module's own formula (and its backward), as the drop-in does.  cos/sin
-get no gradient.
+get no gradient.  Its kernel rotates the eager drop-in's common call in C
+(`posenc_fast._hf_drop_in.compiled`).
 """
+
+
+_hf_rotate_no_grad = _define(
+    "_hf_rotate_no_grad(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, SymInt unsqueeze_dim, "
+    "bool transpose) -> Tensor[]", _hf_rotate, _hf_rotate_fake)
+"""`hf_rotate` without its gradient, for a graph in which no input needs one: torch's Python layer of
+an op's backward (`torch.library.register_autograd`) costs ~20 us a call, even under ``no_grad``."""
 
 
 def _hf_rotate_context(ctx, inputs, output):
