@@ -121,7 +121,7 @@ def _op_calls(graphs, op="hf_rotate"):
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_a_graph_needing_no_gradient_calls_the_op_without_one(grad, monkeypatch):
-    # torch's Python layer of an op's backward costs ~20 us a call even under no_grad: a graph whose
+    # torch's Python layer of an op's backward costs ~10 us a call even under no_grad: a graph whose
     # inputs need no gradient holds _hf_rotate_no_grad (the same kernel), one that does hf_rotate;
     # either op's kernel rotates the common call in C, as the eager drop-in does
     q, k = (torch.randn(1, 1, n, 16).transpose(1, 2).requires_grad_(grad) for n in (4, 2))
