@@ -1,9 +1,10 @@
 // The CPU kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache, fused_qk_norm_rope,
-// concat_and_cache_mla and concat_and_cache_mla_rope_fused in C++, against the torch they are built for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py
-// loads them).  torch's call of a kernel written in Python costs ~2.4 us however little it does; of
-// one in C++ ~1.7 us, which is most of a decode step's op.  The common calls go to _core's entries
-// (posenc_torch_kernel.h); every other call, and every error, to the op `_<name>_general`: the
-// Python kernel, which raises what posenc_fast.vllm's function documents.
+// concat_and_cache_mla and concat_and_cache_mla_rope_fused in C++, against the torch they are built
+// for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py loads them).  torch's
+// call of a kernel written in Python costs ~2.4 us however little it does; of one in C++ ~1.7 us,
+// which is most of a decode step's op.  The common calls go to _core's entries (posenc_torch_kernel.h);
+// every other call, and every error, to the op `_<name>_general`: the Python kernel, which raises
+// what posenc_fast.vllm's function documents.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>

@@ -1,7 +1,7 @@
 /* What the compiled torch kernel (posenc_torch_kernel.cpp, built on the user's machine by
    `python -m posenc_fast build-torch-kernel`) and _core share: the C entries of vLLM's rotation,
-   KV-cache write, fused q/k norm and MLA cache writes, which _core lends it by address (torch_kernel_entry()).  Plain C: _core is
-   built without torch. */
+   KV-cache write, fused q/k norm and MLA cache writes, which _core lends it by address
+   (torch_kernel_entry()).  Plain C: _core is built without torch. */
 #ifndef POSENC_TORCH_KERNEL_H
 #define POSENC_TORCH_KERNEL_H
 
