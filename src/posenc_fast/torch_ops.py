@@ -211,7 +211,7 @@ def _hf_strides(function, x, transpose) -> list:
     strides, step = [0] * x.dim(), 1
     for axis in reversed(axes):  # as torch lays out a contiguous tensor: size-0 and size-1 axes step 1
         strides[axis] = step
-        step = step * max(x.shape[axis], 1)
+        step = step * torch.sym_max(x.shape[axis], 1)
     return strides
 
 
@@ -226,7 +226,7 @@ def _in_layout(result, strides):
         return result
     if all(a == b or n == 1 for a, b, n in zip(result.stride(), strides, result.shape)):
         return result.as_strided(result.shape, strides)
-    return torch.empty_strided(result.shape, strides, dtype=result.dtype).copy_(result)
+    return torch.empty_strided(result.shape, strides, dtype=result.dtype, device=result.device).copy_(result)
 
 
 def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
