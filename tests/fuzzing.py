@@ -24,6 +24,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from helpers import general_path_only
 from posenc_fast._tolerance import EPS64, RECURRENCE_ATOL
 
 EXAMPLES = int(os.environ.get("POSENC_FAST_FUZZ_EXAMPLES", "120"))
@@ -476,3 +477,25 @@ def dtype_ok(dtype) -> bool:
         return native(dtype) in FLOAT_DTYPES
     except TypeError:
         return False
+
+
+def agree(function, make_args):
+    """Call `function` on fresh arguments (``make_args()``: them, and the arrays it may write) with the
+    compiled fast paths on and off: the same outcome, both raising a TypeError or ValueError with
+    nothing written, or both writing the same bits."""
+    outcomes, written = [], []
+    for fast in (True, False):
+        args, outputs = make_args()
+        snapshot = Snapshot(list(args))
+        if fast:
+            outcome = call(function, *args)
+        else:
+            with general_path_only():
+                outcome = call(function, *args)
+        outcomes.append(outcome)
+        if outcome.error is not None:
+            assert not snapshot.changed(), f"a failing call ({outcome.error!r}) wrote an argument"
+        written.append([None if x is None else x.tobytes() for x in outputs])
+    fast, general = outcomes
+    assert type(fast.error) is type(general.error), (fast, general)
+    assert written[0] == written[1], "the compiled path wrote other bits than the general path"

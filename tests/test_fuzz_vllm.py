@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fuzzing import EXAMPLES, FUZZ, Snapshot, call, choose
-from helpers import general_path_only, server_qkv
+from fuzzing import EXAMPLES, FUZZ, agree, choose
+from helpers import server_qkv
 from posenc_fast import vllm
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -100,26 +100,6 @@ def build(c):
     return a
 
 
-def agree(function, c, make_args):
-    """Call `function` on fresh arguments with the fast paths on and off: the same outcome."""
-    outcomes, written = [], []
-    for fast in (True, False):
-        args, outputs = make_args(build(c))
-        snapshot = Snapshot(list(args))
-        if fast:
-            outcome = call(function, *args)
-        else:
-            with general_path_only():
-                outcome = call(function, *args)
-        outcomes.append(outcome)
-        if outcome.error is not None:
-            assert not snapshot.changed(), f"a failing call ({outcome.error!r}) wrote an argument"
-        written.append([None if x is None else x.tobytes() for x in outputs])
-    fast, general = outcomes
-    assert type(fast.error) is type(general.error), (fast, general)
-    assert written[0] == written[1], "the compiled path wrote other bits than the general path"
-
-
 # name: (call, the arrays of `build`) -> (the function's arguments, the arrays it may write)
 ARGUMENTS = {
     "rotary_embedding": lambda c, a: (
@@ -142,4 +122,4 @@ ARGUMENTS = {
 @given(data=st.data())
 def test_the_compiled_path_agrees_with_the_general_path(name, odd, data):
     c = data.draw(calls(odd))
-    agree(getattr(vllm, name), c, lambda a: ARGUMENTS[name](c, a))
+    agree(getattr(vllm, name), lambda: ARGUMENTS[name](c, build(c)))
