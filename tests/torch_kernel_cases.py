@@ -1,5 +1,5 @@
 """Cases of the C++ kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache,
-fused_qk_norm_rope and the MLA cache writes, in a process that loaded them.
+fused_qk_norm_rope, the MLA cache writes and hf_rotate, in a process that loaded them.
 
 Run by tests/test_torch_kernel.py with XDG_CACHE_HOME where it built the kernel (a kernel
 registered with torch stays for the process, so the other tests keep the Python one).  The
@@ -10,9 +10,10 @@ looks the `posenc_fast.vllm` function up at each call: counting those calls show
 import pytest
 import torch
 
+import hf_calls
 import posenc_fast.torch_ops as torch_ops
 from helpers import general_path_only
-from posenc_fast import vllm
+from posenc_fast import _hf_drop_in, hf, vllm
 
 OP = torch.ops.posenc_fast.rotary_embedding
 FUNCTION = vllm.rotary_embedding  # the expected results and errors, not counted
@@ -71,7 +72,7 @@ def tensors(dtype, tokens=5, heads=4, kv_heads=2, head_size=16, layout="2d", see
 
 
 @pytest.mark.parametrize("op", ["rotary_embedding", "apply_qk_to_cache", "fused_qk_norm_rope", "concat_and_cache_mla",
-                                "concat_and_cache_mla_rope_fused"])
+                                "concat_and_cache_mla_rope_fused", "hf_rotate", "_hf_rotate_no_grad"])
 def test_the_op_is_served_by_the_cpp_kernel(op):
     assert torch_ops.compiled_kernels is not None, torch_ops.kernel_reason
     assert "C++" in torch_ops.kernel_reason
@@ -392,3 +393,56 @@ def test_the_mla_ops_under_opcheck():
     call = mla_call(torch.bfloat16, torch.float32, False)
     torch.library.opcheck(MLA_OP, tuple(call.values()))
     torch.library.opcheck(MLA_WRITE_OP, (call["kv_c"], call["k_pe"], call["kv_cache"], call["slot_mapping"]))
+
+
+@pytest.fixture
+def python_hf_calls(monkeypatch):
+    """The calls that reached the hf ops' Python kernel."""
+    calls, python = [], torch_ops._hf_rotate
+    monkeypatch.setattr(torch_ops, "_hf_rotate", lambda *args: calls.append(args) or python(*args))
+    return calls
+
+
+def hf_call(family, dtype):
+    """An hf_rotate call of install's apply_rotary_pos_emb of `family` (q and k, or one tensor) as its
+    module makes it, and that function."""
+    function = hf._PATCHED["apply_rotary_pos_emb"][family]
+    case = hf_calls.cases(function)[0]
+    xs = hf_calls.data(case, dtype)[:1 if function.one_tensor else 2]
+    cos, sin = hf_calls.cache(function, case.lead, 8 if function.trailing else 16, dtype)
+    return [xs, cos, sin, family, "apply_rotary_pos_emb", case.unsqueeze_dim, False], function
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v4", "cohere"])  # half, interleaved trailing, pairs
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("name", ["hf_rotate", "_hf_rotate_no_grad"])
+def test_the_hf_kernel_rotates_as_the_python_one(python_hf_calls, family, dtype, name):
+    op = getattr(torch.ops.posenc_fast, name)
+    args, function = hf_call(family, dtype)
+    with general_path_only():  # the C++ entry and TensorRotation decline: the Python kernel's NumPy route
+        expected = op(*args)
+        assert len(python_hf_calls) == 1
+    op(*args)  # the first call names the function's rotation (by family and name) for the C++ kernel
+    python_hf_calls.clear()
+    with torch.no_grad():
+        got = op(*args)
+    rotation = _hf_drop_in.compiled(torch, function)
+    taken = rotation is not None and rotation(tuple(args[0]), *args[1:3], args[5]) is not None
+    # (DeepSeek-V4's float64 data: not the kernel's result, `_hf_drop_in._dtypes_fit`; Cohere's pairs cache is
+    # read by a strided [..., 0::2]: no TensorRotation)
+    assert taken == (family == "llama" or family == "deepseek_v4" and dtype != torch.float64)
+    assert len(python_hf_calls) == (0 if taken else 1)  # the C++ kernel took what the eager drop-in takes
+    assert all(torch.equal(g, e) and g.stride() == e.stride() and g.dtype == e.dtype for g, e in zip(got, expected))
+
+
+def test_what_the_hf_entry_declines_goes_to_the_python_kernel(python_hf_calls):
+    args, _ = hf_call("llama", torch.float32)
+    torch.ops.posenc_fast._hf_rotate_no_grad(*args)  # named
+    with general_path_only():
+        expected = torch.ops.posenc_fast._hf_rotate_no_grad(*args[:-1], True)
+    python_hf_calls.clear()
+    got = torch.ops.posenc_fast._hf_rotate_no_grad(*args[:-1], True)  # a gradient rotated back
+    assert len(python_hf_calls) == 1 and all(torch.equal(g, e) for g, e in zip(got, expected))
+    with pytest.raises(ValueError, match="patches no 'apply_rotary_pos_emb' of transformers.models.nothing"):
+        torch.ops.posenc_fast._hf_rotate_no_grad(*args[:3], "nothing", *args[4:])
+    torch.library.opcheck(torch.ops.posenc_fast._hf_rotate_no_grad, tuple(args))

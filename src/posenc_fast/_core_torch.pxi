@@ -340,7 +340,7 @@ cdef object _new_output(const Strided* like, char** data):
     return t
 
 
-cdef bint _contiguous(const Strided* v) noexcept:
+cdef bint _contiguous(const Strided* v) noexcept nogil:
     # v C-contiguous, its data aligned to its items (torch's own tensors always are; a view of a
     # buffer need not be).
     cdef Py_ssize_t itemsize = v.itemsize, step = itemsize
@@ -352,110 +352,6 @@ cdef bint _contiguous(const Strided* v) noexcept:
             return False
         step *= v.dims[k]
     return <Py_ssize_t>v.data % itemsize == 0
-
-
-cdef enum:
-    CACHE_HALVES, CACHE_HALF_WIDTH
-
-
-@cython.auto_pickle(False)
-cdef class TensorRotation:
-    """A transformers rotation function on CPU torch tensors, every check in C.
-
-    Built by posenc_fast.hf from a `RotaryFunction` (its layout, cache form
-    ``"halves"`` or ``"half_width"``, partial/trailing features, direction)
-    and `dtypes`, 64 bytes: entry
-    ``(q * 4 + k) * 4 + cache`` (kernel dtype indices; a one-tensor function's
-    ``k`` is ``q``) is nonzero where the function's result is the kernel's.
-    Called with ``(xs, cos, sin, unsqueeze_dim)`` it returns the rotated
-    tensors, new ones with xs's dtypes, or None, having written nothing, for
-    a call it does not take: the Python layer then decides (and raises).
-    """
-    cdef bytes dtypes
-    cdef int cache
-    cdef bint half, partial, trailing, inverse
-
-    def __init__(self, str layout, str cache, bint partial, bint trailing, bint inverse,
-                 bytes dtypes):
-        if len(dtypes) != POSENC_NUM_DTYPES ** 3:
-            raise ValueError(f"dtypes must hold {POSENC_NUM_DTYPES ** 3} bytes, got {len(dtypes)}")
-        if cache not in ("halves", "half_width"):
-            raise ValueError(f"cache must be 'halves' or 'half_width', got {cache!r}")
-        self.cache = CACHE_HALVES if cache == "halves" else CACHE_HALF_WIDTH
-        self.half, self.partial, self.trailing, self.inverse = layout == "half", partial, trailing, inverse
-        self.dtypes = dtypes
-
-    def __call__(self, tuple xs, cos, sin, unsqueeze_dim):
-        cdef Py_ssize_t n = len(xs), j, cnd, axis, k, width, dim, rotated, rows
-        cdef Strided v[4]  # the data (one or two), then cos and sin
-        cdef Strided* c = &v[2]
-        cdef Strided* s = &v[3]
-        cdef cnp.npy_intp dims[STRIDED_AXES]
-        cdef cnp.npy_intp cos_steps[STRIDED_AXES]
-        cdef cnp.npy_intp sin_steps[STRIDED_AXES]
-        cdef CacheWalk walks[2]
-        cdef CosSinTable cos_sin
-        cdef char* outs[2]
-        cdef int d[2]
-        cdef int table, typenum
-        cdef Py_ssize_t itemsize
-        cdef bint grad
-        if not _fast_paths_on or _Tensor is None or n < 1 or n > 2 or type(unsqueeze_dim) is not int:
-            return None
-        grad = _grad_enabled() is True
-        if not (_tensor_strided(cos, grad, True, c) and _tensor_strided(sin, grad, True, s)):
-            return None
-        typenum = c.type_num
-        itemsize = c.itemsize
-        table = posenc_dtype_index(typenum)
-        cnd = c.nd
-        if (s.descr != c.descr or s.nd != cnd or cnd < 1 or cnd + 1 > 32
-                or memcmp(s.dims, c.dims, cnd * sizeof(cnp.npy_intp))
-                or not -cnd - 1 <= unsqueeze_dim <= cnd):
-            return None
-        # cos and sin unsqueezed at unsqueeze_dim, one entry per pair (dims, steps)
-        axis = unsqueeze_dim + cnd + 1 if unsqueeze_dim < 0 else unsqueeze_dim
-        if axis == cnd:  # the heads axis last: cos's last axis is then no longer its pairs
-            return None
-        width = c.dims[cnd - 1]
-        if self.cache == CACHE_HALVES and width % 2:
-            return None
-        rows = _count(c) // width if width else 0  # cos's rows, and sin's (the same shape)
-        if self.cache == CACHE_HALVES and self.half and not (
-                _contiguous(c) and _contiguous(s) and _rows_repeat(c.data, rows, width, itemsize, False)
-                and _rows_repeat(s.data, rows, width, itemsize, False)):
-            return None  # halves that differ (the formula then rotates no pairs) or unread here
-        for k in range(cnd + 1):
-            j = k if k < axis else k - 1
-            dims[k] = 1 if k == axis else c.dims[j]
-            cos_steps[k] = 0 if k == axis else c.steps[j]
-            sin_steps[k] = 0 if k == axis else s.steps[j]
-        if self.cache == CACHE_HALVES:
-            dims[cnd] = width // 2
-        if (<Py_ssize_t>c.data % itemsize or <Py_ssize_t>s.data % itemsize
-                or dims[cnd] > 1 and (cos_steps[cnd] != itemsize or sin_steps[cnd] != itemsize)):
-            return None  # as _fast_cache takes a cache
-        rotated = 2 * dims[cnd]
-        for j in range(n):
-            if not _tensor_strided(xs[j], grad, True, &v[j]) or v[j].nd < 1 or not _contiguous(&v[j]):
-                return None
-            d[j] = posenc_dtype_index(v[j].type_num)
-            dim = v[0].dims[v[0].nd - 1]
-            if (v[j].dims[v[j].nd - 1] != dim or dim < 2 or dim % 2
-                    or not (rotated == dim or self.partial and 2 <= rotated <= dim)
-                    or K.rotate[d[j]][table][0] == NULL
-                    or not _walk_plan(v[j].nd, v[j].dims, cnd + 1, dims, cos_steps, sin_steps, itemsize,
-                                      &walks[j])):
-                return None
-        if not self.dtypes[((d[0] * POSENC_NUM_DTYPES + d[n - 1]) * POSENC_NUM_DTYPES) + table]:
-            return None
-        made = _new_output(&v[0], &outs[0])
-        other = _new_output(&v[1], &outs[1]) if n == 2 else None
-        for j in range(n):  # new outputs: nothing to overlap
-            cos_sin = _walk_table(c.data, s.data, &walks[j], itemsize, table)
-            _walk_rows(v[j].data, outs[j], d[j], v[j].itemsize, dim, &cos_sin, &walks[j],
-                       self.half, self.inverse, dim - rotated if self.trailing else 0)
-        return (made,) if n == 1 else (made, other)
 
 
 # The compiled torch kernel's entry (torch_kernel/posenc_torch_kernel.h): vLLM's rotation on the
@@ -484,11 +380,16 @@ cdef extern from "torch_kernel/posenc_torch_kernel.h" nogil:  # beside _core.c
     ctypedef int (*posenc_mla_to_cache_fn)(const posenc_tensor*, const posenc_tensor*, const posenc_tensor*,
                                            const posenc_tensor*, const posenc_tensor*, int, const posenc_tensor*,
                                            const posenc_tensor*) noexcept nogil
+    ctypedef void* (*posenc_allocate_fn)(void*, int) noexcept nogil
+    ctypedef int (*posenc_hf_rotate_fn)(const char*, int64_t, const char*, int64_t, const posenc_tensor*, int,
+                                        const posenc_tensor*, const posenc_tensor*, int64_t, posenc_allocate_fn,
+                                        void*) noexcept nogil
     ctypedef struct posenc_torch_entries:
         posenc_rotate_tokens_fn rotate_tokens
         posenc_tokens_to_cache_fn tokens_to_cache
         posenc_norm_tokens_fn norm_tokens
         posenc_mla_to_cache_fn mla_to_cache
+        posenc_hf_rotate_fn hf_rotate
 
 cdef extern from "posenc_kernels.h" nogil:
     int posenc_bf16_typenum
@@ -600,12 +501,3 @@ cdef int _torch_mla_to_cache(const posenc_tensor* positions, const posenc_tensor
                        and _tensor_view(cos_sin_cache, &v[2]) and _tensor_view(positions, &v[3])):
         return 0
     return _mla_to_cache(v, rotate, is_neox != 0)
-
-
-cdef posenc_torch_entries _TORCH_ENTRIES = posenc_torch_entries(_torch_rotate_tokens, _torch_tokens_to_cache,
-                                                                _torch_norm_tokens, _torch_mla_to_cache)
-
-
-def torch_kernel_entry():
-    """(address, version) of the compiled torch kernel's entries (posenc_torch_kernel.h)."""
-    return <Py_ssize_t><void*>&_TORCH_ENTRIES, POSENC_TORCH_ENTRY_VERSION

@@ -30,7 +30,7 @@ cdef bint _plan_walk(cnp.ndarray x, cnp.ndarray cos_cache, cnp.ndarray sin_cache
 
 cdef bint _walk_plan(int xnd, const cnp.npy_intp* xshape, int cnd, const cnp.npy_intp* cshape,
                      const cnp.npy_intp* cos_steps, const cnp.npy_intp* sin_steps, Py_ssize_t itemsize,
-                     CacheWalk* walk) noexcept:
+                     CacheWalk* walk) noexcept nogil:
     # _plan_walk of shapes and byte steps (cos and sin of one shape and itemsize).
     cdef int k, j
     cdef Py_ssize_t cs, ss
@@ -170,12 +170,16 @@ cdef void _run_walk(cnp.ndarray x, cnp.ndarray out, cnp.ndarray cos_cache, cnp.n
     # (dtypes the callers checked)
     cdef CosSinTable table = _walk_table(_data(cos_cache), _data(sin_cache), walk, cnp.PyArray_ITEMSIZE(cos_cache),
                                          posenc_dtype_index(cnp.PyArray_TYPE(cos_cache)))
-    _walk_rows(_data(x), _data(out), posenc_dtype_index(cnp.PyArray_TYPE(x)), cnp.PyArray_ITEMSIZE(x),
-               cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1], &table, walk, half, inverse, start)
+    cdef int d = posenc_dtype_index(cnp.PyArray_TYPE(x))
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(x), dim = cnp.PyArray_DIMS(x)[cnp.PyArray_NDIM(x) - 1]
+    cdef const char* data = _data(x)
+    cdef char* into = _data(out)
+    with nogil:
+        _walk_rows(data, into, d, itemsize, dim, &table, walk, half, inverse, start)
 
 
 cdef inline CosSinTable _walk_table(const char* c, const char* s, const CacheWalk* walk, Py_ssize_t itemsize,
-                                    int dtype) noexcept:
+                                    int dtype) noexcept nogil:
     # A caller's cos/sin as the table the walk reads: its rows lie where the walk's per-axis steps
     # say (no row strides of its own).
     return CosSinTable(c, s, 0, 0, walk.npairs, itemsize, dtype)
@@ -183,7 +187,7 @@ cdef inline CosSinTable _walk_table(const char* c, const char* s, const CacheWal
 
 cdef void _walk_rows(const char* x, char* out, int d, Py_ssize_t itemsize, Py_ssize_t dim,
                      const CosSinTable* table, const CacheWalk* walk, bint half, bint inverse,
-                     Py_ssize_t start) noexcept:
+                     Py_ssize_t start) noexcept nogil:
     # x's walk.rows rows of dim items (C-contiguous, dtype index d) rotated into out by `table`.
     cdef Py_ssize_t nbytes = walk.rows * dim * itemsize
     cdef RowCall call = _row_call(d, table.dtype, itemsize, table.itemsize, walk.npairs, dim, half, inverse,
@@ -191,8 +195,7 @@ cdef void _walk_rows(const char* x, char* out, int d, Py_ssize_t itemsize, Py_ss
     cdef int threads = _threads_for(walk.rows * dim)
     if walk.rows == 0 or dim == 0:
         return
-    with nogil:
-        _rotate_walk(x, out, table, walk, &call, threads)
+    _rotate_walk(x, out, table, walk, &call, threads)
 
 
 cdef inline bint _fast_cache(object a):
@@ -290,7 +293,7 @@ cdef int _entries_repeat(object cache, bint pairs):
 
 
 cdef bint _rows_repeat(const char* row, Py_ssize_t rows, Py_ssize_t width, Py_ssize_t itemsize,
-                       bint pairs) noexcept:
+                       bint pairs) noexcept nogil:
     # Whether each of `rows` consecutive rows of `width` items repeats (see entries_repeat).
     cdef Py_ssize_t r, i
     for r in range(rows):

@@ -1,12 +1,12 @@
-"""The C++ kernels of the in-place torch ops: built on this machine, loaded by `torch_ops`.
+"""The C++ kernels of the in-place torch ops and of hf_rotate: built on this machine, loaded by `torch_ops`.
 
 torch calls an op's kernel written in Python for ~2.4 us however little it
 does, one written in C++ for ~1.7 us; a decode step's rotation takes 6-7 us
 (bench/README.md).  ``torch_kernel/posenc_torch_kernel.cpp`` holds the CPU
 kernels of ``torch.ops.posenc_fast.rotary_embedding``,
-``apply_qk_to_cache``, ``fused_qk_norm_rope``, ``concat_and_cache_mla``
-and ``concat_and_cache_mla_rope_fused`` (the per-token ops of a decode
-step), compiled against
+``apply_qk_to_cache``, ``fused_qk_norm_rope``, ``concat_and_cache_mla``,
+``concat_and_cache_mla_rope_fused``, ``hf_rotate`` and ``_hf_rotate_no_grad``
+(the per-token ops of a decode step), compiled against
 the torch installed here, so built here: ``python -m posenc_fast
 build-torch-kernel`` (a C++ compiler, a few seconds) writes them to
 `cache_folder`, under a name keyed by their source, torch's version and the

@@ -46,8 +46,8 @@ implementation that tells the compiler the result's shapes without running
 it.  (``torch.library.custom_op`` wraps its kernel in Python layers that
 cost ~35 us a call: a decode step's op took 49-59 us against 18-20 us so,
 the function alone 15 us.)  The in-place ops (``rotary_embedding``,
-``apply_qk_to_cache``, ``fused_qk_norm_rope``, the MLA cache writes), a
-decode step's per-token ops, take C++ kernels instead where
+``apply_qk_to_cache``, ``fused_qk_norm_rope``, the MLA cache writes) and
+``hf_rotate``, a decode step's per-token ops, take C++ kernels instead where
 ``python -m posenc_fast build-torch-kernel`` built them for this torch
 (`posenc_fast._torch_kernel`; `kernel_reason` says which serve them): torch
 calls a C++ kernel for ~0.7 us less.
@@ -69,6 +69,7 @@ except ImportError:
     raise ImportError("posenc_fast.torch_ops needs torch: pip install torch") from None
 
 from . import _torch_kernel, vllm
+from ._dispatch import kernels as _kernels
 
 __all__ = ["apply_qk_to_cache", "apply_rotary", "concat_and_cache_mla", "concat_and_cache_mla_rope_fused",
            "fused_qk_norm_rope", "hf_rotate", "rotary_embedding"]
@@ -165,6 +166,9 @@ def _apply_rotary_backward(ctx, grad):
 torch.library.register_autograd("posenc_fast::apply_rotary", _apply_rotary_backward,
                                 setup_context=_apply_rotary_context, lib=_LIBRARY)
 
+_NAMED = set()  # the (family, name) pairs named for the C++ kernel of hf_rotate (or with no rotation to name)
+
+
 def _hf_function(family, name):
     from . import _hf_drop_in
     function = _hf_drop_in._PATCHED.get(name, {}).get(family)
@@ -231,6 +235,10 @@ def _in_layout(result, strides):
 
 def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
     drop_in, function = _hf_function(family, name)
+    if compiled_kernels is not None and (family, name) not in _NAMED:  # for the C++ kernel's next calls
+        rotation = drop_in.compiled(torch, function)
+        if rotation is None or _kernels.register_hf_rotation(family, name, rotation):
+            _NAMED.add((family, name))
     results = None if transpose else drop_in._compiled_call(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
     if results is not None:  # the eager drop-ins' common call, checked and rotated in C: it takes
         return list(results)  # contiguous data only, and its results are contiguous, as _hf_strides says
@@ -268,9 +276,9 @@ def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
     return [_hf_layout(function, x, transpose, dtype) for x, dtype in zip(xs, dtypes)]
 
 
-hf_rotate = _define(
-    "hf_rotate(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, SymInt unsqueeze_dim, "
-    "bool transpose) -> Tensor[]", _hf_rotate, _hf_rotate_fake)
+_HF_ARGUMENTS = ("(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, SymInt unsqueeze_dim, "
+                 "bool transpose) -> Tensor[]")
+hf_rotate = _define("hf_rotate" + _HF_ARGUMENTS, None, _hf_rotate_fake)
 """What `posenc_fast.hf`'s replacement of ``transformers.models.<family>``'s function `name`
 returns for `xs` (q and k, or one tensor), with a gradient: the drop-ins under ``torch.compile``.
 
@@ -281,13 +289,12 @@ backward).  cos/sin whose entries do not repeat as the function expects, and
 data the kernel does not compute as the module does (called directly), take
 the module's own formula (and its backward), as the drop-in does.  cos/sin
 get no gradient.  Its kernel rotates the eager drop-in's common call in C
-(`posenc_fast._hf_drop_in.compiled`).
+(`posenc_fast._hf_drop_in.compiled`; the C++ kernel, where built, by the
+rotation the Python kernel named for (family, name) on its first call).
 """
 
 
-_hf_rotate_no_grad = _define(
-    "_hf_rotate_no_grad(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, SymInt unsqueeze_dim, "
-    "bool transpose) -> Tensor[]", _hf_rotate, _hf_rotate_fake)
+_hf_rotate_no_grad = _define("_hf_rotate_no_grad" + _HF_ARGUMENTS, None, _hf_rotate_fake)
 """`hf_rotate` without its gradient, for a graph in which no input needs one: torch's Python layer of
 an op's backward (`torch.library.register_autograd`) costs ~10 us a call, even under ``no_grad``."""
 
@@ -334,12 +341,18 @@ concat_and_cache_mla_rope_fused = _define("concat_and_cache_mla_rope_fused" + _M
 (see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""
 
 compiled_kernels, kernel_reason = _torch_kernel.load(torch)
-"""The C++ kernels of the in-place ops loaded (`posenc_fast._torch_kernel`): their library's path, or
-None; and which kernels serve those ops, and why."""
-for _name, _arguments in (("rotary_embedding", _ROTARY_ARGUMENTS), ("apply_qk_to_cache", _CACHE_ARGUMENTS),
-                          ("fused_qk_norm_rope", _NORM_ARGUMENTS), ("concat_and_cache_mla", _MLA_ARGUMENTS),
-                          ("concat_and_cache_mla_rope_fused", _MLA_FUSED_ARGUMENTS)):
+"""The C++ kernels of the in-place ops and of `hf_rotate` loaded (`posenc_fast._torch_kernel`): their
+library's path, or None; and which kernels serve those ops, and why."""
+for _name, _arguments, _kernel, _fake in (
+        ("rotary_embedding", _ROTARY_ARGUMENTS, _function("rotary_embedding"), _mutates_only),
+        ("apply_qk_to_cache", _CACHE_ARGUMENTS, _function("apply_qk_to_cache"), _mutates_only),
+        ("fused_qk_norm_rope", _NORM_ARGUMENTS, _function("fused_qk_norm_rope"), _mutates_only),
+        ("concat_and_cache_mla", _MLA_ARGUMENTS, _function("concat_and_cache_mla"), _mutates_only),
+        ("concat_and_cache_mla_rope_fused", _MLA_FUSED_ARGUMENTS, _function("concat_and_cache_mla_rope_fused"),
+         _mutates_only),
+        ("hf_rotate", _HF_ARGUMENTS, lambda *args: _hf_rotate(*args), _hf_rotate_fake),
+        ("_hf_rotate_no_grad", _HF_ARGUMENTS, lambda *args: _hf_rotate(*args), _hf_rotate_fake)):
     if compiled_kernels is None:
-        _LIBRARY.impl(_name, _function(_name), "CPU")
+        _LIBRARY.impl(_name, _kernel, "CPU")
     else:  # the calls a C++ kernel does not take itself go to the Python one, as this op
-        _define(f"_{_name}_general" + _arguments, _function(_name), _mutates_only)
+        _define(f"_{_name}_general" + _arguments, _kernel, _fake)

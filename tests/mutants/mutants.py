@@ -366,6 +366,13 @@ MUTANTS = [
     Mutant("the hf_rotate ops' kernel never rotates in C", "integrations", PKG + "torch_ops.py",
            "    results = None if transpose else drop_in._compiled_call(", "    results = None if True else drop_in._compiled_call(",
            ("tests/test_hf_compile.py", "-k", "no_gradient")),
+    Mutant("the hf_rotate entry finds a rotation by its name alone", "integrations", PKG + "_core_hf.pxi",
+           "        if (memcmp(_named[i].family, family, family_len) == 0 and _named[i].family[family_len] == 0\n"
+           "                and memcmp(", "        if (True\n                and memcmp(",
+           ("tests/test_torch_kernel.py", "-k", "cases")),
+    Mutant("the torch hf_rotate kernel rotates gradients forward", "integrations",
+           PKG + "torch_kernel/posenc_torch_kernel.cpp", "    if (entries != nullptr && !transpose && dim",
+           "    if (entries != nullptr && dim", ("tests/test_torch_kernel.py", "-k", "cases")),
     Mutant("the torch MLA kernel leaves k_pe's version uncounted", "integrations",
            PKG + "torch_kernel/posenc_torch_kernel.cpp",
            "        count_writes({&q_pe, &k_pe, &kv_cache});", "        count_writes({&q_pe, &kv_cache});",

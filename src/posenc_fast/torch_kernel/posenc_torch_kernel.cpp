@@ -1,17 +1,19 @@
 // The CPU kernels of torch.ops.posenc_fast.rotary_embedding, apply_qk_to_cache, fused_qk_norm_rope,
-// concat_and_cache_mla and concat_and_cache_mla_rope_fused in C++, against the torch they are built
-// for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py loads them).  torch's
+// concat_and_cache_mla, concat_and_cache_mla_rope_fused, hf_rotate and _hf_rotate_no_grad in C++,
+// against the torch they are built for (`python -m posenc_fast build-torch-kernel`; posenc_fast/_torch_kernel.py loads them).  torch's
 // call of a kernel written in Python costs ~2.4 us however little it does; of one in C++ ~1.7 us,
 // which is most of a decode step's op.  The common calls go to _core's entries (posenc_torch_kernel.h);
 // every other call, and every error, to the op `_<name>_general`: the Python kernel, which raises
 // what posenc_fast.vllm's function documents.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "posenc_torch_kernel.h"
 
@@ -154,6 +156,57 @@ void concat_and_cache_mla_rope_fused(const at::Tensor& positions, at::Tensor& q_
                  kv_cache_scale);
 }
 
+// The outputs of an hf rotation, made when the entry asks for them (posenc_allocate_fn).
+struct Outputs {
+    at::TensorList xs;
+    std::vector<at::Tensor> made;
+};
+
+void* allocate(void* context, int j) {
+    auto* outputs = static_cast<Outputs*>(context);
+    try {
+        outputs->made.push_back(at::empty(outputs->xs[j].sizes(), outputs->xs[j].options()));
+        return outputs->made.back().data_ptr();
+    } catch (...) {  // no exception crosses _core's C: the entry writes nothing, the general op raises
+        return nullptr;
+    }
+}
+
+// hf_rotate's and _hf_rotate_no_grad's kernel (the same op, `op` names which).
+std::vector<at::Tensor> hf_rotate_as(const char* op, at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin,
+                                     c10::string_view family, c10::string_view name, c10::SymInt unsqueeze_dim,
+                                     bool transpose) {
+    posenc_tensor v[4];  // the data (one or two), cos, sin
+    auto dim = unsqueeze_dim.maybe_as_int();
+    size_t n = xs.size();
+    if (entries != nullptr && !transpose && dim && (n == 1 || n == 2) && view(cos, false, &v[2])
+            && view(sin, false, &v[3]) && view(xs[0], false, &v[0]) && (n == 1 || view(xs[1], false, &v[1]))) {
+        Outputs outputs{xs, {}};
+        if (entries->hf_rotate(family.data(), static_cast<int64_t>(family.size()), name.data(),
+                               static_cast<int64_t>(name.size()), v, static_cast<int>(n), &v[2], &v[3], *dim,
+                               allocate, &outputs))
+            return outputs.made;
+    }
+    auto general = c10::Dispatcher::singleton()
+        .findSchemaOrThrow(op, "")
+        .typed<std::vector<at::Tensor>(at::TensorList, const at::Tensor&, const at::Tensor&, c10::string_view,
+                                       c10::string_view, c10::SymInt, bool)>();
+    return general.call(xs, cos, sin, family, name, unsqueeze_dim, transpose);
+}
+
+std::vector<at::Tensor> hf_rotate(at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin,
+                                  c10::string_view family, c10::string_view name, c10::SymInt unsqueeze_dim,
+                                  bool transpose) {
+    return hf_rotate_as("posenc_fast::_hf_rotate_general", xs, cos, sin, family, name, unsqueeze_dim, transpose);
+}
+
+std::vector<at::Tensor> hf_rotate_no_grad(at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin,
+                                          c10::string_view family, c10::string_view name,
+                                          c10::SymInt unsqueeze_dim, bool transpose) {
+    return hf_rotate_as("posenc_fast::__hf_rotate_no_grad_general", xs, cos, sin, family, name, unsqueeze_dim,
+                        transpose);
+}
+
 }  // namespace
 
 // _core's entries (torch_kernel_entry()); 0 where their version is not this file's (then every call
@@ -171,4 +224,6 @@ TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
     m.impl("fused_qk_norm_rope", &fused_qk_norm_rope);
     m.impl("concat_and_cache_mla", &concat_and_cache_mla);
     m.impl("concat_and_cache_mla_rope_fused", &concat_and_cache_mla_rope_fused);
+    m.impl("hf_rotate", &hf_rotate);
+    m.impl("_hf_rotate_no_grad", &hf_rotate_no_grad);
 }

@@ -1,14 +1,14 @@
 /* What the compiled torch kernel (posenc_torch_kernel.cpp, built on the user's machine by
    `python -m posenc_fast build-torch-kernel`) and _core share: the C entries of vLLM's rotation,
-   KV-cache write, fused q/k norm and MLA cache writes, which _core lends it by address
-   (torch_kernel_entry()).  Plain C: _core is built without torch. */
+   KV-cache write, fused q/k norm and MLA cache writes, and of posenc_fast.hf's rotation, which _core
+   lends it by address (torch_kernel_entry()).  Plain C: _core is built without torch. */
 #ifndef POSENC_TORCH_KERNEL_H
 #define POSENC_TORCH_KERNEL_H
 
 #include <stdint.h>
 
 /* Changes whenever posenc_tensor or the entries change. */
-#define POSENC_TORCH_ENTRY_VERSION 4
+#define POSENC_TORCH_ENTRY_VERSION 5
 
 /* A tensor's dtype: posenc_fast_dtype's float codes (posenc_fast.h), and int64 for positions. */
 enum {
@@ -67,11 +67,25 @@ typedef int (*posenc_mla_to_cache_fn)(const posenc_tensor* positions, const pose
                                       const posenc_tensor* cos_sin_cache, int is_neox,
                                       const posenc_tensor* slot_mapping, const posenc_tensor* kv_cache);
 
+/* The data of a call's output j (C-contiguous, of xs[j]'s shape and dtype), made by the caller once
+   every check passed; NULL: none (the entry then writes nothing and returns 0). */
+typedef void* (*posenc_allocate_fn)(void* context, int j);
+
+/* hf_rotate and _hf_rotate_no_grad (transpose false): what posenc_fast.hf's replacement of
+   transformers.models.<family>'s function `name` returns for xs (q and k, or one tensor; n of them),
+   into outputs from `allocate`, where posenc_fast named a rotation so (the ops' Python kernel names
+   it on its first call). */
+typedef int (*posenc_hf_rotate_fn)(const char* family, int64_t family_len, const char* name, int64_t name_len,
+                                   const posenc_tensor* xs, int n, const posenc_tensor* cos,
+                                   const posenc_tensor* sin, int64_t unsqueeze_dim, posenc_allocate_fn allocate,
+                                   void* context);
+
 typedef struct {
     posenc_rotate_tokens_fn rotate_tokens;
     posenc_tokens_to_cache_fn tokens_to_cache;
     posenc_norm_tokens_fn norm_tokens;
     posenc_mla_to_cache_fn mla_to_cache;
+    posenc_hf_rotate_fn hf_rotate;
 } posenc_torch_entries;
 
 #endif
