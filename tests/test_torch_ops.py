@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import general_path_only
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,8 @@ def test_compiled_fullgraph_gives_the_eager_result(torch, monkeypatch, tmp_path)
     expected = attention_inputs(positions, hidden, w_q, w_k, cache)
     compiled = torch.compile(attention_inputs, fullgraph=True)
     calls.clear()
-    got = compiled(positions, hidden, w_q, w_k, cache)
+    with general_path_only():  # a C++ kernel of the op (where one was built) hands the call to the function
+        got = compiled(positions, hidden, w_q, w_k, cache)
     assert calls, "the compiled graph did not run posenc_fast's kernel"
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
