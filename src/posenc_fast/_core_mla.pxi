@@ -8,13 +8,10 @@
 cdef bint _parts_apart(const Strided* a, const Strided* b, Py_ssize_t tokens) noexcept nogil:
     # Two (tokens, n) views of unit item stride and non-negative token strides apart: exact for kv_c
     # and k_pe as the two parts of one (tokens, kv_lora_rank + pe_dim) projection (_rows_disjoint).
+    cdef Py_ssize_t a_row = a.dims[1] * _itemsize(a), b_row = b.dims[1] * _itemsize(b)
     cdef TokenRows rows[2]
-    cdef int j
-    for j in range(2):
-        rows[j].data = (a if j == 0 else b).data
-        rows[j].token_stride = (a if j == 0 else b).steps[0]
-        rows[j].heads = 1
-        rows[j].extent = rows[j].head_stride = (a if j == 0 else b).dims[1] * _itemsize(a)
+    rows[0] = TokenRows(a.data, a.steps[0], a_row, 1, a_row)  # one head a token
+    rows[1] = TokenRows(b.data, b.steps[0], b_row, 1, b_row)
     return _rows_disjoint(&rows[0], &rows[1], tokens)
 
 

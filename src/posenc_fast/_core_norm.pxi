@@ -236,10 +236,16 @@ cdef object _strided_factors(const Strided* w, Py_ssize_t dim, double offset):
     return factors
 
 
+cdef inline bint _norm_values_fit(double eps, double offset) noexcept nogil:
+    # eps finite and >= 0, weight_offset finite: the values the fast paths take (the compiled torch
+    # kernel's entries receive them as doubles).
+    return isfinite(eps) and eps >= 0 and isfinite(offset)
+
+
 cdef bint _norm_args_fit(object eps, object weight_offset, double* e, double* offset):
-    # eps (a finite real >= 0) and weight_offset (a finite real) as the fast paths take them: their values
+    # eps and weight_offset as the fast paths take them (Python reals of _norm_values_fit): their values
     # into e and offset.  Calls without weights check them too (the general paths raise on others).
-    return _finite_real(eps, e) and e[0] >= 0 and _finite_real(weight_offset, offset)
+    return _finite_real(eps, e) and _finite_real(weight_offset, offset) and _norm_values_fit(e[0], offset[0])
 
 
 cdef tuple _fast_norm_weights(object q_weight, object k_weight, object eps, object weight_offset,

@@ -447,7 +447,7 @@ cdef int _torch_tokens_to_cache(const posenc_tensor* positions, const posenc_ten
     cdef const posenc_tensor* given[8]
     given[:] = [query, key, cos_sin_cache, positions, value, slot_mapping, key_cache, value_cache]
     if (not _fast_paths_on or head_size < 1 or (q_weight == NULL) != (k_weight == NULL)
-            or not (isfinite(eps) and eps >= 0 and isfinite(weight_offset))):
+            or not _norm_values_fit(eps, weight_offset)):
         return 0
     for j in range(8):
         if not _tensor_view(given[j], &v[j]):
@@ -476,7 +476,7 @@ cdef int _torch_norm_tokens(const posenc_tensor* positions, const posenc_tensor*
     # arrays it makes under the GIL (all before its first write: a failure there writes nothing).
     cdef Strided v[4]  # as fused_qk_norm_rope_fast's
     cdef Strided w[2]
-    if not (_fast_paths_on and head_size >= 1 and isfinite(eps) and eps >= 0 and isfinite(weight_offset)
+    if not (_fast_paths_on and head_size >= 1 and _norm_values_fit(eps, weight_offset)
             and _tensor_view(query, &v[0]) and _tensor_view(key, &v[1]) and _tensor_view(cos_sin_cache, &v[2])
             and _tensor_view(positions, &v[3]) and _tensor_view(q_weight, &w[0])
             and _tensor_view(k_weight, &w[1]) and _positions_apart(v, True)):

@@ -172,10 +172,18 @@ void* allocate(void* context, int j) {
     }
 }
 
-// hf_rotate's and _hf_rotate_no_grad's kernel (the same op, `op` names which).
-std::vector<at::Tensor> hf_rotate_as(const char* op, at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin,
-                                     c10::string_view family, c10::string_view name, c10::SymInt unsqueeze_dim,
-                                     bool transpose) {
+using HfSignature = std::vector<at::Tensor>(at::TensorList, const at::Tensor&, const at::Tensor&, c10::string_view,
+                                             c10::string_view, c10::SymInt, bool);
+using HfGeneral = c10::TypedOperatorHandle<HfSignature>;
+
+HfGeneral hf_general(const char* op) {
+    return c10::Dispatcher::singleton().findSchemaOrThrow(op, "").typed<HfSignature>();
+}
+
+// hf_rotate's and _hf_rotate_no_grad's kernel (the same op; `general`, its Python kernel's op).
+std::vector<at::Tensor> hf_rotate_as(const HfGeneral& general, at::TensorList xs, const at::Tensor& cos,
+                                     const at::Tensor& sin, c10::string_view family, c10::string_view name,
+                                     c10::SymInt unsqueeze_dim, bool transpose) {
     posenc_tensor v[4];  // the data (one or two), cos, sin
     auto dim = unsqueeze_dim.maybe_as_int();
     size_t n = xs.size();
@@ -187,24 +195,21 @@ std::vector<at::Tensor> hf_rotate_as(const char* op, at::TensorList xs, const at
                                allocate, &outputs))
             return outputs.made;
     }
-    auto general = c10::Dispatcher::singleton()
-        .findSchemaOrThrow(op, "")
-        .typed<std::vector<at::Tensor>(at::TensorList, const at::Tensor&, const at::Tensor&, c10::string_view,
-                                       c10::string_view, c10::SymInt, bool)>();
     return general.call(xs, cos, sin, family, name, unsqueeze_dim, transpose);
 }
 
 std::vector<at::Tensor> hf_rotate(at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin,
                                   c10::string_view family, c10::string_view name, c10::SymInt unsqueeze_dim,
                                   bool transpose) {
-    return hf_rotate_as("posenc_fast::_hf_rotate_general", xs, cos, sin, family, name, unsqueeze_dim, transpose);
+    static const auto general = hf_general("posenc_fast::_hf_rotate_general");
+    return hf_rotate_as(general, xs, cos, sin, family, name, unsqueeze_dim, transpose);
 }
 
 std::vector<at::Tensor> hf_rotate_no_grad(at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin,
                                           c10::string_view family, c10::string_view name,
                                           c10::SymInt unsqueeze_dim, bool transpose) {
-    return hf_rotate_as("posenc_fast::__hf_rotate_no_grad_general", xs, cos, sin, family, name, unsqueeze_dim,
-                        transpose);
+    static const auto general = hf_general("posenc_fast::__hf_rotate_no_grad_general");
+    return hf_rotate_as(general, xs, cos, sin, family, name, unsqueeze_dim, transpose);
 }
 
 }  // namespace
