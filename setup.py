@@ -4,8 +4,8 @@ Metadata lives in pyproject.toml; this file only lists the extensions and
 their flags.
 
 * Every ``src/posenc_fast/*.pyx`` becomes an extension module.
-* ``csrc/posenc_kernels.h``, ``posenc_vectors.h``, ``posenc_position.h`` and
-  ``posenc_tables.h`` are generated from their Tempita templates over the
+* ``csrc/posenc_kernels.h``, ``posenc_vectors.h``, ``posenc_position.h``,
+  ``posenc_norm.h`` and ``posenc_tables.h`` are generated from their Tempita templates over the
   dtypes of ``csrc/kernel_types.py`` (the row kernels of every dtype and the
   table of function pointers to them), and ``_kernel_table.pxd`` (_core's
   declarations of that table) from its template over the same names, before
