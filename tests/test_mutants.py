@@ -1,4 +1,4 @@
-"""The mutant list (tests/mutants/mutants.py) stays applicable: each text it replaces is in its file once.
+"""The mutant lists (gathered by tests/mutants/mutants.py) stay applicable: each text it replaces is in its file once.
 
 The runner itself takes minutes (opt-in); this keeps the list from going stale
 between its runs when the code it mutates is rewritten.
