@@ -126,26 +126,28 @@ def test_avx512_is_chosen_where_measurements_favour_it(cpu, expected, measured):
 
 
 @pytest.mark.parametrize("cpu, expected, words", [
-    (ZEN4, (4 << 20, 8 << 10, 768, 2048, None, None, None), "AMD Zen 4, measured"),
-    (("AuthenticAMD", 0x19, 0x61), (4 << 20, 8 << 10, 768, 2048, None, None, None), "not measured on this model"),
-    (("AuthenticAMD", 0x19, 0x01), (None,) * 7, "the build's"),
-    (ZEN5, (None,) * 7, "the build's"), (("GenuineIntel", 6, 0xCF), (None,) * 7, "the build's"),
-    (("GenuineIntel", 6, 0xA7), (None, None, None, None, 4096, 256 << 10, 48 << 20),
+    (ZEN4, (4 << 20, 8 << 10, 768, 2048, None, None, None, None), "AMD Zen 4, measured"),
+    (("AuthenticAMD", 0x19, 0x61), (4 << 20, 8 << 10, 768, 2048, None, None, None, None), "not measured on this model"),
+    (("AuthenticAMD", 0x19, 0x01), (None,) * 8, "the build's"),
+    (ZEN5, (None,) * 8, "the build's"), (("GenuineIntel", 6, 0xCF), (None,) * 8, "the build's"),
+    (("GenuineIntel", 6, 0xA7), (None, None, None, None, 4096, 256 << 10, 48 << 20, 2 << 20),
      "Intel family 6 model 0xa7, measured")])
 def test_block_sizes_are_chosen_by_cpu(cpu, expected, words):
     from posenc_fast import _core, _cpu, _dispatch
 
     sizes = _dispatch.block_bytes(*cpu)
-    kinds = ("position", "row", "group", "group_interleaved", "scalar_in_place", "add", "stream")
+    kinds = ("position", "row", "group", "group_interleaved", "scalar_in_place", "add", "stream", "lines")
     assert tuple(sizes[kind][0] for kind in kinds) == expected
-    assert all(words in why for _, why in sizes.values())
+    assert all(words in why for kind, (_, why) in sizes.items() if kind != "lines")
+    assert ("not measured" in sizes["lines"][1]) == (cpu != ("GenuineIntel", 6, 0xA7))
     if cpu == _cpu.cpu_identity():  # this CPU's row is what the walks use
         info, used = pf.build_info(), _core.block_bytes()
         assert (info["position_block_bytes"], info["row_block_bytes"], info["group_row_bytes"],
                 info["group_interleaved_row_bytes"], info["scalar_in_place_row_bytes"],
-                info["add_block_bytes"], info["stream_bytes"]) == tuple(used[kind][0] for kind in kinds)
+                info["add_block_bytes"], info["stream_bytes"], info["line_rows_bytes"]) == tuple(
+                    used[kind][0] for kind in kinds)
         build = {"position": 512 << 10, "row": 16 << 10, "group": 0, "group_interleaved": 0,
-                 "scalar_in_place": 512, "add": 0, "stream": 16 << 20}
+                 "scalar_in_place": 512, "add": 0, "stream": 16 << 20, "lines": 0}
         assert tuple(used[kind][0] for kind in kinds) == tuple(
             build[kind] if size is None else size for kind, size in zip(kinds, expected))
 

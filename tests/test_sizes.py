@@ -186,15 +186,15 @@ def test_rope_past_the_cache_size_thresholds_matches_small_calls(dtype, layout, 
 # positions and of 1, a head at a time; Zen 4's 4 MiB, 8 KiB, 768 and 2048 bytes; every row in groups
 # of heads, with blocks of 16 positions and of 1; one layout in groups, the other not; the in-place
 # rows past the caches by the scalar kernel or by the vectors; every result out of place streamed, or
-# none (add: add_position_table's, not these walks')
-@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512, 0, 16 << 20),
-                                         (4 << 20, 8 << 10, 768, 2048, 512, 0, 16 << 20),
-                                         (1, 1, 1 << 20, 1 << 20, 0, 0, 16 << 20),
-                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048, 0, 16 << 20),
-                                         (1, 1, 1 << 20, 0, 1 << 30, 0, 16 << 20),
-                                         (1, 1, 0, 1 << 20, 0, 0, 16 << 20),
-                                         (512 << 10, 16 << 10, 0, 0, 512, 0, 1),
-                                         (512 << 10, 16 << 10, 0, 0, 512, 0, 1 << 40)])
+# none; half-type rows by whole lines or not (add: add_position_table's, not these walks')
+@pytest.mark.parametrize("block_bytes", [(1, 1, 0, 0, 512, 0, 16 << 20, 0),
+                                         (4 << 20, 8 << 10, 768, 2048, 512, 0, 16 << 20, 1),
+                                         (1, 1, 1 << 20, 1 << 20, 0, 0, 16 << 20, 0),
+                                         (4 << 20, 8 << 10, 1 << 20, 1 << 20, 2048, 0, 16 << 20, 1),
+                                         (1, 1, 1 << 20, 0, 1 << 30, 0, 16 << 20, 1),
+                                         (1, 1, 0, 1 << 20, 0, 0, 16 << 20, 0),
+                                         (512 << 10, 16 << 10, 0, 0, 512, 0, 1, 1),
+                                         (512 << 10, 16 << 10, 0, 0, 512, 0, 1 << 40, 1)])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dim", [128, 64])
 @pytest.mark.parametrize("seq_bytes", [17 * 2**20, 2**20])  # past the caches, in them
@@ -231,6 +231,66 @@ def test_the_stream_size_decides_which_results_are_streamed():
         with pytest.raises(ValueError, match="position, row and stream must be >= 1"):
             _core.set_block_bytes(**dict(sizes, stream=0))
         assert _core.block_bytes()["stream"][0] == 1 << 20  # nothing set by the refused call
+    finally:
+        _core.set_block_bytes(*before)
+
+
+def _guarded(nbytes, offset):
+    # nbytes `offset` bytes past a 64-byte line, inside a buffer of 0xAB bytes: (buffer, start)
+    raw = np.full(nbytes + 256, 0xAB, np.uint8)
+    start = (-raw.ctypes.data) % 64 + 64 + offset
+    return raw, start
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dim", [64, 128, 192, 256, 96])  # 96: 48 pairs, not whole packs
+@pytest.mark.parametrize("offset", [16, 32, 48, 0, 2])  # off a line (NumPy's: 16), on one, off a word
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_half_rows_written_by_whole_lines_change_no_bit_and_no_neighbour(dtype, dim, offset, threads, inverse):
+    # block_bytes()["lines"] (by CPU): out-of-place float16 / bfloat16 results of at least this size
+    # (not streamed) whose rows start off a 64-byte line go by whole-line stores, the first and last
+    # line of each block of rows by masked stores of its own bytes (AVX-512 variants): the bits of
+    # the split stores, and not one byte outside `out`, whichever thread writes a neighbouring block
+    import ml_dtypes
+
+    from posenc_fast import _core
+
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    rope = pf.RotaryEmbedding(dim, layout="half")
+    x = np.random.default_rng(8).standard_normal((1, 7, 300, dim)).astype(dtype)  # 2 threads: >= 131072 elements
+    sizes = {kind: size for kind, (size, _) in _core.block_bytes().items()}
+    raw, start = _guarded(x.nbytes, offset)
+    out = raw[start:start + x.nbytes].view(dtype).reshape(x.shape)
+    threads_before = pf.get_num_threads()
+    before = _core.set_block_bytes(**dict(sizes, lines=0))
+    try:
+        pf.set_num_threads(threads)
+        assert not _core.writes_lines(x.nbytes)
+        want = rope.apply(x, inverse=inverse).view(np.uint16)  # each pack by a (split) 64-byte store
+        _core.set_block_bytes(**dict(sizes, lines=1, stream=1 << 40))
+        assert _core.writes_lines(x.nbytes)
+        rope.apply(x, inverse=inverse, out=out)
+    finally:
+        _core.set_block_bytes(*before)
+        pf.set_num_threads(threads_before)
+    assert np.array_equal(out.view(np.uint16), want)
+    assert (raw[:start] == 0xAB).all() and (raw[start + x.nbytes:] == 0xAB).all()
+
+
+def test_the_line_size_decides_which_half_results_go_by_lines():
+    from posenc_fast import _core
+
+    sizes = {kind: size for kind, (size, _) in _core.block_bytes().items()}
+    before = _core.set_block_bytes(**dict(sizes, lines=2 << 20, stream=48 << 20))
+    try:
+        assert _core.writes_lines(2 << 20) and not _core.writes_lines((2 << 20) - 1)
+        assert not _core.writes_lines(48 << 20)  # streamed instead
+        _core.set_block_bytes(**dict(sizes, lines=0))
+        assert not _core.writes_lines(1 << 30)  # never
+        with pytest.raises(ValueError, match="add and lines >= 0"):
+            _core.set_block_bytes(**dict(sizes, lines=-1))
+        assert _core.block_bytes()["lines"][0] == 0  # nothing set by the refused call
     finally:
         _core.set_block_bytes(*before)
 

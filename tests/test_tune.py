@@ -46,7 +46,7 @@ def test_block_sizes_tune_did_not_write_are_refused(blocks):
 def test_tuned_block_sizes_win_over_the_table_and_yield_to_the_build():
     built = {"position": (512 << 10, False), "row": (16 << 10, True), "group": (0, False),
              "group_interleaved": (0, False), "scalar_in_place": (512, False), "add": (0, False),
-             "stream": (16 << 20, False)}
+             "stream": (16 << 20, False), "lines": (0, False)}
     sizes = _dispatch.block_sizes(ZEN4, built, {"position": 1 << 20, "row": 4096})
     assert sizes["position"] == (1 << 20, "1048576 bytes: measured on this CPU by python -m posenc_fast tune")
     assert sizes["row"] == (16 << 10, "set by the build (-DPOSENC_ROW_BLOCK_BYTES)")

@@ -22,7 +22,7 @@ import numpy as np
 # Each block size's candidates: the values measured best on AMD Zen 5, Zen 4 and Intel model 0xA7 (bench/sweeps.md).
 BLOCK_CANDIDATES = {"position": (512 << 10, 4 << 20), "row": (8 << 10, 16 << 10), "group": (0, 768),
                     "group_interleaved": (0, 2048), "scalar_in_place": (512, 4096),
-                    "add": (0, 256 << 10), "stream": (16 << 20, 48 << 20)}
+                    "add": (0, 256 << 10), "stream": (16 << 20, 48 << 20), "lines": (0, 2 << 20)}
 # Another block size replaces the one in use only where it runs at most this fraction of its time:
 # a choice within the noise of a few rounds is no choice.
 MARGIN = 0.97
@@ -87,6 +87,9 @@ def _block_workloads(kind):
     if kind == "stream":  # out-of-place results between the candidates (32, 40 MiB), each into the last one's
         return _rotations([(bf16, (1, 32, 4096, 128), False), (f32, (1, 32, 2560, 128), False),
                            (f16, (1, 32, 4096, 128), False)])
+    if kind == "lines":  # half-type results out of place past L2, below the streams (NumPy's: off a line)
+        return _rotations([(bf16, (1, 32, 4096, 128), False), (f16, (1, 32, 4096, 128), False),
+                           (bf16, (1, 32, 256, 128), False), (bf16, (1, 32, 2048, 256), False)])
     if kind == "scalar_in_place":  # half-layout rows in place past the caches, of 512 bytes to 2 KiB
         return _rotations([(f32, (1, 32, 4096, 128), True), (f64, (1, 32, 2048, 128), True),
                            (f32, (1, 32, 2730, 192), True), (f64, (1, 32, 1024, 256), True)])

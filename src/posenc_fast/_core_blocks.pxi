@@ -17,37 +17,39 @@ cdef Py_ssize_t _group_interleaved_row_bytes = POSENC_GROUP_INTERLEAVED_ROW_BYTE
 
 def set_block_bytes(Py_ssize_t position, Py_ssize_t row, Py_ssize_t group,
                     Py_ssize_t group_interleaved, Py_ssize_t scalar_in_place, Py_ssize_t add,
-                    Py_ssize_t stream):
+                    Py_ssize_t stream, Py_ssize_t lines):
     """Set the bytes of cos/sin rows per work item of the in-place walks past the caches
     (`position`), per kernel call of the walks below them (`row`), the longest half-layout
     (`group`) and interleaved (`group_interleaved`) row the walks past the caches take in groups
     of heads (0: none), the shortest half-layout row they rotate in place by the scalar kernel
     (`scalar_in_place`; shorter ones by the vectors), and the bytes of table rows per turn of
     add_position_table's walk over batches (`add`; 0: each batch whole), and the least size of
-    an out-of-place rotation's result written with non-temporal stores (`stream`), at import or
-    between calls (none running: ``tune`` times each); return the seven before.  Results do not
+    an out-of-place rotation's result written with non-temporal stores (`stream`) and of an
+    out-of-place half-type result written by whole lines (`lines`; 0: never), at import or
+    between calls (none running: ``tune`` times each); return the eight before.  Results do not
     depend on them."""
     global _position_block_bytes, _row_block_bytes, _group_row_bytes, _group_interleaved_row_bytes
-    global _scalar_in_place_row_bytes, _add_block_bytes, _stream_bytes
-    if position < 1 or row < 1 or stream < 1 or min(group, group_interleaved, scalar_in_place, add) < 0:
-        raise ValueError(f"position, row and stream must be >= 1, group, group_interleaved, scalar_in_place "
-                         f"and add >= 0, got {position}, {row}, {stream}, {group}, {group_interleaved}, "
-                         f"{scalar_in_place} and {add}")
+    global _scalar_in_place_row_bytes, _add_block_bytes, _stream_bytes, _line_rows_bytes
+    if position < 1 or row < 1 or stream < 1 or min(group, group_interleaved, scalar_in_place, add, lines) < 0:
+        raise ValueError(f"position, row and stream must be >= 1, group, group_interleaved, scalar_in_place, "
+                         f"add and lines >= 0, got {position}, {row}, {stream}, {group}, {group_interleaved}, "
+                         f"{scalar_in_place}, {add} and {lines}")
     before = (_position_block_bytes, _row_block_bytes, _group_row_bytes, _group_interleaved_row_bytes,
-              _scalar_in_place_row_bytes, _add_block_bytes, _stream_bytes)
+              _scalar_in_place_row_bytes, _add_block_bytes, _stream_bytes, _line_rows_bytes)
     _position_block_bytes, _row_block_bytes = position, row
     _group_row_bytes, _group_interleaved_row_bytes = group, group_interleaved
     _scalar_in_place_row_bytes, _add_block_bytes, _stream_bytes = scalar_in_place, add, stream
+    _line_rows_bytes = lines
     return before
 
 
 def block_bytes():
     """{"position": (bytes, given), "row": ..., "group": ..., "group_interleaved": ...,
-    "scalar_in_place": ..., "add": ..., "stream": ...}: the seven sizes in use, and whether the
-    build was given each (-DPOSENC_POSITION_BLOCK_BYTES, -DPOSENC_ROW_BLOCK_BYTES,
+    "scalar_in_place": ..., "add": ..., "stream": ..., "lines": ...}: the eight sizes in use, and
+    whether the build was given each (-DPOSENC_POSITION_BLOCK_BYTES, -DPOSENC_ROW_BLOCK_BYTES,
     -DPOSENC_GROUP_ROW_BYTES, -DPOSENC_GROUP_INTERLEAVED_ROW_BYTES,
-    -DPOSENC_SCALAR_IN_PLACE_ROW_BYTES, -DPOSENC_ADD_BLOCK_BYTES, -DPOSENC_STREAM_BYTES: then it
-    stands)."""
+    -DPOSENC_SCALAR_IN_PLACE_ROW_BYTES, -DPOSENC_ADD_BLOCK_BYTES, -DPOSENC_STREAM_BYTES,
+    -DPOSENC_LINE_ROWS_BYTES: then it stands)."""
     return {"position": (_position_block_bytes, bool(POSENC_POSITION_BLOCK_BYTES_GIVEN)),
             "row": (_row_block_bytes, bool(POSENC_ROW_BLOCK_BYTES_GIVEN)),
             "group": (_group_row_bytes, bool(POSENC_GROUP_ROW_BYTES_GIVEN)),
@@ -55,7 +57,8 @@ def block_bytes():
                                   bool(POSENC_GROUP_INTERLEAVED_ROW_BYTES_GIVEN)),
             "scalar_in_place": (_scalar_in_place_row_bytes, bool(POSENC_SCALAR_IN_PLACE_ROW_BYTES_GIVEN)),
             "add": (_add_block_bytes, bool(POSENC_ADD_BLOCK_BYTES_GIVEN)),
-            "stream": (_stream_bytes, bool(POSENC_STREAM_BYTES_GIVEN))}
+            "stream": (_stream_bytes, bool(POSENC_STREAM_BYTES_GIVEN)),
+            "lines": (_line_rows_bytes, bool(POSENC_LINE_ROWS_BYTES_GIVEN))}
 
 
 cdef inline Py_ssize_t _block_bytes(const RowCall* call) noexcept nogil:

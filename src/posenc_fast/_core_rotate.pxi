@@ -35,12 +35,20 @@ cdef inline bint _in_place_scalar(Py_ssize_t row_bytes) noexcept nogil:
 # walk past the caches); in place, rows of POSENC_STREAM_BYTES or more take that walk: the build's
 # POSENC_STREAM_BYTES, or this CPU's measured value (set once, at import, by _dispatch).
 cdef Py_ssize_t _stream_bytes = POSENC_STREAM_BYTES
+# Out-of-place half-type results of at least this many bytes, not streamed, are written by whole
+# lines where their rows start off one (POSENC_POSITION_HALF_LINES; 0: never): the build's
+# POSENC_LINE_ROWS_BYTES, or this CPU's measured value (set once, at import, by _dispatch).
+cdef Py_ssize_t _line_rows_bytes = POSENC_LINE_ROWS_BYTES
 
 
 def in_place_row_kernel(Py_ssize_t row_bytes):
     """Which kernel rotates half-layout rows of `row_bytes` in place past the caches: "scalar" or
     "vectors" (by the size `set_block_bytes` set last)."""
     return "scalar" if _in_place_scalar(row_bytes) else "vectors"
+
+
+cdef inline bint _line_rows(Py_ssize_t nbytes) noexcept nogil:
+    return _line_rows_bytes > 0 and nbytes >= _line_rows_bytes
 
 
 cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t table_itemsize,
@@ -67,7 +75,8 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
         kind = POSENC_ROW_INTERLEAVED_STREAM if large and not in_place else POSENC_ROW_INTERLEAVED
     call.rotate = K.rotate[data][table][kind]
     kind = (POSENC_POSITION_INTERLEAVED if not half else
-            POSENC_POSITION_HALF_IN_PLACE if in_place else POSENC_POSITION_HALF)
+            POSENC_POSITION_HALF_IN_PLACE if in_place else
+            POSENC_POSITION_HALF_LINES if _line_rows(nbytes) and not large else POSENC_POSITION_HALF)
     call.rotate_position = K.rotate_position[data][table][kind]
     call.npairs = npairs
     call.itemsize = itemsize
@@ -83,6 +92,13 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.prefetch = nbytes >= POSENC_PREFETCH_BYTES
     call.blocks = not large
     return call
+
+
+def writes_lines(Py_ssize_t nbytes):
+    """Whether an out-of-place rotation of half-type rows into `nbytes`, not streamed, writes rows
+    that start off a 64-byte line by whole lines (by the size `set_block_bytes` set last; AVX-512
+    variants: the others' kernels split stores alike)."""
+    return _line_rows(nbytes) and nbytes < _stream_bytes
 
 
 def streams(Py_ssize_t nbytes):

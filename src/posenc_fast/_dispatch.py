@@ -100,7 +100,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     half-layout row they rotate in place by the scalar kernel (shorter ones: the vectors);
     ``"add"``, bytes of table rows per turn of add_position_table's walk over batches at the
     same positions (0: each batch whole); ``"stream"``, the least out-of-place rotation result
-    written with non-temporal stores.
+    written with non-temporal stores; ``"lines"``, the least out-of-place float16 / bfloat16
+    result below it whose rows off a 64-byte line are written by whole lines (0: never).
 
     Parameters
     ----------
@@ -111,7 +112,7 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     -------
     dict of (int or None, str)
         Each size, or None for the build's (512 KiB, 16 KiB, 0, 0, 512 bytes,
-        0 and 16 MiB), and the reason in words.
+        0, 16 MiB and 0), and the reason in words.
 
     Notes
     -----
@@ -153,6 +154,12 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     8.9 ms, bfloat16 (1,32,16384,128) 22.0 against 25.7 ms), and report.py's
     float32 rows just under 64 MiB ran 1.36-1.57x their copy unstreamed (met
     streamed).  The Zen 4's sweeps chose 16 MiB (POSENC_STREAM_BYTES).
+    Half-type results written by whole lines from 2 MiB, model 0xA7 (NumPy's
+    arrays, 16 bytes past a line): bfloat16 W1 out of place 1.27-1.37 ->
+    1.18-1.25x its copy, float16 1.26-1.36 -> 1.18-1.25x, head_dim 64 / 192 /
+    256 1.28 / 1.24 / 1.31-1.37 -> 1.18 / 1.15 / 1.21-1.27x, 2 MiB 1.10-1.14
+    -> 1.05-1.10x; 1 MiB and less within noise or a little slower
+    (POSENC_LINE_ROWS_BYTES).  Not measured on the AMD EPYC: never there.
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         where = "AMD Zen 4, " + ("measured" if model == 0x11 else "not measured on this model, measured on model 0x11")
@@ -161,7 +168,8 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     if vendor == "GenuineIntel" and family == 6 and model == 0xA7:
         where = "Intel family 6 model 0xa7, measured"
         return {**_the_builds(where), "scalar_in_place": (4096, f"4096 bytes: {where}"),
-                "add": (256 << 10, f"256 KiB: {where}"), "stream": (48 << 20, f"48 MiB: {where}")}
+                "add": (256 << 10, f"256 KiB: {where}"), "stream": (48 << 20, f"48 MiB: {where}"),
+                "lines": (2 << 20, f"2 MiB: {where}")}
     return _the_builds("measured on AMD Zen 5", group="groups not measured on this CPU",
                        scalar_in_place="measured on AMD Zen 4", add="measured on AMD Zen 3 and Zen 4",
                        stream="measured on AMD Zen 3, Zen 4 and Zen 5")
@@ -173,13 +181,14 @@ _BUILDS = {"position": "512 KiB: the build's ({})", "row": "16 KiB: the build's 
            "group": "0, none: the build's (a head at a time; {})",
            "group_interleaved": "0, none: the build's (a head at a time; {})",
            "scalar_in_place": "512 bytes: the build's ({})", "add": "0, whole batches: the build's ({})",
-           "stream": "16 MiB: the build's ({})"}
+           "stream": "16 MiB: the build's ({})", "lines": "0, never: the build's ({})"}
 
 
 def _the_builds(where: str, **elsewhere: str) -> dict[str, tuple[None, str]]:
     """Every kind at the build's size, measured `where` (a kind in `elsewhere`: there; the
-    interleaved groups as the half-layout ones)."""
+    interleaved groups as the half-layout ones; whole lines measured on Intel model 0xa7 only)."""
     elsewhere.setdefault("group_interleaved", elsewhere.get("group", where))
+    elsewhere.setdefault("lines", "not measured on this CPU; measured on Intel model 0xa7")
     return {kind: (None, text.format(elsewhere.get(kind, where))) for kind, text in _BUILDS.items()}
 
 
@@ -330,7 +339,8 @@ _BLOCK_KINDS = {"position": ("POSENC_POSITION_BLOCK_BYTES", 1), "row": ("POSENC_
                 "group": ("POSENC_GROUP_ROW_BYTES", 0),
                 "group_interleaved": ("POSENC_GROUP_INTERLEAVED_ROW_BYTES", 0),
                 "scalar_in_place": ("POSENC_SCALAR_IN_PLACE_ROW_BYTES", 0),
-                "add": ("POSENC_ADD_BLOCK_BYTES", 0), "stream": ("POSENC_STREAM_BYTES", 1)}
+                "add": ("POSENC_ADD_BLOCK_BYTES", 0), "stream": ("POSENC_STREAM_BYTES", 1),
+                "lines": ("POSENC_LINE_ROWS_BYTES", 0)}
 BLOCK_KINDS = tuple(_BLOCK_KINDS)
 
 

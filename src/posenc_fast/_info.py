@@ -32,7 +32,9 @@ def build_info() -> dict[str, Any]:
         ones by the vectors: by CPU), ``add_block_bytes`` (table rows per turn
         of add_position_table over batches at the same positions; 0: each
         batch whole), ``stream_bytes`` (the least out-of-place rotation
-        result written with non-temporal stores: by CPU) and their
+        result written with non-temporal stores: by CPU), ``line_rows_bytes``
+        (the least out-of-place float16 / bfloat16 result below it whose
+        rows off a 64-byte line are written by whole lines; 0: never) and their
         ``..._reason`` (which source decided: the build, ``tune``'s file, or
         the table of measured CPUs).
     """
@@ -63,4 +65,6 @@ def build_info() -> dict[str, Any]:
         "add_block_reason": _dispatch.BLOCK_REASONS["add"],
         "stream_bytes": blocks["stream"][0],
         "stream_reason": _dispatch.BLOCK_REASONS["stream"],
+        "line_rows_bytes": blocks["lines"][0],
+        "line_rows_reason": _dispatch.BLOCK_REASONS["lines"],
     }

@@ -23,3 +23,4 @@ class Mutant(NamedTuple):
 PKG = "src/posenc_fast/"
 KERNELS = PKG + "csrc/posenc_kernels.h.tp"
 VECTORS = PKG + "csrc/posenc_vectors.h.tp"
+POSITION = PKG + "csrc/posenc_position.h.tp"

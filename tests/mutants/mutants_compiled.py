@@ -1,6 +1,6 @@
 """The mutants of the compiled sources (.pyx, .pxi, .h, .tp, .cpp): each is built before its tests run."""
 
-from mutant import KERNELS, PKG, VECTORS, Mutant
+from mutant import KERNELS, PKG, POSITION, VECTORS, Mutant
 
 COMPILED = [
     # row kernels
@@ -119,6 +119,18 @@ COMPILED = [
            "            posenc_half_vectors_{{sfx}}(xr, xr + n, orow, orow + n, c + r * table_stride,",
            "            posenc_half_vectors_{{sfx}}(xr, xr + n, orow, orow + n, c,",
            ("tests/test_half_types.py", "-k", "every_bit_pattern"), isa="avx2"),
+    Mutant("a block's first line written whole by the line stores", "row kernels", POSITION,
+           "_mm512_mask_storeu_epi32(line, (__mmask16)(0xffffu << words),",
+           "_mm512_mask_storeu_epi32(line, (__mmask16)0xffffu,",
+           ("tests/test_sizes.py", "-k", "whole_lines"), isa="avx512bf16"),
+    Mutant("a block's last line written whole by the line stores", "row kernels", POSITION,
+           "_mm512_mask_storeu_epi32(line, (__mmask16)((1u << words) - 1),",
+           "_mm512_mask_storeu_epi32(line, (__mmask16)0xffffu,",
+           ("tests/test_sizes.py", "-k", "whole_lines"), isa="avx512bf16"),
+    Mutant("the line stores shift a word short", "row kernels", POSITION,
+           "return words == 4 ? _mm512_alignr_epi32(cur, prev, 12)",
+           "return words == 4 ? _mm512_alignr_epi32(cur, prev, 11)",
+           ("tests/test_sizes.py", "-k", "whole_lines"), isa="avx512bf16"),
     # compiled layer
     Mutant("block walk one row short", "compiled layer", PKG + "_core_blocks.pxi",
            "    cdef Py_ssize_t rows = min(job.block_size, plan.seq - first), o, r",
@@ -279,6 +291,9 @@ COMPILED = [
     Mutant("the KV write's fast path takes a bad eps without weights", "compiled layer", PKG + "_core_kv_cache.pxi",
            "    elif not _norm_args_fit(eps, weight_offset, &e, &offset):", "    elif False:",
            ("tests/test_kv_cache.py", "-k", "without and weights")),
+    Mutant("half results never go by whole lines", "compiled layer", PKG + "_core_rotate.pxi",
+           "    return _line_rows_bytes > 0 and nbytes >= _line_rows_bytes",
+           "    return False", ("tests/test_sizes.py", "-k", "lines")),
     # thread pool
     Mutant("a worker runs an item twice", "thread pool", PKG + "csrc/posenc_pool.h",
            "        posenc_pool.fn(posenc_pool.ctx, (Py_ssize_t)(posenc_pool.n - left), (int)slot);",

@@ -43,7 +43,7 @@ KINDS = ["HALF", "HALF_IN_PLACE", "HALF_VEC", "HALF_IN_PLACE_VEC", "INTERLEAVED"
          "HALF_STREAM", "INTERLEAVED_STREAM"]
 # The kinds of the rows of one position (rotate_position, posenc_position.h):
 # kernel posenc_position_<kind>_<data>_<table> each.
-POSITION_KINDS = ["HALF", "HALF_IN_PLACE", "INTERLEAVED"]
+POSITION_KINDS = ["HALF", "HALF_IN_PLACE", "INTERLEAVED", "HALF_LINES"]
 LANES = [2, 4, 8, 16]
 # The pair counts of the model zoo's head sizes (64 to 256) that a block of rows in cache takes as
 # constants (posenc_block_: no loop counts or remainder tests left to run), the commonest first.
