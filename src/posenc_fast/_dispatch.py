@@ -154,12 +154,14 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     8.9 ms, bfloat16 (1,32,16384,128) 22.0 against 25.7 ms), and report.py's
     float32 rows just under 64 MiB ran 1.36-1.57x their copy unstreamed (met
     streamed).  The Zen 4's sweeps chose 16 MiB (POSENC_STREAM_BYTES).
-    Half-type results written by whole lines from 2 MiB, model 0xA7 (NumPy's
-    arrays, 16 bytes past a line): bfloat16 W1 out of place 1.27-1.37 ->
-    1.18-1.25x its copy, float16 1.26-1.36 -> 1.18-1.25x, head_dim 64 / 192 /
-    256 1.28 / 1.24 / 1.31-1.37 -> 1.18 / 1.15 / 1.21-1.27x, 2 MiB 1.10-1.14
-    -> 1.05-1.10x; 1 MiB and less within noise or a little slower
-    (POSENC_LINE_ROWS_BYTES).  Not measured on the AMD EPYC: never there.
+    Half-layout half-type results written by whole lines from 2 MiB, model
+    0xA7 (NumPy's arrays, 16 bytes past a line; the size switched between
+    interleaved rounds): bfloat16 W1 out of place 1.21-1.37 -> 1.17-1.25x
+    its copy (ahead in 9 of 10 processes), float16 1.16-1.36 -> 1.13-1.25x,
+    head_dim 64 / 192 / 256 1.28 / 1.24 / 1.26-1.37 -> 1.18 / 1.15 /
+    1.16-1.27x, 2 MiB 1.10-1.14 -> 1.05-1.10x; 1 MiB and less within noise
+    or a little slower; interleaved rows no gain (POSENC_LINE_ROWS_BYTES).
+    Not measured on the AMD EPYC: never there.
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         where = "AMD Zen 4, " + ("measured" if model == 0x11 else "not measured on this model, measured on model 0x11")
