@@ -155,13 +155,12 @@ def block_bytes(vendor: str, family: int, model: int) -> dict[str, tuple[int | N
     float32 rows just under 64 MiB ran 1.36-1.57x their copy unstreamed (met
     streamed).  The Zen 4's sweeps chose 16 MiB (POSENC_STREAM_BYTES).
     Half-layout half-type results written by whole lines from 2 MiB, model
-    0xA7 (NumPy's arrays, 16 bytes past a line; the size switched between
-    interleaved rounds): bfloat16 W1 out of place 1.21-1.37 -> 1.17-1.25x
-    its copy (ahead in 9 of 10 processes), float16 1.16-1.36 -> 1.13-1.25x,
-    head_dim 64 / 192 / 256 1.28 / 1.24 / 1.26-1.37 -> 1.18 / 1.15 /
-    1.16-1.27x, 2 MiB 1.10-1.14 -> 1.05-1.10x; 1 MiB and less within noise
-    or a little slower; interleaved rows no gain (POSENC_LINE_ROWS_BYTES).
-    Not measured on the AMD EPYC: never there.
+    0xA7 (NumPy's arrays, 16 bytes past a line; each setting against its own
+    copy, alternating): bfloat16 W1 out of place 1.24-1.37 -> 1.17-1.25x its
+    copy, float16 1.19-1.36 -> 1.11-1.25x, head_dim 256 no gain, 2 MiB
+    1.10-1.13 -> 1.05-1.06x, 1 MiB 1.45-1.58 -> 1.31-1.51x, 512 KiB and less
+    within noise; interleaved rows no gain (POSENC_LINE_ROWS_BYTES).  Not
+    measured on the AMD EPYC: never there.
     """
     if vendor == "AuthenticAMD" and family == 0x19 and any(model in models for models in _ZEN4_MODELS):
         where = "AMD Zen 4, " + ("measured" if model == 0x11 else "not measured on this model, measured on model 0x11")

@@ -308,18 +308,19 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    bytes, not streamed, whose rows would start off a 64-byte line, are written
    by whole lines (posenc_line_rows_ of posenc_position.h: no 64-byte store
    splits two lines; AVX-512 builds).  On the Intel Xeon model 0xA7
-   (2026-12-07, NumPy's arrays 16 bytes past a line; the size switched between
-   interleaved rounds, 7 processes, and two builds alternating, 3), by lines /
-   split: bfloat16 (1,32,4096,128) 1.17-1.25x / 1.21-1.37x its copy (lines
-   ahead in 9 of 10), float16 1.13-1.25x / 1.16-1.36x, head_dim 256
-   1.16-1.27x / 1.26-1.37x, (1,32,256,128) 1.05-1.10x / 1.10-1.14x,
-   (1,32,128,128) 1.31-1.56x / 1.42-1.58x, 512 KiB 1.78-1.80x / 1.73-1.81x
-   (in cache a split store costs less than the line's shift); report.py's
-   rows 1.24-1.26x / 1.25-1.30x before, 1.13-1.15x / 1.09-1.11x after.
-   Interleaved rows gained nothing measurable (1.11-1.18x either way): not
-   taken.  0 (never) is the build's value: a CPU measured otherwise takes its
-   own at import (_dispatch.block_bytes: 2 MiB there), unless the build was
-   given one (-D). */
+   (2026-12-07, NumPy's arrays 16 bytes past a line; each setting timed
+   against its own copy, the settings alternating, 4 runs each / two builds
+   alternating, 3 processes each), by lines / split: bfloat16 (1,32,4096,128)
+   1.17-1.18x / 1.24-1.32x its copy and 1.24-1.25x / 1.31-1.37x, float16
+   1.11-1.24x / 1.19-1.30x and 1.20-1.25x / 1.29-1.36x, head_dim 256
+   1.23-1.24x / 1.22-1.25x (no gain), (1,32,256,128) 1.05-1.06x /
+   1.10-1.13x, (1,32,128,128) 1.31-1.51x / 1.45-1.58x, 512 KiB and 256 KiB
+   within noise (in cache a split store costs about the line's shift);
+   report.py's rows 1.24-1.26x / 1.25-1.30x before, 1.13-1.15x / 1.09-1.11x
+   after.  Interleaved rows gained nothing measurable: not taken.  0 (never)
+   is the build's value: a CPU measured otherwise takes its own at import
+   (_dispatch.block_bytes: 2 MiB there), unless the build was given one
+   (-D). */
 #ifndef POSENC_LINE_ROWS_BYTES
 #define POSENC_LINE_ROWS_BYTES 0
 #define POSENC_LINE_ROWS_BYTES_GIVEN 0
