@@ -12,8 +12,8 @@ and float16 W1) and head sizes (W1 float32 at head_dim 64 to 256, 64 MiB
 each, the half layout and the interleaved one; and 4 MiB each, the half
 layout, with the in-cache rows' goals).  For every goal
 posenc_fast and its limit (the cheapest NumPy call that moves the same
-bytes) are timed in the same process, interleaved (ours, limit, limit,
-ours, ...), after a warm-up and a check against the float64 reference; the
+bytes) are timed in the same process, interleaved (each round in an order
+of its own), after a warm-up and a check against the float64 reference; the
 measured value is the median over rounds of (our time / limit time).
 ``--placements K`` splits each goal's rounds over K builds of its arrays,
 each on pages of its own (the median then spans where the arrays lie).

@@ -1,11 +1,25 @@
-"""The contention tools of bench/report.py: single-call timing in interleaved blocks, the
-neighbour processes (started before the block, gone after it however it exits), and rounds
-joined over several placements of the arrays."""
+"""The timing tools of bench/: rounds whose orders put every callable after every other, the
+contention tools of bench/report.py (single-call timing in interleaved blocks, the neighbour
+processes, started before the block, gone after it however it exits), and rounds joined over
+several placements of the arrays."""
 
 import pytest
 
 from posenc_fast._bench import timing
 from posenc_fast._bench.neighbours import Neighbour
+
+
+def test_measure_runs_each_callable_after_every_other():
+    # a callable always run right after the same one (a rotation keeps the cyclic order) is always
+    # timed on the caches that one left: 15% apart for the same code (bench/README.md, stop 55)
+    calls = []
+    funcs = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
+    timings = timing.measure(funcs, rounds=40, target_ns=1, warmup=0)
+    assert all(len(t.samples) == 40 for t in timings.values())
+    rounds = calls[-160:]  # after the calibration's calls
+    assert all(sorted(rounds[i:i + 4]) == list("abcd") for i in range(0, 160, 4))  # each once a round
+    after = {(rounds[i - 1], rounds[i]) for i in range(1, 160)}
+    assert all((x, y) in after for x in "abcd" for y in "abcd" if x != y)
 
 
 def test_per_call_times_interleaves_blocks():

@@ -279,6 +279,10 @@ PYTHON = [
            'PREFERENCE = ("avx512bf16", "avx512", "avx2", "baseline")',
            'PREFERENCE = ("avx512", "avx512bf16", "avx2", "baseline")', ("tests/test_build.py", "-k", "avx512bf16")),
     # bench, CLI
+    Mutant("timing rounds keep their cyclic order", "bench, CLI", PKG + "_bench/timing.py",
+           "            order = list(names)\n            shuffled.shuffle(order)",
+           "            order = list(names[r % len(names):] + names[:r % len(names)])",
+           ("tests/test_bench_neighbours.py",)),
     Mutant("tune leaves the chosen variant's kernels in use", "bench, CLI", PKG + "_cli_tune.py",
            "        set_num_threads(threads)\n        _core.use_kernels(in_use)", "        set_num_threads(threads)",
            ("tests/test_tune.py", "-k", "restores")),

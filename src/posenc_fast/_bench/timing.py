@@ -1,8 +1,11 @@
 """The one timing loop: callables timed in interleaved rounds, medians and quartiles of ratios.
 
 Rules (`measure`): every callable is warmed up, the callables are timed in
-interleaved rounds (a, b, c, a, b, c, ...; the start rotates each round), a
-sample holds enough calls to last `target_ns`, times come from
+interleaved rounds, each round in an order of its own (a seeded shuffle: each
+callable follows each other about as often, whatever its place in the
+mapping -- a rotation kept their cyclic order, so with three or more one
+always ran right after the same one, on the caches it left), a sample
+holds enough calls to last `target_ns`, times come from
 ``time.perf_counter_ns``.  Claims are medians over rounds of per-round
 ratios (`paired_ratio`) measured in the same process, never a single
 absolute time.  `per_call_times` times single calls instead, for the
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -97,6 +101,7 @@ def measure(funcs: Mapping[str, Callable[[], object]], *, rounds: int = 15,
                 funcs[name]()
             numbers[name] = calibrate(funcs[name], target_ns)
         samples: dict[str, list[float]] = {name: [] for name in names}
+        shuffled = random.Random(0)  # the rounds' orders, the same in every run
         clock = time.perf_counter_ns
         started = clock()
         for r in range(rounds):
@@ -105,8 +110,9 @@ def measure(funcs: Mapping[str, Callable[[], object]], *, rounds: int = 15,
                 break
             if progress is not None:
                 progress(f"round {r + 1}/{rounds}")
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
+            order = list(names)
+            shuffled.shuffle(order)
+            for name in order:
                 if name in before:
                     before[name]()
                 func, number = funcs[name], numbers[name]
