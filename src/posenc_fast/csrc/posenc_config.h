@@ -350,6 +350,11 @@ static inline void posenc_prefetch_ahead(const void* p, Py_ssize_t nbytes) {
     for (; ahead < end; ahead += 64) POSENC_PREFETCH_LINE(ahead);
 }
 
+/* Asks for the cache lines of [p, p + nbytes). */
+static inline void posenc_prefetch_row(const void* p, Py_ssize_t nbytes) {
+    for (Py_ssize_t k = 0; k < nbytes; k += 64) POSENC_PREFETCH_LINE((const char*)p + k);
+}
+
 /* Orders the non-temporal stores of a work item before it ends. */
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
