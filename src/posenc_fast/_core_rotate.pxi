@@ -48,7 +48,8 @@ def in_place_row_kernel(Py_ssize_t row_bytes):
 
 
 cdef inline bint _line_rows(Py_ssize_t nbytes) noexcept nogil:
-    return _line_rows_bytes > 0 and nbytes >= _line_rows_bytes
+    # an out-of-place result of nbytes: by whole lines (not streamed)
+    return 0 < _line_rows_bytes <= nbytes < _stream_bytes
 
 
 cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize_t table_itemsize,
@@ -76,7 +77,7 @@ cdef inline RowCall _row_call(int data, int table, Py_ssize_t itemsize, Py_ssize
     call.rotate = K.rotate[data][table][kind]
     kind = (POSENC_POSITION_INTERLEAVED if not half else
             POSENC_POSITION_HALF_IN_PLACE if in_place else
-            POSENC_POSITION_HALF_LINES if _line_rows(nbytes) and not large else POSENC_POSITION_HALF)
+            POSENC_POSITION_HALF_LINES if _line_rows(nbytes) else POSENC_POSITION_HALF)
     call.rotate_position = K.rotate_position[data][table][kind]
     call.npairs = npairs
     call.itemsize = itemsize
@@ -98,7 +99,7 @@ def writes_lines(Py_ssize_t nbytes):
     """Whether an out-of-place rotation of half-type rows into `nbytes`, not streamed, writes rows
     that start off a 64-byte line by whole lines (by the size `set_block_bytes` set last; AVX-512
     variants: the others' kernels split stores alike)."""
-    return _line_rows(nbytes) and nbytes < _stream_bytes
+    return _line_rows(nbytes)
 
 
 def streams(Py_ssize_t nbytes):

@@ -292,7 +292,7 @@ COMPILED = [
            "    elif not _norm_args_fit(eps, weight_offset, &e, &offset):", "    elif False:",
            ("tests/test_kv_cache.py", "-k", "without and weights")),
     Mutant("half results never go by whole lines", "compiled layer", PKG + "_core_rotate.pxi",
-           "    return _line_rows_bytes > 0 and nbytes >= _line_rows_bytes",
+           "    return 0 < _line_rows_bytes <= nbytes < _stream_bytes",
            "    return False", ("tests/test_sizes.py", "-k", "lines")),
     # thread pool
     Mutant("a worker runs an item twice", "thread pool", PKG + "csrc/posenc_pool.h",

@@ -335,8 +335,8 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
 /* Largest cos/sin cache per dtype, in bytes. */
 #define POSENC_CACHE_BYTES (64 * 1024 * 1024)
 
-/* Asks for the cache lines POSENC_PREFETCH_DISTANCE bytes past
-   [p, p + nbytes).  A row of pairs (x[i], x[i + n]) is read as two
+/* Asks for the cache lines of [from, from + nbytes) (posenc_prefetch_at), or
+   POSENC_PREFETCH_DISTANCE bytes past [p, p + nbytes).  A row of pairs (x[i], x[i + n]) is read as two
    interleaved streams, which the hardware prefetchers follow poorly (float64
    rows ran at half the memory bandwidth); reading ahead of the row restores
    it.  Integer arithmetic: the address may lie past the array, and a
@@ -345,14 +345,11 @@ static inline void posenc_prefetch_for_write(const void* out, Py_ssize_t nbytes)
    compiled so that on an AMD EPYC Zen 3 W1 float64 in place ran 1.54x its
    limit against 1.38x (medians over 32 stack positions of the process, which
    move it by up to 0.4x; bench/sweeps.md 2026-12-05). */
-static inline void posenc_prefetch_ahead(const void* p, Py_ssize_t nbytes) {
-    uintptr_t ahead = (uintptr_t)p + POSENC_PREFETCH_DISTANCE, end = ahead + (uintptr_t)nbytes;
-    for (; ahead < end; ahead += 64) POSENC_PREFETCH_LINE(ahead);
+static inline void posenc_prefetch_at(uintptr_t from, Py_ssize_t nbytes) {
+    for (uintptr_t end = from + (uintptr_t)nbytes; from < end; from += 64) POSENC_PREFETCH_LINE(from);
 }
-
-/* Asks for the cache lines of [p, p + nbytes). */
-static inline void posenc_prefetch_row(const void* p, Py_ssize_t nbytes) {
-    for (Py_ssize_t k = 0; k < nbytes; k += 64) POSENC_PREFETCH_LINE((const char*)p + k);
+static inline void posenc_prefetch_ahead(const void* p, Py_ssize_t nbytes) {
+    posenc_prefetch_at((uintptr_t)p + POSENC_PREFETCH_DISTANCE, nbytes);
 }
 
 /* Orders the non-temporal stores of a work item before it ends. */
