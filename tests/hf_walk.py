@@ -187,6 +187,7 @@ def position_streams(rotary):
 
 _COMPASS_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 5e4, "mrope_section": [24, 20, 20]},
                  "full_attention": None}
+_HUNYUAN_VL_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [16, 16, 16, 16]}
 _GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [8, 12, 12]}
 # Default configs that cannot be compared as they are, and the change that makes them comparable
 CONFIG_OVERRIDES = {
@@ -211,6 +212,10 @@ CONFIG_OVERRIDES = {
                                        "num_hidden_layers": 4, "rope_parameters": _COMPASS_ROPE}},
     "cohere_compass_text": {"layer_types": ["sliding_attention", "full_attention"] * 2, "num_hidden_layers": 4,
                             "rope_parameters": _COMPASS_ROPE},
+    # HunYuan-VL's default config has no mrope_section (its rotary module fails, from_hf_config refuses);
+    # HunyuanOCR's four axes (position, width, height, image index): each rotate_half pair's features take two
+    "hunyuan_vl": {"text_config": {"rope_parameters": _HUNYUAN_VL_ROPE}},
+    "hunyuan_vl_text": {"rope_parameters": _HUNYUAN_VL_ROPE},
 }
 
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hf_walk  # noqa: E402
 import transformers  # noqa: E402
 from test_hf_install_models import MODEL_TYPES, NOT_RUN  # noqa: E402
-from test_hf_models import OUT_OF_SCOPE, _agrees  # noqa: E402
+from test_hf_models import _agrees  # noqa: E402
 
 from posenc_fast._hf_functions import (  # noqa: E402
     INTERLEAVE_FUNCTIONS, ROTARY_FUNCTIONS, VISION_FUNCTIONS)
@@ -65,8 +65,7 @@ def table() -> str:
     supported, refused = [], []
     for model_type in hf_walk.model_types():
         text_type = hf_walk.configuration_auto.CONFIG_MAPPING[model_type]().get_text_config(decoder=True).model_type
-        reason = (OUT_OF_SCOPE.get(model_type)
-                  or (f"its text attention has no RoPE ({NO_ROPE[text_type]})" if text_type in NO_ROPE else None)
+        reason = ((f"its text attention has no RoPE ({NO_ROPE[text_type]})" if text_type in NO_ROPE else None)
                   or (f"refused: {REFUSED_MODELS[text_type]}" if text_type in REFUSED_MODELS else None))
         if reason is not None:
             refused.append(f"| `{model_type}` | {reason} | {_install_text(model_type)} |")

@@ -296,11 +296,16 @@ def test_nanochat_rotates_by_minus_theta():
     np.testing.assert_array_equal(copy.apply(x), rope.apply(x))
 
 
-def test_hunyuan_vl_full_width_sections_with_one_stream_per_pair():
-    # one section: every pair's two features take stream 0 (plain RoPE with one stream)
+def test_hunyuan_vl_full_width_sections():
+    # its rotary module splits cat(freqs, freqs) by 2 * mrope_section, chunk i taking stream i: one section,
+    # every pair's two features take stream 0; two, pair j's features streams 0 and 1 (two rows of streams)
     config = {"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
               "rope_parameters": {"rope_type": "default", "mrope_section": [32]}}
     assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [0] * 32
+    config["rope_parameters"]["mrope_section"] = [16, 16]
+    assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [[0] * 32, [1] * 32]
+    config["rope_parameters"]["mrope_section"] = [8, 16, 8]
+    assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [[0] * 16 + [1] * 16, [1] * 16 + [2] * 16]
 
 
 def test_layer_types_without_rope_parameters_have_no_rope():

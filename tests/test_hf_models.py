@@ -1,9 +1,10 @@
 """Every RoPE model type of the installed transformers against from_hf_config (see hf_walk.py).
 
 Skipped without torch and transformers.  Nothing is downloaded: default
-configs, the model's own rotary module, random q/k.  A model type either
-agrees through the attention scores or is listed in OUT_OF_SCOPE with the
-reason, and a listed one must still fail (so the list cannot go stale).
+configs (where those cannot run, the change in hf_walk.CONFIG_OVERRIDES),
+the model's own rotary module, random q/k.  A model type agrees through the
+attention scores, or is refused with its reason (no RoPE, a refused model)
+or skipped by the walk with its reason (a vision or audio part).
 """
 
 import collections
@@ -20,17 +21,6 @@ import hf_walk  # noqa: E402  (needs torch)
 import posenc_fast as pf  # noqa: E402
 from posenc_fast._hf_config import _text_part, rotary_kwargs_from_hf_config  # noqa: E402
 
-_FULL_WIDTH = ("cannot be a RoPE of pairs: its recomposition splits the full-width cos/sin (cat(freqs, freqs)) by "
-               "2 * mrope_section, so with two or more sections the two features of a rotate_half pair take "
-               "different streams' angles (not a rotation where those positions differ; from_hf_config names the "
-               "pair); its default config has no mrope_section (its own rotary module fails)")
-
-OUT_OF_SCOPE = {
-    # (the vision towers are skipped here, their 2-D RoPE checked in test_hf_towers.py; the pe_* audio/video
-    # towers and pocket_tts' codec transformers are read by the probe, _hf_probe.py)
-    "hunyuan_vl": _FULL_WIDTH, "hunyuan_vl_text": _FULL_WIDTH,
-}
-
 MODEL_TYPES = hf_walk.model_types()
 
 
@@ -44,15 +34,6 @@ def _agrees(model_type, partial_rotary_factor=None, **options):
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_rope_matches_the_model(model_type):
-    if model_type in OUT_OF_SCOPE:
-        try:
-            agrees, _ = _agrees(model_type)
-        except hf_walk.Skip as skip:
-            pytest.fail(f"listed as out of scope, but the walk skips it: {skip}")
-        except Exception:  # refused by from_hf_config, or the walk cannot call the model's rotation
-            agrees = False
-        assert not agrees, f"{model_type} now agrees: remove it from OUT_OF_SCOPE"
-        return
     try:
         agrees, results = _agrees(model_type)
     except hf_walk.Skip as skip:
@@ -123,22 +104,27 @@ def test_a_config_of_several_transformers_with_differing_ropes_is_refused():
     assert repr(decoder_rope) == repr(pf.RotaryEmbedding.from_hf_config(dia["encoder_config"]))
 
 
-def test_hunyuan_vl_sections_are_not_a_rotation_of_pairs():
-    # with two sections its own rotation changes a pair's norm wherever the two streams' positions differ:
-    # no RoPE of pairs gives it, and from_hf_config refuses it
+def test_hunyuan_vl_pairs_whose_features_take_two_streams():
+    # its rotary module splits cat(freqs, freqs) by 2 * mrope_section: with two or more sections a rotate_half
+    # pair's features take two streams' angles (its own rotation changes the pair's norm wherever those
+    # positions differ), which from_hf_config gives as two rows of pair_streams
+    torch = hf_walk.torch
     config = hf_walk.configuration_auto.CONFIG_MAPPING["hunyuan_vl_text"](
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [32, 32]})
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [16, 16, 16, 16]})
     module = hf_walk.modeling_module("hunyuan_vl")
     rotary = hf_walk.text_rotary_class(module, config)(config=config)
-    q = hf_walk.torch.randn(1, 1, 3, 128, dtype=hf_walk.torch.float64)
-    positions = hf_walk.torch.tensor([[[0, 5, 9]], [[0, 1, 2]]])  # stream 0 and stream 1 differ past token 0
-    cos, sin = rotary(q, positions)
+    q = torch.randn(1, 2, 3, 128, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    positions = np.array([[0, 5, 9], [0, 1, 2], [0, 7, 3], [0, 2, 8]])  # the streams differ past token 0
+    cos, sin = rotary(q, torch.from_numpy(positions)[:, None])
     rotated, _ = module.apply_rotary_pos_emb(q, q, cos.double(), sin.double())
     pairs = lambda x: x[..., :64] ** 2 + x[..., 64:] ** 2  # noqa: E731  (rotate_half pairs)
-    assert hf_walk.torch.allclose(pairs(rotated)[..., 0, :], pairs(q)[..., 0, :])
-    assert not hf_walk.torch.allclose(pairs(rotated)[..., 1:, :], pairs(q)[..., 1:, :], rtol=1e-3)
-    with pytest.raises(ValueError, match="not a rotation of pairs"):
-        pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    assert torch.allclose(pairs(rotated)[..., 0, :], pairs(q)[..., 0, :])
+    assert not torch.allclose(pairs(rotated)[..., 1:, :], pairs(q)[..., 1:, :], rtol=1e-3)
+    rope = pf.RotaryEmbedding.from_hf_config(config.to_dict())
+    assert rope.pair_streams.tolist() == [[0] * 32 + [1] * 32, [2] * 32 + [3] * 32]
+    ours = rope.apply(q.numpy(), positions)
+    # transformers forms float32 angles (at most 9 rad here) and float32 cos/sin
+    np.testing.assert_allclose(ours, rotated.numpy(), rtol=0, atol=2e-6 * float(q.abs().max()))
 
 
 def test_qwen2_5_omni_dit_refused_and_the_recipe_it_names(monkeypatch):
@@ -368,8 +354,6 @@ def test_layer_is_its_layer_type_in_every_model_with_layer_types():
     # that has layer_types
     walked, differ = set(), []
     for model_type in MODEL_TYPES:
-        if model_type in OUT_OF_SCOPE:
-            continue
         config = hf_walk.configuration_auto.CONFIG_MAPPING[model_type](**hf_walk.CONFIG_OVERRIDES.get(model_type, {}))
         try:
             data, _ = _text_part(config.to_dict(), "config")

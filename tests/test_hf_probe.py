@@ -177,13 +177,13 @@ def _probed_with_default(monkeypatch, model_type, **defaults):
         _hf_probe.probed_rule.cache_clear()
 
 
-def test_a_pair_whose_features_turn_with_two_streams_is_refused(monkeypatch):
+def test_a_pair_whose_features_turn_with_two_streams_is_probed(monkeypatch):
     # HunYuan-VL's rotary module splits cat(freqs, freqs) by 2 * mrope_section: features 0 and 64 of a
-    # rotate_half pair take streams 0 and 2; with one stream for all, two forms deal it so
+    # rotate_half pair take streams 0 and 2, a stream each (full_width); with one stream for all, two forms
+    # deal it so
     rope = {"rope_type": "default", "rope_theta": 10000.0}
-    with pytest.raises(ValueError, match=r"pair of features \[0, 64\] takes its angles from position streams "
-                                         r"\[0, 2\]"):
-        _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [16] * 4})
+    rule = _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [16] * 4})
+    assert rule.streams == "full_width" and rule.default_section is None
     with pytest.raises(ValueError, match=r"chunked and full_width of posenc_fast's forms .* deal its default config"):
         _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [0, 64, 0, 0]})
 

@@ -4,6 +4,7 @@ import pickle
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import assert_rotation_close, untouched
@@ -187,6 +188,112 @@ def test_bad_positions_write_nothing():
         assert untouched(before, out)
     with pytest.raises(ValueError, match="leading axis"):
         rope.cos_sin(np.arange(4))
+
+
+# ---------------------------------------------------------------------------
+# two streams a pair (HunYuan-VL): pair_streams of two rows, a stream per feature
+
+
+@st.composite
+def feature_stream_cases(draw):
+    npairs = draw(st.integers(1, 10))
+    n_streams = draw(st.integers(2, 4))
+    rows = draw(st.lists(st.integers(0, n_streams - 1), min_size=2 * npairs, max_size=2 * npairs)
+                .filter(lambda r: set(r) == set(range(n_streams)) and r[:npairs] != r[npairs:]))
+    seq = draw(st.integers(0, 5))
+    positions = draw(st.lists(st.integers(-50, 5000), min_size=n_streams * seq, max_size=n_streams * seq))
+    return ([rows[:npairs], rows[npairs:]], draw(st.integers(0, 3)), draw(st.integers(0, 3)), seq,
+            np.array(positions).reshape(n_streams, seq), draw(st.sampled_from(LAYOUTS)),
+            draw(st.sampled_from(DTYPES)), draw(st.sampled_from([None, {"rope_type": "linear", "factor": 2.0}])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(feature_stream_cases())
+def test_two_streams_a_pair_match_the_reference(case):
+    streams, start, tail, seq, positions, layout, dtype, scaling = case
+    npairs = len(streams[0])
+    rope = pf.RotaryEmbedding(start + 2 * npairs + tail, rotary_dim=2 * npairs, rotary_start=start,
+                              layout=layout, scaling=scaling, pair_streams=streams)
+    assert rope.pair_streams.shape == (2, npairs)
+    x = random((2, 3, seq, rope.dim), dtype)
+    got = rope.apply(x, positions)
+    want = reference.apply_rotary_streams(x, positions, list(rope.inv_freq), streams, layout=layout,
+                                          attention_factor=rope.attention_factor, rotary_start=start)
+    assert_rotation_close(got, want, x, positions, rope)
+    in_place = x.copy()
+    assert rope.apply(in_place, positions, out=in_place) is in_place and untouched(in_place, got)
+    q, k = rope.apply_qk(x, x[:, :1].copy(), positions)
+    assert untouched(q, got) and untouched(k, got[:, :1])
+
+
+HALF_DTYPES = [np.float16, ml_dtypes.bfloat16]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES + HALF_DTYPES)
+def test_two_streams_a_pair_turn_each_feature_by_its_own(layout, dtype):
+    dtype = np.dtype(dtype)
+    streams = [[0] * 8 + [1] * 8, [2] * 8 + [3] * 8]  # HunYuan-VL's four sections of 8 pairs
+    rope = pf.RotaryEmbedding(40, rotary_dim=32, rotary_start=4, layout=layout, pair_streams=streams)
+    plain = pf.RotaryEmbedding(40, rotary_dim=32, rotary_start=4, layout=layout)
+    x = random((5, 3, 40), dtype)  # (tokens, heads, head_dim)
+    positions = np.random.default_rng(5).integers(0, 4000, (4, 5, 1))
+    got = rope.apply(x, positions)
+    # a feature turns by its own stream: where all four carry one position, the plain rotation bitwise,
+    # and each feature as the plain rotation by its stream's position turns it
+    assert untouched(rope.apply(x, np.stack([positions[1]] * 4)), plain.apply(x, positions[1]))
+    first, second = reference.rope_pair_indices(0, 32, layout, 4)
+    for feature, stream in ((first, 0), (second, 2)):
+        np.testing.assert_array_equal(got[..., feature], plain.apply(x, positions[stream])[..., feature])
+    half = float(ml_dtypes.finfo(dtype).eps) if dtype.itemsize == 2 else 0  # one rounding of a float32 result
+    want = reference.apply_rotary_streams(x.astype(np.float64), positions, list(rope.inv_freq), streams,
+                                          layout=layout, rotary_start=4)
+    if half:
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=half * np.abs(want).max())
+    else:
+        assert_rotation_close(got, want, x, positions, rope)
+
+
+def test_two_streams_a_pair_cos_sin_refusals_and_pickle():
+    streams = [[0, 1, 0, 1], [2, 2, 1, 0]]
+    rope = pf.RotaryEmbedding(8, layout="half", pair_streams=streams)
+    assert rope.n_streams == 3 and "pair_streams=[[0, 1, 0, 1], [2, 2, 1, 0]]" in repr(rope)
+    clone = pickle.loads(pickle.dumps(rope))
+    assert repr(clone) == repr(rope) and untouched(clone.pair_streams, rope.pair_streams)
+    positions = np.array([[1, 2], [40, 5], [7, 800]])
+    cos, sin = rope.cos_sin(positions, dtype=np.float64)
+    assert cos.shape == sin.shape == (2, 2, 4)
+    for t, f, j in np.ndindex(2, 2, 4):
+        want = reference.rope_cos_sin([positions[streams[f][j], t]], [rope.inv_freq[j]])
+        np.testing.assert_allclose((cos[t, f, j], sin[t, f, j]), (want[0][0, 0], want[1][0, 0]), atol=1e-13)
+    x, out = random((2, 8)), np.full((2, 8), 7.0)
+    with pytest.raises(ValueError, match="inverse=True: this embedding's pairs take two streams each"):
+        rope.apply(x, positions, out=out, inverse=True)
+    assert (out == 7.0).all()
+    same = pf.RotaryEmbedding(8, layout="half", pair_streams=[streams[0], streams[0]])
+    assert same.pair_streams.shape == (4,) and repr(same).endswith("pair_streams=[0, 1, 0, 1])")
+    with pytest.raises(ValueError, match=r"shape \(4,\), or one per feature of each pair, shape \(2, 4\), "
+                                         r"got \(3, 4\)"):
+        pf.RotaryEmbedding(8, layout="half", pair_streams=[streams[0]] * 3)
+    with pytest.raises(ValueError, match="every stream"):
+        pf.RotaryEmbedding(8, layout="half", pair_streams=[[0, 0, 0, 0], [2, 2, 2, 2]])
+
+
+def test_two_streams_a_pair_thread_count_does_not_change_results():
+    from posenc_fast._dispatch import kernels
+
+    rng = np.random.default_rng(6)
+    x = random((3000, 70), np.float32)
+    cos, sin = random((50, 32), np.float32), random((50, 32), np.float32)
+    row_token = np.repeat(np.arange(1500), 2).astype(np.intp)
+    token_rows = rng.integers(0, 50, (1500, 3)).astype(np.intp)
+    streams = np.stack([np.arange(32) % 3, np.arange(32) // 11]).astype(np.intp)
+    results = []
+    for threads in (1, 2, 3, 8):
+        out = np.empty_like(x)
+        kernels.rotate_stream_rows(x, out, cos, sin, row_token, token_rows, streams, True, False, threads, 3)
+        results.append(out)
+    assert all(untouched(results[0], r) for r in results[1:])
 
 
 # ---------------------------------------------------------------------------

@@ -372,7 +372,8 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
         only, ``original_max_position_embeddings`` and ``factor`` filled in
         as transformers derives them); for multimodal RoPE also
         ``pair_streams`` (a list: each pair's position stream, from the
-        config's ``mrope_section`` or the model's default); ``reverse=True``
+        config's ``mrope_section`` or the model's default; two lists, of the
+        pairs' first and second features, where those differ); ``reverse=True``
         for a model that rotates by ``-theta`` (NanoChat).
 
     Raises

@@ -42,8 +42,8 @@ class ModelRule(NamedTuple):
     streams: str | None = None
     """Multimodal RoPE: how its ``recomposition_frequencies`` assigns pairs to position streams
     (`pair_streams`): ``"chunked"`` (Qwen2-VL), ``"thw_interleaved"`` (Qwen3-VL),
-    ``"hw_interleaved_t"`` (ERNIE-4.5-VL), ``"row_col"`` (NeoMME), ``"full_width"`` (HunYuan-VL, not
-    read)."""
+    ``"hw_interleaved_t"`` (ERNIE-4.5-VL), ``"row_col"`` (NeoMME), ``"full_width"`` (HunYuan-VL: a stream
+    per feature, two lists where a pair's features take two)."""
     default_section: tuple[int, ...] | None = None
     """``mrope_section`` when the config has none (the rotary module's default; where the configuration class
     fills one in, ``_hf_defaults.SECTION`` has it)."""
@@ -100,8 +100,9 @@ class ModelRule(NamedTuple):
 STREAM_FORMS = ("chunked", "thw_interleaved", "hw_interleaved_t", "row_col", "full_width")
 
 
-def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]:
-    """The position stream of each pair, as the model's ``recomposition_frequencies`` assigns them."""
+def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int] | list[list[int]]:
+    """The position stream of each pair, as the model's ``recomposition_frequencies`` assigns them (of
+    each pair's first and second feature, two lists, where they differ)."""
     if section is None:
         section = rule.default_section
     if rule.streams == "row_col":
@@ -127,17 +128,9 @@ def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int]
         return [i % 3 for i, n in enumerate(section) for _ in range(n)]
     if rule.streams == "full_width":
         # HunYuan-VL: cat((freq, freq)) split by 2 * mrope_section, chunk i taking stream i: feature j's stream.
-        # A rotate_half pair (j, j + npairs) rotates only where both features take one stream's angle.
+        # A rotate_half pair (j, j + npairs) takes two streams where its features lie in two chunks.
         feature = [i for i, n in enumerate(section) for _ in range(2 * n)]
-        streams = feature[:npairs]
-        if streams != feature[npairs:]:
-            pair = next(j for j in range(npairs) if feature[j] != feature[j + npairs])
-            raise ValueError(
-                f"{where}: mrope_section {section} gives the two features of pair {pair} the angles of streams "
-                f"{feature[pair]} and {feature[pair + npairs]} (its rotary module splits cat(freqs, freqs) by "
-                f"2 * mrope_section): not a rotation of pairs wherever those positions differ, which "
-                f"RotaryEmbedding cannot express ({rule.source})")
-        return streams
+        return feature[:npairs] if feature[:npairs] == feature[npairs:] else [feature[:npairs], feature[npairs:]]
     if rule.streams == "hw_interleaved_t" and len(section) == 3:
         # ERNIE-4.5-VL: pre-rotated frequencies, h and w pair by pair over section[0] + section[1] pairs, then t
         return [(1 if j % 2 == 0 else 2) if j < section[0] + section[1] else 0 for j in range(npairs)]

@@ -354,21 +354,32 @@ def _first_call(function, basis, dim, tables, pairwise) -> tuple:
 
 def _read_streams(found: dict, matrices: list, where: str) -> list:
     """The position stream of each pair (None: a pair at angle 0, which any stream leaves still): the one
-    stream whose positions alone turn it as all streams together do, the others leaving it as at position 0.
+    stream whose positions alone turn it as all streams together do, the others leaving it as at position 0;
+    where its two features turn so by one stream each (HunYuan-VL), the two (first feature's, second's).
     `matrices`: the maps at positions (0, 1, far) of every stream, then of each stream alone."""
-    whole, alone = matrices[0], matrices[1:]
+    whole, alone = matrices[0], matrices[1:]  # row i of a map: where it takes basis vector i
+
+    def turned_by(rows, features):  # the one stream that turns these rows' features as all do, else None
+        part = lambda m: m[:, rows][:, :, features]  # noqa: E731
+        turning = [s for s, m in enumerate(alone)
+                   if not np.allclose(part(m)[1:], part(m)[0], rtol=0, atol=_TOLERANCE)]
+        one = len(turning) == 1 and np.allclose(part(alone[turning[0]]), part(whole), rtol=0, atol=_TOLERANCE)
+        return turning, turning[0] if one else None
+
     assigned = []
     for j, rows in enumerate(found["pairs"]):
-        rows = list(rows)
-        still = [np.allclose(m[1:, rows], m[0, rows], rtol=0, atol=_TOLERANCE) for m in alone]
-        turning = [s for s, st in enumerate(still) if not st]
+        rows = sorted(rows)
+        turning, stream = turned_by(rows, rows)
+        features = [turned_by(rows, [row])[1] for row in rows]
         if not turning and found["angles"][j] <= _TOLERANCE:
             assigned.append(None)
-        elif len(turning) == 1 and np.allclose(alone[turning[0]][:, rows], whole[:, rows], rtol=0, atol=_TOLERANCE):
-            assigned.append(turning[0])
+        elif stream is not None:
+            assigned.append(stream)
+        elif None not in features:
+            assigned.append(tuple(features))
         else:
             raise ValueError(f"{where}: its pair of features {rows} takes its angles from position streams "
-                             f"{turning}: not a rotation of each pair by one stream")
+                             f"{turning}, not one for the pair or one for each feature")
     return assigned
 
 
@@ -472,8 +483,10 @@ def _stream_rule(config, rule: ModelRule, found: dict, where: str) -> ModelRule:
             dealt = _kwargs(config, candidate, where)["pair_streams"]
         except ValueError:  # the form does not take the config's mrope_section
             continue
-        if len(dealt) == len(found["streams"]) and all(
-                stream is None or stream == d for stream, d in zip(found["streams"], dealt)):
+        by_feature = list(zip(*dealt)) if dealt and isinstance(dealt[0], list) else [(d, d) for d in dealt]
+        if len(by_feature) == len(found["streams"]) and all(
+                stream is None or (stream if isinstance(stream, tuple) else (stream, stream)) == d
+                for stream, d in zip(found["streams"], by_feature)):
             matches.append(candidate)
     if len(matches) != 1:
         forms = " and ".join(m.streams for m in matches) or "none"

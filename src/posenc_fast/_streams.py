@@ -1,11 +1,13 @@
 """Several position streams per token: multimodal RoPE (mRoPE) and axial RoPE.
 
 Pair ``j`` of a token rotates by the position of stream ``pair_streams[j]``
-(Qwen2-VL's t/h/w, a vision tower's h/w).  This module turns the common forms
-into that per-pair array (an axial RoPE's also into each pair's frequency,
-`Axial`), validates a call's positions (leading axis: one row per stream) and
-runs the compiled ``rotate_stream_rows`` on the canonical cos/sin table of
-the call's distinct positions.
+(Qwen2-VL's t/h/w, a vision tower's h/w); with two rows, its first feature
+by that of ``pair_streams[0, j]`` and its second by that of
+``pair_streams[1, j]`` (HunYuan-VL).  This module turns the common forms
+into that array (an axial RoPE's also into each pair's frequency, `Axial`),
+validates a call's positions (leading axis: one row per stream) and runs the
+compiled ``rotate_stream_rows`` on the canonical cos/sin table of the call's
+distinct positions.
 """
 
 from typing import NamedTuple
@@ -135,12 +137,15 @@ def axial(dim, n_axes, rotary_dim, axis_order, pairs, frequencies) -> tuple[int,
 
 
 def pair_streams_array(pair_streams, npairs: int, name: str = "pair_streams") -> np.ndarray:
-    """Validate a per-pair stream array: ints >= 0, one per pair, every stream used (`name`: what
-    the caller passed, for the messages)."""
+    """Validate a stream array: ints >= 0, one per pair (shape (npairs,)) or one per feature of
+    each pair (shape (2, npairs); rows alike: the one row), every stream used (`name`: what the
+    caller passed, for the messages)."""
     streams = v.integer_array(pair_streams, name)
-    if streams.shape != (npairs,):
-        raise ValueError(f"{name} must have one entry per pair, shape ({npairs},), "
-                         f"got {streams.shape}")
+    if streams.shape not in ((npairs,), (2, npairs)):
+        raise ValueError(f"{name} must have one entry per pair, shape ({npairs},), or one per feature "
+                         f"of each pair, shape (2, {npairs}), got {streams.shape}")
+    if streams.ndim == 2 and np.array_equal(streams[0], streams[1]):
+        streams = streams[0]
     if streams.size and streams.min() < 0:
         raise ValueError(f"{name} must be >= 0, got {int(streams.min())}")
     used = np.unique(streams)
@@ -202,6 +207,9 @@ def apply(rope, arrays: list, names: tuple, positions, offset, inverse, outs) ->
         others = arrays[:i] + arrays[i + 1:] + [given for given, _ in checked]
         checked.append(v.output(out, name, x.shape, x.dtype, may_be=(x,),
                                 must_not_overlap=tuple(others)))
+    if inverse and rope.pair_streams.ndim == 2:
+        raise ValueError("inverse=True: this embedding's pairs take two streams each (pair_streams has two rows), "
+                         "not a rotation where their positions differ, so no rotation by -theta undoes it")
     distinct, token_rows = distinct_rows(values)
     tables: dict = {}
     results = []
@@ -216,8 +224,8 @@ def apply(rope, arrays: list, names: tuple, positions, offset, inverse, outs) ->
 
 
 def gather(table: np.ndarray, token_rows: np.ndarray, pair_streams: np.ndarray) -> np.ndarray:
-    """(tokens, npairs): entry (t, j) = table[token_rows[t, pair_streams[j]], j]."""
-    return table[token_rows[:, pair_streams], np.arange(pair_streams.size)]
+    """(tokens,) + pair_streams.shape: entry (t, ..., j) = table[token_rows[t, pair_streams[..., j]], j]."""
+    return table[token_rows[:, pair_streams], np.arange(pair_streams.shape[-1])]
 
 
 def n_streams(pair_streams: np.ndarray) -> int:

@@ -166,18 +166,24 @@ def apply_rotary(x, positions, inv_freq, *, layout="interleaved", attention_fact
 
 def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
                          attention_factor=1.0, inverse=False, rotary_start=0):
-    """Rotate every vector of x, pair i by the position of stream pair_streams[i].
+    """Rotate every vector of x, pair i by the position of stream pair_streams[i]; with two rows
+    of streams, pair i's first feature as rotated by stream pair_streams[0][i]'s position, its
+    second as by pair_streams[1][i]'s.
 
     positions: (n_streams,) + a shape broadcasting to x.shape[:-1].
     """
     x = np.asarray(x, dtype=np.float64)
     positions = np.asarray(positions, dtype=np.float64)
     streams = [np.broadcast_to(p, x.shape[:-1]) for p in positions]
+    rows = [list(pair_streams)] if np.ndim(pair_streams) == 1 else [list(row) for row in pair_streams]
     result = np.zeros(x.shape)
     for index in np.ndindex(x.shape[:-1]):
-        per_pair = [float(streams[pair_streams[i]][index]) for i in range(len(inv_freq))]
-        result[index] = rotate_vector(x[index], per_pair, inv_freq, layout, attention_factor,
-                                      inverse, rotary_start)
+        rotated = [rotate_vector(x[index], [float(streams[row[i]][index]) for i in range(len(inv_freq))],
+                                 inv_freq, layout, attention_factor, inverse, rotary_start) for row in rows]
+        result[index] = rotated[0]
+        for i in range(len(inv_freq)):  # the second features (as the first where one row)
+            second = rope_pair_indices(i, 2 * len(inv_freq), layout, rotary_start)[1]
+            result[index][second] = rotated[-1][second]
     return result
 
 

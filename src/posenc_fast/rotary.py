@@ -100,6 +100,9 @@ class RotaryEmbedding(kernels.RotaryBase):
         Several position streams per token (multimodal RoPE): pair ``i``
         rotates by the position of stream ``pair_streams[i]``, one entry per
         pair (``rotary_dim // 2``), streams ``0 .. n_streams-1`` all used.
+        Or two rows: pair ``i``'s first feature takes the angle of stream
+        ``pair_streams[0, i]``, its second ``pair_streams[1, i]``'s (HunYuan-VL;
+        not a rotation where they differ: ``inverse=True`` is refused).
         Explicit positions then have a leading axis of size ``n_streams``
         (``positions[s]`` broadcasts against ``x.shape[:-1]``); without
         positions every stream is ``arange`` along `seq_axis`.
@@ -303,9 +306,8 @@ class RotaryEmbedding(kernels.RotaryBase):
     inv_freq = property(lambda self: self._pair_frequencies(self._frequencies.inv_freq),
                         doc="float64 (rotary_dim//2,) frequencies, read-only (negative with reverse=True).")
     reverse = property(lambda self: self._reverse, doc="True: rotates by -theta (NanoChat).")
-    pair_streams = property(
-        lambda self: self._pair_streams,
-        doc="The position stream of each pair (read-only intp array), or None (one stream).")
+    pair_streams = property(lambda self: self._pair_streams, doc=(
+        "The position stream of each pair, or of its two features (two rows; read-only intp), or None (one stream)."))
     n_streams = property(
         lambda self: 1 if self._pair_streams is None else _streams.n_streams(self._pair_streams),
         doc="Position streams per token: the leading axis of explicit positions when > 1.")
@@ -500,7 +502,8 @@ class RotaryEmbedding(kernels.RotaryBase):
             With several position streams (`n_streams` > 1): shape
             ``(n_streams,) + tokens_shape``; entry ``j`` of a token is then
             the value of its pair ``j``, at the position of stream
-            ``pair_streams[j]``.
+            ``pair_streams[j]`` (two rows of streams: entries ``(f, j)``,
+            feature ``f`` of pair ``j``).
         dtype : {np.float32, np.float64, np.float16, "bfloat16"}, optional
         out : tuple of two ndarrays, optional
             ``(cos, sin)`` to write, each of the shape returned and dtype
@@ -510,14 +513,15 @@ class RotaryEmbedding(kernels.RotaryBase):
         Returns
         -------
         cos, sin : ndarrays of shape tokens_shape + (rotary_dim//2,)
-            tokens_shape is positions.shape (one stream) or positions.shape[1:].
+            tokens_shape is positions.shape (one stream) or positions.shape[1:];
+            ``tokens_shape + (2, rotary_dim//2)`` with two rows of streams.
         """
         values = v.positions_array(positions)
         dtype = v.table_dtype(dtype)
         token_shape = values.shape
         if self._pair_streams is not None:
             values, token_shape = _streams.stream_positions(values, 0.0, self.n_streams, (), None)
-        shape = token_shape + (self._rotary_dim // 2,)
+        shape = token_shape + ((self._rotary_dim // 2,) if self._pair_streams is None else self._pair_streams.shape)
         if out is not None:
             if not isinstance(out, tuple) or len(out) != 2:
                 raise TypeError(f"out must be a tuple (cos, sin) of two arrays, got "
@@ -545,9 +549,8 @@ class RotaryEmbedding(kernels.RotaryBase):
 
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
-             scaling: dict[str, Any] | None, pair_streams: list[int] | None = None,
-             axes: int = 1, reverse: bool = False, start: int = 0,
-             axial: tuple | None = None) -> RotaryEmbedding:
+             scaling: dict[str, Any] | None, pair_streams: list | None = None, axes: int = 1,
+             reverse: bool = False, start: int = 0, axial: tuple | None = None) -> RotaryEmbedding:
     # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use); `axial` is
     # (axis_order, pairs, frequencies), None in pickles made before them
     if axes > 1:
