@@ -242,6 +242,7 @@ def test_two_streams_a_pair_turn_each_feature_by_its_own(layout, dtype):
     # a feature turns by its own stream: where all four carry one position, the plain rotation bitwise,
     # and each feature as the plain rotation by its stream's position turns it
     assert untouched(rope.apply(x, np.stack([positions[1]] * 4)), plain.apply(x, positions[1]))
+    assert untouched(rope.apply(x), plain.apply(x))  # no positions: arange in every stream
     first, second = reference.rope_pair_indices(0, 32, layout, 4)
     for feature, stream in ((first, 0), (second, 2)):
         np.testing.assert_array_equal(got[..., feature], plain.apply(x, positions[stream])[..., feature])
