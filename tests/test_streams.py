@@ -77,21 +77,22 @@ def test_equal_streams_are_bitwise_the_one_stream_rope(layout, dtype):
             assert untouched(got, want)
 
 
+@pytest.mark.parametrize("two_streams_a_pair", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_thread_count_does_not_change_results(dtype):
+def test_thread_count_does_not_change_results(dtype, two_streams_a_pair):
     from posenc_fast._dispatch import kernels
 
     rng = np.random.default_rng(2)
-    x = random((3000, 64), dtype)
+    x = random((3000, 70), dtype)  # features 3 .. 66 rotate
     cos, sin = random((50, 32), dtype), random((50, 32), dtype)
     row_token = np.repeat(np.arange(1500), 2).astype(np.intp)
     token_rows = rng.integers(0, 50, (1500, 3)).astype(np.intp)
-    streams = (np.arange(32) % 3).astype(np.intp)
+    streams = np.arange(32) % 3 if not two_streams_a_pair else np.stack([np.arange(32) % 3, np.arange(32) // 11])
     results = []
     for threads in (1, 2, 3, 8):
         out = np.empty_like(x)
-        kernels.rotate_stream_rows(x, out, cos, sin, row_token, token_rows, streams, True, False,
-                                   threads)
+        kernels.rotate_stream_rows(x, out, cos, sin, row_token, token_rows, streams.astype(np.intp), True, False,
+                                   threads, 3)
         results.append(out)
     assert all(untouched(results[0], r) for r in results[1:])
 
@@ -278,23 +279,6 @@ def test_two_streams_a_pair_cos_sin_refusals_and_pickle():
         pf.RotaryEmbedding(8, layout="half", pair_streams=[streams[0]] * 3)
     with pytest.raises(ValueError, match="every stream"):
         pf.RotaryEmbedding(8, layout="half", pair_streams=[[0, 0, 0, 0], [2, 2, 2, 2]])
-
-
-def test_two_streams_a_pair_thread_count_does_not_change_results():
-    from posenc_fast._dispatch import kernels
-
-    rng = np.random.default_rng(6)
-    x = random((3000, 70), np.float32)
-    cos, sin = random((50, 32), np.float32), random((50, 32), np.float32)
-    row_token = np.repeat(np.arange(1500), 2).astype(np.intp)
-    token_rows = rng.integers(0, 50, (1500, 3)).astype(np.intp)
-    streams = np.stack([np.arange(32) % 3, np.arange(32) // 11]).astype(np.intp)
-    results = []
-    for threads in (1, 2, 3, 8):
-        out = np.empty_like(x)
-        kernels.rotate_stream_rows(x, out, cos, sin, row_token, token_rows, streams, True, False, threads, 3)
-        results.append(out)
-    assert all(untouched(results[0], r) for r in results[1:])
 
 
 # ---------------------------------------------------------------------------
