@@ -4,7 +4,8 @@ Skipped without torch and transformers.  Nothing is downloaded: default
 configs (where those cannot run, the change in hf_walk.CONFIG_OVERRIDES),
 the model's own rotary module, random q/k.  A model type agrees through the
 attention scores, or is refused with its reason (no RoPE, a refused model)
-or skipped by the walk with its reason (a vision or audio part).
+or skipped by the walk with its reason (a vision tower, whose 2-D RoPE
+test_hf_towers.py checks; an audio part).
 """
 
 import collections
