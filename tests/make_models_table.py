@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import hf_walk  # noqa: E402
 import transformers  # noqa: E402
-from test_hf_install_models import MODEL_TYPES, NOT_RUN  # noqa: E402
+from test_hf_install_models import FORMULA, MODEL_TYPES, NOT_RUN  # noqa: E402
 from test_hf_models import _agrees  # noqa: E402
 
 from posenc_fast._hf_functions import (  # noqa: E402
@@ -58,6 +58,7 @@ def _install_text(model_type):
     if not patched:
         return "no"
     checked = ", logits checked" if model_type in MODEL_TYPES and model_type not in NOT_RUN else ""
+    checked += " (transformers' formula where a pair's features take two streams)" if model_type in FORMULA else ""
     return " and ".join(patched) + checked
 
 
