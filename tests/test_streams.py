@@ -268,6 +268,8 @@ def test_two_streams_a_pair_cos_sin_refusals_and_pickle():
     for t, f, j in np.ndindex(2, 2, 4):
         want = reference.rope_cos_sin([positions[streams[f][j], t]], [rope.inv_freq[j]])
         np.testing.assert_allclose((cos[t, f, j], sin[t, f, j]), (want[0][0, 0], want[1][0, 0]), atol=1e-13)
+    out = (np.empty((2, 2, 4), np.float32), np.empty((2, 2, 4), np.float32))
+    assert rope.cos_sin(positions, out=out)[1] is out[1] and untouched(out[1], sin.astype(np.float32))
     x, out = random((2, 8)), np.full((2, 8), 7.0)
     with pytest.raises(ValueError, match="inverse=True: this embedding's pairs take two streams each"):
         rope.apply(x, positions, out=out, inverse=True)
