@@ -127,7 +127,9 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef const Py_ssize_t* seconds = pairs + table.npairs if pair_streams.ndim == 2 else NULL
     # two streams a pair: a row written twice, so never by non-temporal stores (nbytes 0)
     cdef Py_ssize_t nbytes = 0 if seconds != NULL else cnp.PyArray_NBYTES(x)
-    cdef Py_ssize_t slot_bytes = (2 if seconds == NULL else 4) * table.npairs * table.itemsize
+    # per thread: a (cos row, sin row); two streams a pair: two more, and the row by the second streams
+    cdef Py_ssize_t slot_bytes = 2 * table.npairs * (table.itemsize if seconds == NULL
+                                                     else 2 * table.itemsize + cnp.PyArray_ITEMSIZE(x))
     cdef char* xp = _data(x)
     cdef char* op = _data(out)
     cdef RowCall call = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
@@ -138,8 +140,6 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:
         return
-    if seconds != NULL:
-        slot_bytes += 2 * table.npairs * cnp.PyArray_ITEMSIZE(x)  # the row rotated by the second streams
     num_threads = max(1, min(num_threads, <int>nchunks))
     # slot_bytes per thread; the pool's slot picks them.
     scratch = cnp.PyArray_EMPTY(1, [num_threads * slot_bytes], cnp.NPY_UINT8, 0)

@@ -370,12 +370,12 @@ def _read_streams(found: dict, matrices: list, where: str) -> list:
     for j, rows in enumerate(found["pairs"]):
         rows = sorted(rows)
         turning, stream = turned_by(rows, rows)
-        features = [turned_by(rows, [row])[1] for row in rows]
+        features = [turned_by(rows, [row])[1] for row in rows] if stream is None and turning else None
         if not turning and found["angles"][j] <= _TOLERANCE:
             assigned.append(None)
         elif stream is not None:
             assigned.append(stream)
-        elif None not in features:
+        elif features is not None and None not in features:
             assigned.append(tuple(features))
         else:
             raise ValueError(f"{where}: its pair of features {rows} takes its angles from position streams "

@@ -181,9 +181,9 @@ def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
         rotated = [rotate_vector(x[index], [float(streams[row[i]][index]) for i in range(len(inv_freq))],
                                  inv_freq, layout, attention_factor, inverse, rotary_start) for row in rows]
         result[index] = rotated[0]
-        for i in range(len(inv_freq)):  # the second features (as the first where one row)
+        for i in range(len(inv_freq)) if len(rows) == 2 else ():  # the second features by their own row
             second = rope_pair_indices(i, 2 * len(inv_freq), layout, rotary_start)[1]
-            result[index][second] = rotated[-1][second]
+            result[index][second] = rotated[1][second]
     return result
 
 
