@@ -297,11 +297,13 @@ def test_nanochat_rotates_by_minus_theta():
 
 
 def test_hunyuan_vl_full_width_sections():
-    # its rotary module splits cat(freqs, freqs) by 2 * mrope_section, chunk i taking stream i: one section,
-    # every pair's two features take stream 0; two, pair j's features streams 0 and 1 (two rows of streams)
+    # its rotary module splits cat(freqs, freqs) by 2 * mrope_section, chunk i taking stream i of the
+    # len(mrope_section) rows of position_ids: one section, one row (a plain RoPE); two, pair j's features
+    # take streams 0 and 1 (two rows of streams)
     config = {"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
               "rope_parameters": {"rope_type": "default", "mrope_section": [32]}}
-    assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [0] * 32
+    assert rotary_kwargs_from_hf_config(config)["pair_streams"] is None
+    assert repr(pf.RotaryEmbedding.from_hf_config(config)) == repr(pf.RotaryEmbedding(64, layout="half"))
     config["rope_parameters"]["mrope_section"] = [16, 16]
     assert rotary_kwargs_from_hf_config(config)["pair_streams"] == [[0] * 32, [1] * 32]
     config["rope_parameters"]["mrope_section"] = [8, 16, 8]

@@ -179,13 +179,21 @@ def _probed_with_default(monkeypatch, model_type, **defaults):
 
 def test_a_pair_whose_features_turn_with_two_streams_is_probed(monkeypatch):
     # HunYuan-VL's rotary module splits cat(freqs, freqs) by 2 * mrope_section: features 0 and 64 of a
-    # rotate_half pair take streams 0 and 2, a stream each (full_width); with one stream for all, two forms
-    # deal it so
+    # rotate_half pair take streams 0 and 2, a stream each (full_width); with every pair on stream 1 of its
+    # four rows of positions, no form deals it so (pair_streams uses every row it is given)
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     rule = _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [16] * 4})
     assert rule.streams == "full_width" and rule.default_section is None
-    with pytest.raises(ValueError, match=r"chunked and full_width of posenc_fast's forms .* deal its default config"):
+    with pytest.raises(ValueError, match=r"none of posenc_fast's forms .* deal its default config"):
         _probed_with_default(monkeypatch, "hunyuan_vl_text", rope_parameters={**rope, "mrope_section": [0, 64, 0, 0]})
+
+
+def test_a_default_config_two_forms_deal_alike_is_refused(monkeypatch):
+    # three pairs, mrope_section [1, 1, 1]: Qwen2-VL's chunks and Qwen3-VL's interleaving both give t, h, w
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 1]}
+    with pytest.raises(ValueError, match=r"chunked and thw_interleaved of posenc_fast's forms .* deal its default"):
+        _probed_with_default(monkeypatch, "qwen2_vl_text", hidden_size=12, num_attention_heads=2,
+                             num_key_value_heads=2, rope_parameters=rope)
 
 
 def test_two_rotations_not_picked_by_rope_interleave_are_refused(monkeypatch):

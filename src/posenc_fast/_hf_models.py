@@ -100,11 +100,26 @@ class ModelRule(NamedTuple):
 STREAM_FORMS = ("chunked", "thw_interleaved", "hw_interleaved_t", "row_col", "full_width")
 
 
-def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int] | list[list[int]]:
+def pair_streams(rule: ModelRule, section, npairs: int, where: str) -> list[int] | list[list[int]] | None:
     """The position stream of each pair, as the model's ``recomposition_frequencies`` assigns them (of
-    each pair's first and second feature, two lists, where they differ)."""
+    each pair's first and second feature, two lists, where they differ); None where the model reads one
+    row of positions (a plain RoPE)."""
     if section is None:
         section = rule.default_section
+    streams = _deal_pairs(rule, section, npairs, where)
+    rows = len(section) if rule.streams == "full_width" else 2 if rule.streams == "row_col" else 3
+    if rows == 1:
+        return None
+    flat = [s for row in streams for s in row] if streams and isinstance(streams[0], list) else streams
+    unused = sorted(set(range(rows)).difference(flat))
+    if unused:
+        raise ValueError(f"{where}: mrope_section {section} gives no pair to position stream(s) {unused} of the "
+                         f"{rows} rows of position_ids its rotary module reads, and pair_streams uses every row "
+                         f"it is given: build the RotaryEmbedding with pair_streams= over the rows it reads")
+    return streams
+
+
+def _deal_pairs(rule: ModelRule, section, npairs: int, where: str) -> list[int] | list[list[int]]:
     if rule.streams == "row_col":
         # NeoMME: freq[0][..., 0::2] (rows) and freq[1][..., 1::2] (columns), stacked pair by pair
         return [j % 2 for j in range(npairs)]

@@ -483,6 +483,8 @@ def _stream_rule(config, rule: ModelRule, found: dict, where: str) -> ModelRule:
             dealt = _kwargs(config, candidate, where)["pair_streams"]
         except ValueError:  # the form does not take the config's mrope_section
             continue
+        if dealt is None:  # the form reads one row of positions here
+            continue
         by_feature = list(zip(*dealt)) if dealt and isinstance(dealt[0], list) else [(d, d) for d in dealt]
         if len(by_feature) == len(found["streams"]) and all(
                 stream is None or (stream if isinstance(stream, tuple) else (stream, stream)) == d
