@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from helpers import assert_matches_hf
 
+import posenc_fast as pf
 from posenc_fast._frequencies import RopeFrequencies, resolve_rope_scaling
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -106,6 +107,27 @@ def test_dynamic_unchanged_up_to_original_and_grows_after():
         np.testing.assert_allclose(grown, new_base ** (-np.arange(0, d, 2) / d), rtol=1e-15)
         previous = grown
     assert freqs.inv_freq_for(4096) is freqs.inv_freq_for(4096)  # cached
+
+
+@pytest.mark.parametrize("seq_len", [10**300, 10**308, 2**1100], ids=["power past float64", "inf product", "past float"])
+def test_dynamic_base_that_overflows_is_refused(seq_len):
+    # 10**300: the power overflows (OverflowError); 10**308: factor * seq_len is inf, silently
+    freqs = resolve_rope_scaling({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16},
+                                 rotary_dim=8, base=10000.0)
+    with pytest.raises(ValueError, match="dynamic NTK: the base for seq_len=.* overflows float64"):
+        freqs.inv_freq_for(seq_len)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2**63},
+    {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+     "original_max_position_embeddings": 2**64}])
+def test_an_original_length_past_int64_builds(scaling):
+    # it was an OverflowError; its calls rotate as with any original length past their positions
+    rope = pf.RotaryEmbedding(8, scaling=scaling)
+    shorter = pf.RotaryEmbedding(8, scaling={**scaling, "original_max_position_embeddings": 2**41})
+    x = np.ones((3, 8))
+    np.testing.assert_array_equal(rope.apply(x, [0, 5, 2**40]), shorter.apply(x, [0, 5, 2**40]))
 
 
 def test_longrope_switches_exactly_after_original():

@@ -448,6 +448,27 @@ def test_out_overlapping_the_cache():
     assert_array_equal(arena, arena_before)
 
 
+@pytest.mark.parametrize("where", ["out", "x in place", "out_q", "out_k"])
+def test_positions_inside_what_the_call_writes(where):
+    # the walk reads each token's position while it writes: a rotation would change them (it read the
+    # cos/sin table past its end)
+    x, out, q = np.full((4, 8), -1e300), np.zeros((4, 8)), random((4, 8), seed=1)
+    holder = x if where == "x in place" else out
+    positions = holder[0, :4].view(np.int64)
+    positions[:] = [0, 1, 2, 3]
+    cos, sin = np.zeros((4, 4)), np.ones((4, 4))
+    before = holder.copy()
+    name = "out" if where == "x in place" else where
+    with pytest.raises(ValueError, match=f"positions shares memory with {name}, which the call writes"):
+        if where in ("out", "x in place"):
+            pf.apply_rotary_cos_sin(x, cos, sin, positions, out=holder)
+        elif where == "out_q":
+            pf.apply_rotary_cos_sin_qk(q, x, cos, sin, positions, out_q=out)
+        else:
+            pf.apply_rotary_cos_sin_qk(q, x, cos, sin, positions, out_k=out)
+    assert_array_equal(holder, before)
+
+
 def _strided_cache_sharing_memory(kind):
     """(x, cos, sin, out) where out shares memory with a non-contiguous cos.
 

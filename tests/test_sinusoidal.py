@@ -244,6 +244,7 @@ def test_streamed_table_equals_small_tables(layout, shift, dim):
     (dict(length=-1, dim=4), ValueError, "length must be >= 0"),
     (dict(length=3, dim=0), ValueError, "dim must be >= 1"),
     (dict(length=0, dim=2**62), ValueError, r"\(0, 4611686018427387904\) set by length and dim is more than NumPy"),
+    (dict(length=2**62, dim=4), ValueError, r"\(4611686018427387904, 4\) set by length and dim is more than NumPy"),
     (dict(length=3.0, dim=4), TypeError, "length must be an integer"),
     (dict(length=3, dim=True), TypeError, "dim must be an integer, got bool"),
     (dict(length=3, dim=4, base=0.0), ValueError, "base must be > 0"),

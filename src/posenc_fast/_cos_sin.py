@@ -126,6 +126,7 @@ def apply_rotary_cos_sin(x: ArrayLike, cos: ArrayLike, sin: ArrayLike,
     index = _cache_index(cos, x.shape[:-1], positions, "x")
     out, in_place = v.output(out, "out", x.shape, x.dtype, may_be=(x,),
                              must_not_overlap=(cos, sin))
+    v.indices_apart({"positions": index}, {"out": out})
     cos, sin = v.rotation_tables(cos, sin, x.dtype, "x")
     return rotate(x, _as_table(cos), _as_table(sin), index, half, inverse, out, in_place, start)
 
@@ -162,6 +163,8 @@ def apply_rotary_cos_sin_qk(q: ArrayLike, k: ArrayLike, cos: ArrayLike, sin: Arr
                                  must_not_overlap=(k, cos, sin))
     out_k, k_in_place = v.output(out_k, "out_k", k.shape, k.dtype, may_be=(k,),
                                  must_not_overlap=(q, out_q, cos, sin))
+    for index in (q_index, k_index):
+        v.indices_apart({"positions": index}, {"out_q": out_q, "out_k": out_k})
     q_cos, q_sin = v.rotation_tables(cos, sin, q.dtype, "q")
     k_cos, k_sin = v.rotation_tables(cos, sin, k.dtype, "k")
     return (rotate(q, _as_table(q_cos), _as_table(q_sin), q_index, half, inverse, out_q,

@@ -189,9 +189,14 @@ def _longrope_inv_freq(base: float, rotary_dim: int, ext_factors: np.ndarray) ->
 
 
 def _dynamic_base(base: float, rotary_dim: int, factor: float, original: int, seq_len: int) -> float:
-    """HF ``_compute_dynamic_ntk_parameters``: the base a fresh module uses for ``seq_len``."""
+    """HF ``_compute_dynamic_ntk_parameters``: the base a fresh module uses for ``seq_len``
+    (OverflowError where it is not a finite float64: ``factor * seq_len`` may overflow to inf
+    without raising)."""
     seq_len = max(seq_len, original)
-    return base * ((factor * seq_len / original) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+    grown = base * ((factor * seq_len / original) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+    if not math.isfinite(grown):
+        raise OverflowError(f"dynamic NTK base {grown}")
+    return grown
 
 
 # --------------------------------------------------------------------------- normalisation

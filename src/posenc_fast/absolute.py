@@ -90,9 +90,9 @@ def sinusoidal_table(length: int, dim: int, *, offset: float = 0, base: float = 
     split = v.choice(layout, "layout", v.LAYOUTS_SINUSOIDAL) == "split"
     dtype = v.table_dtype(dtype)
     out, _ = v.output(out, "out", (length, dim), dtype)
-    positions = v.with_offset(np.arange(length, dtype=np.float64), offset)
     if out is None:
         out = v.empty((length, dim), dtype, "length and dim")
+    positions = v.with_offset(np.arange(length, dtype=np.float64), offset)
     return _fill_sinusoidal(positions, dim, base, split, out)
 
 

@@ -56,7 +56,7 @@ def _length_with_base_frequencies(frequencies) -> int:
         return 0  # absurd frequencies: let the general path check every angle
     if not frequencies.depends_on_length:
         return 2**62
-    length = int(frequencies.params["original_max_position_embeddings"])
+    length = min(int(frequencies.params["original_max_position_embeddings"]), 2**62)
     same = np.array_equal(frequencies.inv_freq_for(length), frequencies.inv_freq)
     return length if same else 0
 
