@@ -156,12 +156,34 @@ def _index_in_query(name):
     return lambda call: int64_inside(call["query"], call[name])
 
 
+def _int32_slots_in(name):
+    """The call's slots as int32 in `name`'s first bytes (the compiled walk reads an int64 copy, the
+    caller's slots are still overwritten)."""
+    def place(call):
+        inside = call[name].reshape(-1)[:5].view(np.int32)
+        inside[:] = call["slot_mapping"]
+        return inside
+    return place
+
+
+def _slots_in_a_column_of_query(call):
+    column = call["query"].view(np.int64)[:, -1]
+    column[:] = call["slot_mapping"]
+    return column
+
+
 # name: (change to a valid call: a value, or a function of the call; error; message)
 BAD = {
     "positions inside query": (dict(positions=_index_in_query("positions")), ValueError,
                                "positions shares memory with query"),
     "slots inside query": (dict(slot_mapping=_index_in_query("slot_mapping")), ValueError,
                            "slot_mapping shares memory with query"),
+    "int32 slots inside the key cache": (dict(slot_mapping=_int32_slots_in("key_cache")), ValueError,
+                                         "key_cache shares memory with slot_mapping"),
+    "int32 slots inside query": (dict(slot_mapping=_int32_slots_in("query")), ValueError,
+                                 "slot_mapping shares memory with query"),
+    "slots in a column of query": (dict(slot_mapping=_slots_in_a_column_of_query), ValueError,
+                                   "slot_mapping shares memory with query"),
     "head_size past int64": (dict(head_size=2**70), ValueError, "head_size = 1180591620717411303424"),
     "position past the table": (dict(positions=lambda c: np.where(np.arange(5) == 2, 40, c["positions"])),
                                 ValueError, "positions must lie in [0, 40)"),

@@ -153,6 +153,22 @@ def test_indices_inside_a_rotated_input_are_refused(index, holder):
             assert untouched(before[name], a), name
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_int32_slots_inside_the_cache_are_refused(fused):
+    # the write reads an int64 copy of them, but would still overwrite the caller's slots
+    positions, q_pe, k_pe, kv_c, slots, kv_cache = mla_case(np.float32, 4, 64, heads=2, rank=32)
+    inside = kv_cache.reshape(-1)[:slots.size].view(np.int32)
+    inside[:] = slots
+    before = kv_cache.copy()
+    with pytest.raises(ValueError, match="kv_cache shares memory with kv_c, k_pe or slot_mapping"):
+        if fused:
+            table = np.ones((64, k_pe.shape[-1]), np.float32)
+            vllm.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, table, True, inside, kv_cache)
+        else:
+            vllm.concat_and_cache_mla(kv_c, k_pe, kv_cache, inside)
+    assert untouched(before, kv_cache)
+
+
 def test_the_write_takes_either_byte_order():
     # only what is rotated in place must be native; the write converts what it copies
     positions, query, k_pe, kv_c, slots, kv_cache = mla_case(np.float32, 4, 64, heads=2, rank=32)

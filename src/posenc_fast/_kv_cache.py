@@ -92,7 +92,7 @@ def _slots(slot_mapping, ntokens: int, num_slots: int) -> np.ndarray:
     if repeated.size:
         raise ValueError(f"slot_mapping uses slot {int(repeated[0])} more than once: every "
                          f"token needs its own slot (-1 skips a token)")
-    return np.ascontiguousarray(slots, dtype=np.int64)
+    return slots
 
 
 class Names(NamedTuple):
@@ -142,7 +142,7 @@ def check_call(q, k, v_, positions, k_cache, v_cache, slot_mapping, out_q, dim: 
                                must_not_overlap=(k, v_, k_cache, v_cache))
     v.indices_apart({"positions": positions, "slot_mapping": slots}, {n.out_q: out_q})
     return CacheCall(q, np.ascontiguousarray(k), np.ascontiguousarray(v_), k_cache, v_cache,
-                     positions, slots, RowOutput(q, out_q, in_place))
+                     positions, np.ascontiguousarray(slots, dtype=np.int64), RowOutput(q, out_q, in_place))
 
 
 def write(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray,

@@ -23,6 +23,11 @@ PYTHON = [
     Mutant("apply_rotary_cos_sin_qk reads positions inside out_q or out_k", "validation", PKG + "_cos_sin.py",
            '        v.indices_apart({"positions": index}, {"out_q": out_q, "out_k": out_k})', "        pass",
            ("tests/test_rotary_cos_sin.py", "-k", "positions_inside")),
+    Mutant("slot_mapping's overlaps checked on its int64 copy", "validation", PKG + "_kv_cache.py",
+           "                         f\"token needs its own slot (-1 skips a token)\")\n    return slots\n",
+           "                         f\"token needs its own slot (-1 skips a token)\")\n"
+           "    return np.ascontiguousarray(slots, dtype=np.int64)\n",
+           ("tests/test_vllm_kv_cache.py", "tests/test_vllm_mla.py", "-k", "slots")),
     Mutant("an out whose elements share memory is written", "validation", PKG + "_validate.py",
            "    if out.size and not elements_apart(out):", "    if False:",
            ("tests/test_validate.py", "-k", "share_memory")),
