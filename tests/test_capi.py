@@ -235,6 +235,18 @@ def test_rotate_refuses_an_out_inside_the_table(probe):
     assert not table.any()
 
 
+def test_rotate_takes_an_out_in_the_gaps_of_the_table(probe):
+    # float32 rows [cos x4 | sin x4 | free x8]: one rotated row of 8 in row 0's free part
+    rope = pf.RotaryEmbedding(8, layout="half")
+    table = np.zeros((3, 16), np.float32)
+    table[:, :4], table[:, 4:8] = rope.cos_sin(np.arange(3))
+    x, out, positions = np.arange(1.0, 9.0, dtype=np.float32).reshape(1, 8), table[0, 8:], np.array([2], np.int64)
+    call = rotate_call(out, x=addr(x), cos=addr(table), sin=addr(table) + 16, rows=3, stride=16, outer=1,
+                       seq=1, inner=1, positions=addr(positions))
+    assert probe.rotate(*call) == OK
+    np.testing.assert_array_equal(out, rope.apply(x, positions)[0])
+
+
 def test_rotate_refuses_an_out_over_the_positions(probe):
     # out (2*3*2 rows of 8 float32) begins at the positions' 3 int64: they would change mid-call.
     out = np.zeros(2 * 3 * 2 * 8, np.float32)
@@ -270,6 +282,48 @@ def test_rotate_rotary_refuses_bad_input_and_writes_nothing(probe):
     assert call(capsule=scaled, positions=np.zeros(3, np.int64), inverse=1) == ERR_UNSUPPORTED
     assert out.tobytes() == before.tobytes()
     assert call(capsule=scaled, positions=np.zeros(3, np.int64)) == OK
+
+
+def _elements(start, n, stride, width):
+    return {start + r * stride + i for r in range(n) for i in range(width)}
+
+
+@pytest.mark.parametrize("n, stride, width", [(1, 2, 2), (3, 4, 2), (4, 5, 2), (3, 7, 3)])
+def test_fill_cos_sin_refuses_tables_that_share_an_element_only(probe, n, stride, width):
+    # cos and sin at every pair of element offsets in one buffer: refused exactly where some cos
+    # element is a sin element ([cos | sin] halves of one row are apart); what it writes is cos_sin's
+    rope = pf.RotaryEmbedding(2 * width)
+    freqs, positions = rope.inv_freq, np.arange(n, dtype=np.float64) + 3
+    want_cos, want_sin = rope.cos_sin(positions)
+    span = (n - 1) * stride + width
+    for c in range(2 * span):
+        for s in range(2 * span):
+            both = sentinel(3 * span, np.float32)
+            status = probe.fill_cos_sin(1, addr(both) + 4 * c, addr(both) + 4 * s, stride, addr(positions), n,
+                                        addr(freqs), width, 1.0)
+            if _elements(c, n, stride, width) & _elements(s, n, stride, width):
+                assert status == ERR_OVERLAP and (both == -7.25).all(), (c, s)
+            else:
+                assert status == OK, (c, s)
+                rows = np.arange(n)[:, None] * stride + np.arange(width)
+                np.testing.assert_array_equal(both[c + rows], want_cos)
+                np.testing.assert_array_equal(both[s + rows], want_sin)
+
+
+def test_fill_cos_sin_takes_positions_in_the_gaps_of_its_table(probe):
+    # float64 rows [cos cos | sin sin | free free]: positions in row 0's free pair, freqs in row 1's
+    rope = pf.RotaryEmbedding(4)
+    table = sentinel((2, 6), np.float64)
+    positions, freqs = table[0, 4:], table[1, 4:]
+    positions[:], freqs[:] = [1.0, 2.0], rope.inv_freq
+    assert probe.fill_cos_sin(2, addr(table), addr(table) + 16, 6, addr(positions), 2, addr(freqs), 2, 1.0) == OK
+    want_cos, want_sin = rope.cos_sin(np.array([1.0, 2.0]), dtype=np.float64)
+    np.testing.assert_array_equal(table[:, :2], want_cos)
+    np.testing.assert_array_equal(table[:, 2:4], want_sin)
+    assert probe.fill_cos_sin(2, addr(table), addr(table) + 16, 6, addr(table) + 24, 2, addr(freqs), 2,
+                              1.0) == ERR_OVERLAP  # positions over cos and sin of row 0
+    assert probe.fill_cos_sin(2, addr(table), addr(table) + 16, 6, addr(positions), 2, addr(table) + 56, 2,
+                              1.0) == ERR_OVERLAP  # freqs over cos of the last row
 
 
 def test_tables_and_alibi_refuse_bad_input_and_write_nothing(probe):

@@ -91,6 +91,35 @@ cdef inline bint _overlap(const void* a, int64_t a_bytes, const void* b,
     return a_bytes > 0 and b_bytes > 0 and pa < pb + b_bytes and pb < pa + a_bytes
 
 
+cdef inline int64_t _floor_div(int64_t a, int64_t b) noexcept nogil:
+    # floor(a / b) for b > 0 (the build's cdivision truncates)
+    return a // b if a >= 0 else -((-a + b - 1) // b)
+
+
+cdef inline bint _rows_overlap(const void* a, int64_t n, int64_t row_bytes, int64_t width,
+                               const void* b, int64_t b_bytes) noexcept nogil:
+    # Rows r < n of a table, [a + r*row_bytes, + width), against b_bytes from b: row r meets them
+    # when d - width < r*row_bytes < d + b_bytes (d = b - a), so a table beside b in b's gaps is apart.
+    cdef int64_t d = <int64_t>(<const char*>b - <const char*>a)
+    if n <= 0 or width <= 0 or b_bytes <= 0:
+        return False
+    if n == 1 or row_bytes <= width:
+        return _overlap(a, (n - 1) * row_bytes + width, b, b_bytes)
+    return max(<int64_t>0, _floor_div(d - width, row_bytes) + 1) <= min(n - 1, _floor_div(d + b_bytes - 1, row_bytes))
+
+
+cdef inline bint _tables_overlap(const void* a, const void* b, int64_t n, int64_t row_bytes,
+                                 int64_t width) noexcept nogil:
+    # Two tables of n rows of `width` bytes, `row_bytes` apart (>= width): row r2 of b meets row r1
+    # of a when |d + k*row_bytes| < width for k = r2 - r1 in [-(n-1), n-1] (d = b - a), as
+    # [cos | sin] halves of one row do not.
+    cdef int64_t d = <int64_t>(<const char*>b - <const char*>a)
+    if n <= 0 or width <= 0:
+        return False
+    return (max(1 - n, _floor_div(-width - d, row_bytes) + 1)
+            <= min(n - 1, _floor_div(width - d - 1, row_bytes)))
+
+
 cdef inline bint _finite_angles(const double* positions, int64_t n, const double* freqs,
                                 int64_t m) noexcept nogil:
     # _validate.finite_angles: every position * frequency finite in double.
@@ -153,7 +182,7 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
                       posenc_fast_layout layout, int inverse) noexcept nogil:
     cdef int d, t, status
     cdef Py_ssize_t itemsize, table_itemsize, nrows
-    cdef int64_t nbytes, table_bytes
+    cdef int64_t nbytes, table_bytes, table_width, table_row
     cdef RowPlan plan
     cdef RowCall call
     if (rows == NULL or rows.x == NULL or rows.out == NULL or table == NULL
@@ -172,8 +201,10 @@ cdef int _capi_rotate(const posenc_fast_rows* rows, const posenc_fast_cos_sin* t
             or not _table_bytes(table.rows, table.stride, table.npairs, table_itemsize,
                                 &table_bytes)):
         return POSENC_FAST_ERR_SIZE
-    if (_overlap(rows.out, nbytes, table.cos, table_bytes)
-            or _overlap(rows.out, nbytes, table.sin, table_bytes)):
+    table_width = table.npairs * table_itemsize
+    table_row = table.stride * table_itemsize
+    if (_rows_overlap(table.cos, table.rows, table_row, table_width, rows.out, nbytes)
+            or _rows_overlap(table.sin, table.rows, table_row, table_width, rows.out, nbytes)):
         return POSENC_FAST_ERR_OVERLAP
     if rows.seq > 0 and (plan.lowest < 0 or plan.highest >= table.rows):
         return POSENC_FAST_ERR_RANGE
@@ -235,7 +266,7 @@ cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64
     # cos_sin_rows on pointers.
     cdef int d
     cdef Py_ssize_t itemsize
-    cdef int64_t nbytes
+    cdef int64_t nbytes, width, row
     cdef int threads
     cdef double* work
     if cos == NULL or sin == NULL or positions == NULL or freqs == NULL:
@@ -247,10 +278,12 @@ cdef int _capi_fill_cos_sin(posenc_fast_dtype dtype, void* cos, void* sin, int64
             or not _table_bytes(n, stride, npairs, itemsize, &nbytes)
             or n > PY_SSIZE_T_MAX // 8 or npairs > PY_SSIZE_T_MAX // 8):
         return POSENC_FAST_ERR_SIZE
-    if (_overlap(cos, nbytes, sin, nbytes)
-            or _overlap(cos, nbytes, positions, n * 8) or _overlap(sin, nbytes, positions, n * 8)
-            or _overlap(cos, nbytes, freqs, npairs * 8)
-            or _overlap(sin, nbytes, freqs, npairs * 8)):
+    width, row = npairs * itemsize, stride * itemsize
+    if (_tables_overlap(cos, sin, n, row, width)
+            or _rows_overlap(cos, n, row, width, positions, n * 8)
+            or _rows_overlap(sin, n, row, width, positions, n * 8)
+            or _rows_overlap(cos, n, row, width, freqs, npairs * 8)
+            or _rows_overlap(sin, n, row, width, freqs, npairs * 8)):
         return POSENC_FAST_ERR_OVERLAP
     if not isfinite(scale) or not _finite_angles(positions, n, freqs, npairs):
         return POSENC_FAST_ERR_RANGE

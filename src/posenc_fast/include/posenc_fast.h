@@ -111,7 +111,9 @@ typedef struct {
                          int inverse);
     /* cos[r * stride + i] = scale * cos(positions[r] * freqs[i]); sin likewise
        (RotaryEmbedding.cos_sin with freqs = rope.inv_freq_for(n) and scale =
-       its attention factor). */
+       its attention factor).  ERR_OVERLAP only where the tables' rows share an
+       element with each other, positions or freqs: cos and sin may be the two
+       halves of one row (sin = cos + npairs, stride >= 2 * npairs). */
     int (*fill_cos_sin)(posenc_fast_dtype dtype, void* cos, void* sin, int64_t stride,
                         const double* positions, int64_t n, const double* freqs,
                         int64_t npairs, double scale);
