@@ -29,6 +29,14 @@ def test_check_passes_and_ends_with_the_count_line():
     assert result.returncode == 0
 
 
+@pytest.mark.parametrize("args, message", [(("--cases", "0"), "--cases must be >= 1"),
+                                           (("--seed", "-1"), "--seed must be >= 0")])
+def test_check_refuses_bad_options_without_a_traceback(args, message):
+    result = _run("check", *args)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"check: {message}" in result.stderr
+
+
 def test_plot_writes_png_files(tmp_path):
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("matplotlib is not installed")

@@ -151,6 +151,31 @@ def test_compare_refuses_a_file_it_cannot_use(saved, tmp_path):
         _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"])
 
 
+@pytest.mark.parametrize("change", [dict(rows=None), dict(rows=5), dict(rows=[{}]), dict(build_info=[]),
+                                    "ratio", dict(ratio="x"), dict(ratio=True), dict(ratio=float("nan"))])
+def test_compare_refuses_rows_it_cannot_read(saved, tmp_path, change):
+    # a file with the right header but rows it cannot compare: refused before anything is measured
+    # (it was a KeyError or TypeError after the whole run)
+    if change == "ratio":
+        broken = dict(saved, rows=[{k: v for k, v in row.items() if k != "ratio"} for row in saved["rows"]])
+    elif "ratio" in change:
+        broken = dict(saved, rows=[dict(saved["rows"][0], **change)] + saved["rows"][1:])
+    else:
+        broken = {k: v for k, v in dict(saved, **change).items() if v is not None}
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match="rows a list of objects with key, title, dtype, shape, ratio"):
+        _cli_bench.load_ratios(str(path), saved["dtype"], saved["threads"])
+
+
+@pytest.mark.parametrize("where", ["a missing folder", "a folder"])
+def test_save_where_it_cannot_write_is_a_usage_error(tmp_path, where):
+    target = tmp_path / "absent" / "x.json" if where == "a missing folder" else tmp_path
+    proc = _bench("--save", str(target))
+    assert proc.returncode == _cli_bench.EXIT_USAGE
+    assert "--save" in proc.stderr and "[1/" not in proc.stderr  # nothing measured
+
+
 def test_bad_compare_file_is_a_usage_error(tmp_path):
     proc = _bench("--compare", str(tmp_path / "absent.json"))
     assert proc.returncode == _cli_bench.EXIT_USAGE

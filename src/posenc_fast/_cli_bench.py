@@ -16,6 +16,9 @@ a CI on a noisy machine can gate on them.
 
 import argparse
 import json
+import math
+import numbers
+import os
 import sys
 import time
 
@@ -202,9 +205,16 @@ def load_ratios(path: str, dtype: str, threads: int, machine: dict | None = None
         if saved.get(option) != want:
             raise ValueError(f"--compare {path} was saved with --{option} {saved.get(option)}, "
                              f"this run uses {want}: pass --{option} {saved.get(option)}")
+    rows = saved.get("rows")
+    fields = {"key": str, "title": str, "dtype": str, "shape": str, "ratio": numbers.Real}
+    if not isinstance(saved.get("build_info", {}), dict) or not isinstance(rows, list) or not all(
+            isinstance(row, dict) and all(isinstance(row.get(f), t) and not isinstance(row.get(f), bool)
+                                          for f, t in fields.items()) and math.isfinite(row["ratio"])
+            for row in rows):
+        raise ValueError(f"--compare {path}: its build_info must be an object and its rows a list of "
+                         f"objects with {', '.join(fields)} (a finite ratio), as bench --save writes them")
     for key, want in (machine or {}).items():
-        got = saved.get("build_info", {}).get(key) if isinstance(saved.get("build_info"), dict) \
-            else None
+        got = saved.get("build_info", {}).get(key)
         if got != want:
             raise ValueError(f"--compare {path} was saved with {key} {got!r}, this machine has "
                              f"{want!r}: ratios to the limit differ by CPU and kernel variant; "
@@ -267,6 +277,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # posenc_fast and torch get the same count: --threads, else posenc_fast's setting.
     threads = args.threads if args.threads is not None else _threads.get_num_threads()
+    folder = os.path.dirname(os.path.abspath(args.save)) if args.save is not None else None
+    if folder is not None and (os.path.isdir(args.save) or not os.access(folder, os.W_OK)):
+        print(f"bench: --save {args.save}: not a file this user can write in an existing folder",
+              file=sys.stderr)
+        return EXIT_USAGE
     saved = None
     if args.compare is not None:
         try:
@@ -311,8 +326,12 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.perf_counter() - start, 2), "workloads": workloads,
     }
     if args.save is not None:
-        with open(args.save, "w") as fh:
-            json.dump(ratios_file(report), fh, indent=1)
+        try:
+            with open(args.save, "w") as fh:
+                json.dump(ratios_file(report), fh, indent=1)
+        except OSError as exc:
+            print(f"bench: --save {args.save}: cannot write it ({exc})", file=sys.stderr)
+            return EXIT_USAGE
     entries = None
     if saved is not None:
         entries = compare_ratios(saved["rows"], ratio_rows(report), args.fail_above)

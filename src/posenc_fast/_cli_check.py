@@ -454,6 +454,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cases < 1:
         raise SystemExit("check: --cases must be >= 1")
+    if args.seed < 0:
+        raise SystemExit("check: --seed must be >= 0")
     info = pf.build_info()
     available = cases(pf)
     print(f"posenc_fast {info['version']} ({info['isa_in_use']}, {info['num_threads']} threads, "
