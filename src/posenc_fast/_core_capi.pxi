@@ -99,13 +99,14 @@ cdef inline int64_t _floor_div(int64_t a, int64_t b) noexcept nogil:
 cdef inline bint _rows_overlap(const void* a, int64_t n, int64_t row_bytes, int64_t width,
                                const void* b, int64_t b_bytes) noexcept nogil:
     # Rows r < n of a table, [a + r*row_bytes, + width), against b_bytes from b: row r meets them
-    # when d - width < r*row_bytes < d + b_bytes (d = b - a), so a table beside b in b's gaps is apart.
+    # when d - width < r*row_bytes < d + b_bytes (d = b - a): a range in the table's gaps is apart.
     cdef int64_t d = <int64_t>(<const char*>b - <const char*>a)
     if n <= 0 or width <= 0 or b_bytes <= 0:
         return False
     if n == 1 or row_bytes <= width:
         return _overlap(a, (n - 1) * row_bytes + width, b, b_bytes)
-    return max(<int64_t>0, _floor_div(d - width, row_bytes) + 1) <= min(n - 1, _floor_div(d + b_bytes - 1, row_bytes))
+    return (max(<int64_t>0, _floor_div(d - width, row_bytes) + 1)
+            <= min(n - 1, _floor_div(d + b_bytes - 1, row_bytes)))
 
 
 cdef inline bint _tables_overlap(const void* a, const void* b, int64_t n, int64_t row_bytes,
