@@ -38,7 +38,7 @@ def test_the_file_holds_block_sizes_per_cpu():
 @pytest.mark.parametrize("blocks", [[1 << 20], {"position": 0}, {"row": 1.5}, {"group": -1}, {"row": True},
                                     {"heads": 4}, {"row": 10**22}])
 def test_block_sizes_tune_did_not_write_are_refused(blocks):
-    text = json.dumps({"cpus": {_dispatch.cpu_key(ZEN5): {"blocks": blocks}}})
+    text = json.dumps({"version": 1, "cpus": {_dispatch.cpu_key(ZEN5): {"blocks": blocks}}})
     with pytest.raises(ValueError, match="blocks that are not sizes in bytes"):
         _dispatch.tuned_blocks(text, ZEN5)
 
@@ -68,10 +68,14 @@ def test_a_block_size_changes_only_beyond_the_margin():
     assert pick(4096, {8192: 1.2}) == 4096 and pick(4096, {}) == 4096
 
 
-@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"cpus": {"AuthenticAMD family 0x1a '
-                                  'model 0x2": {"variant": "sse9"}}}'])
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", "[" * 100000 + "]" * 100000,
+                                  '{"version": 1, "cpus": {"AuthenticAMD family 0x1a model 0x2": {"variant": "sse9"}}}',
+                                  '{"version": 2, "cpus": {"AuthenticAMD family 0x1a model 0x2": {"variant": "avx2"}}}',
+                                  '{"cpus": {"AuthenticAMD family 0x1a model 0x2": {"variant": "avx2"}}}'],
+                         ids=["not json", "a list", "nested past the recursion limit", "no such variant",
+                              "a later version", "no version"])
 def test_a_file_tune_did_not_write_is_refused(text):
-    with pytest.raises(ValueError, match="tuning file|names no variant"):
+    with pytest.raises(ValueError, match="tuning file|names no variant|this posenc_fast reads version 1"):
         _dispatch.tuned_variant(text, ZEN5)
 
 
@@ -127,6 +131,15 @@ def test_the_import_reads_the_file_for_this_cpu(tmp_path):
     assert _python(BLOCKS, path).stdout.split("\n")[0] == str(_core.block_bytes()["row"][0])  # the table's
 
 
+@pytest.mark.parametrize("rounds", ["0", "-2"])
+def test_tune_refuses_rounds_below_one(tmp_path, rounds):
+    result = _python("from posenc_fast.__main__ import main; raise SystemExit(main(['tune', "
+                     f"'--rounds', '{rounds}']))", tmp_path / "tune.json")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"tune: --rounds must be >= 1, got {rounds}" in result.stderr
+    assert not (tmp_path / "tune.json").exists()
+
+
 def test_tune_measures_and_writes_this_cpus_entry(tmp_path):
     from posenc_fast import _core
 
@@ -165,7 +178,8 @@ def test_tune_restores_the_kernels_in_use_even_the_baseline(tmp_path):
     assert result.stdout.rstrip().endswith("True") and not (tmp_path / "tune.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["not UTF-8", "a folder", "sizes past Py_ssize_t"])
+@pytest.mark.parametrize("kind", ["not UTF-8", "a folder", "sizes past Py_ssize_t", "nested past the recursion limit",
+                                  "a later version"])
 def test_the_import_survives_any_tuning_file(tmp_path, kind):
     # ignored with a warning that names it, the choice as without it
     path = tmp_path / "tune.json"
@@ -173,8 +187,14 @@ def test_the_import_survives_any_tuning_file(tmp_path, kind):
         path.write_bytes(bytes(range(128, 256)))
     elif kind == "a folder":
         path.mkdir()
+    elif kind == "nested past the recursion limit":
+        path.write_text("[" * 200000 + "]" * 200000)
+    elif kind == "a later version":
+        path.write_text(json.dumps({"version": 2, "cpus": {_dispatch.cpu_key(_cpu.cpu_identity()):
+                                                           {"variant": "baseline"}}}))
     else:
-        path.write_text(json.dumps({"cpus": {_dispatch.cpu_key(_cpu.cpu_identity()): {"blocks": {"row": 10**22}}}}))
+        path.write_text(json.dumps({"version": 1, "cpus": {_dispatch.cpu_key(_cpu.cpu_identity()):
+                                                           {"blocks": {"row": 10**22}}}}))
     result = _python(INFO, path)
     assert result.returncode == 0, result.stderr
     assert f"{path} ignored" in result.stderr

@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
     """Measure, print, and (unless --dry-run) store this CPU's variant and block sizes."""
     from . import _core, _cpu, _dispatch, get_num_threads, set_num_threads
 
+    if args.rounds < 1:
+        raise SystemExit(f"tune: --rounds must be >= 1, got {args.rounds}")
     usable = [name for name in _dispatch.PREFERENCE
               if name in _dispatch.BUILT and name in _dispatch.CPU_SUPPORTS and name != "baseline"]
     cpu = _cpu.cpu_identity()

@@ -213,14 +213,23 @@ def cpu_key(cpu: tuple[str, int, int]) -> str:
     return "{} family {:#x} model {:#x}".format(*cpu)
 
 
+# The tuning file's format: what with_tuned writes and _tuned_entry reads
+TUNE_VERSION = 1
+
+
 def _tuned_entry(text: str | None, cpu: tuple[str, int, int]) -> dict | None:
     """`cpu`'s entry in the tuning file's text, or None (no file, no entry)."""
     if text is None:
         return None
     try:
-        entry = json.loads(text).get("cpus", {}).get(cpu_key(cpu))
-    except (ValueError, AttributeError) as error:
-        raise ValueError(f"not a posenc_fast tuning file: {error}") from None
+        record = json.loads(text)
+        version = record.get("version")
+        entry = record.get("cpus", {}).get(cpu_key(cpu))
+    except (ValueError, AttributeError, RecursionError) as error:
+        raise ValueError(f"not a posenc_fast tuning file: {error!r}") from None
+    if version != TUNE_VERSION:
+        raise ValueError(f"its version is {version!r}, this posenc_fast reads version {TUNE_VERSION}: run "
+                         f"python -m posenc_fast tune again")
     if entry is not None and not isinstance(entry, dict):
         raise ValueError(f"its entry for {cpu_key(cpu)} is not an object")
     return entry
@@ -264,11 +273,11 @@ def with_tuned(text: str | None, cpu: tuple[str, int, int], entry: dict) -> str:
     ``"variant"`` and its ``"ratios"``, ``"blocks"`` and theirs)."""
     try:
         record = json.loads(text) if text else {}
-        cpus = dict(record.get("cpus", {}))
-    except (ValueError, AttributeError):
+        cpus = dict(record.get("cpus", {})) if record.get("version") == TUNE_VERSION else {}
+    except (ValueError, AttributeError, RecursionError, TypeError):
         cpus = {}  # a file tune cannot read is replaced
     cpus[cpu_key(cpu)] = entry
-    return json.dumps({"version": 1, "cpus": cpus}, indent=1, sort_keys=True) + "\n"
+    return json.dumps({"version": TUNE_VERSION, "cpus": cpus}, indent=1, sort_keys=True) + "\n"
 
 
 def choose(built: list[str], supported: list[str], requested: str,
