@@ -100,6 +100,23 @@ def test_each_fallback_is_counted_with_a_gradient_only(reason, kernel_calls):
     assert hf.FALLBACKS == {reason: 1}
 
 
+@pytest.mark.parametrize("form", ["a batch q broadcasts to", "sin of another shape"])
+def test_a_cache_the_formula_broadcasts_q_against_takes_the_formula(form, kernel_calls):
+    # transformers' product broadcasts q (or cos against sin): its result has another shape than q's,
+    # which the kernel does not give (it raised where transformers computes)
+    cos, sin = cache()
+    if form == "a batch q broadcasts to":
+        cos, sin = cos.repeat(3, 1, 1), sin.repeat(3, 1, 1)
+    else:
+        sin = sin.repeat(3, 1, 1)
+    module = importlib.import_module(hf._module_name("llama"))
+    got = _llama()(*qk(), cos, sin)
+    want = module.apply_rotary_pos_emb(*qk(), cos, sin)
+    assert [g.shape for g in got] == [w.shape for w in want] == [(3, 2, 5, 16), (3, 1, 5, 16)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert hf.FALLBACKS == {"arguments or shapes it does not take": 1} and not any(kernel_calls)
+
+
 def test_the_kernel_is_no_fallback(kernel_calls):
     q_embed, _ = _llama()(*qk(), *cache())
     q_embed, _ = _llama()(*qk(torch.float64), *cache(dtype=torch.float64))

@@ -174,6 +174,24 @@ def test_the_op_refuses_a_function_it_does_not_patch(module, name):
         torch.ops.posenc_fast.hf_rotate(list(xs), cos, sin, module, name, 1, False)
 
 
+@pytest.mark.parametrize("one_tensor", [False, True])
+def test_the_op_refuses_xs_of_another_count(one_tensor):
+    # none was an IndexError; two for a one-tensor function were rotated as if it took them (q alone, of q and
+    # k, is what the function gives for q)
+    import posenc_fast.torch_ops  # noqa: F401
+
+    family = next(f for f, function in hf._PATCHED["apply_rotary_pos_emb"].items()
+                  if function.one_tensor == one_tensor and hf._parameters(function)[-2:] == ("cos", "sin"))
+    _, (q, k), cos, sin = _inputs(hf._LLAMA, 16)
+    most = 1 if one_tensor else 2
+    for xs in ([], [q], [q, k], [q, k, q]):
+        if 1 <= len(xs) <= most:
+            assert len(torch.ops.posenc_fast.hf_rotate(xs, cos, sin, family, "apply_rotary_pos_emb", 1, False)) == len(xs)
+        else:
+            with pytest.raises(ValueError, match=rf"xs must hold 1 to {most} of the tensors .* got {len(xs)}"):
+                torch.ops.posenc_fast.hf_rotate(xs, cos, sin, family, "apply_rotary_pos_emb", 1, False)
+
+
 def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
     # under torch.compile (fullgraph: the op in the graph), repeating entries or not
     _, _, cos, sin = _inputs(hf._LLAMA, 16)

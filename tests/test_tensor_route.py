@@ -288,6 +288,16 @@ def test_the_compiled_route_declines(case):
     assert _hf_drop_in.compiled(torch, function)(xs, cos, sin, axis) is None
 
 
+def test_the_compiled_route_takes_at_most_the_functions_tensors():
+    # two tensors for a one-tensor function were rotated (the C++ kernel's entry too, past the op's check)
+    xs, cos, sin, axis = llama_decode(torch.float32)
+    one = next(f for f in ROTARY_FUNCTIONS.values() if f.one_tensor and _hf_drop_in.compiled(torch, f) is not None)
+    with torch.no_grad():
+        assert _hf_drop_in.compiled(torch, one)(xs[:1], cos, sin, axis) is not None
+        assert _hf_drop_in.compiled(torch, one)(xs[:1] * 2, cos, sin, axis) is None
+        assert _hf_drop_in.compiled(torch, ROTARY_FUNCTIONS["llama"])(xs[:1], cos, sin, axis) is not None
+
+
 def test_installed_functions_take_the_compiled_route(monkeypatch):
     from transformers.models.llama import modeling_llama
 

@@ -220,6 +220,17 @@ def test_the_functional_op_trains(torch, is_neox):
     assert torch.equal(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("change, match", [(dict(x="int32"), "^x must be float16, bfloat16, float32 or float64"),
+                                           (dict(head_size=5), "x"), (dict(head_size=0), "head_size must be >= 1")])
+def test_the_functional_ops_messages_name_x(torch, change, match):
+    # its data is x (it was named query, vLLM's in-place op's name)
+    positions, query, _, cache = case(torch)
+    x = query.to(torch.int32) if change.get("x") else query
+    with pytest.raises((TypeError, ValueError), match=match) as error:
+        torch.ops.posenc_fast.apply_rotary(positions, x, change.get("head_size", 16), cache, True)
+    assert "query" not in str(error.value)
+
+
 def test_a_meta_tensor_beside_cpu_ones_is_refused(torch):
     # torch sends such a call to the op's fake, which writes nothing: each op refuses it, naming the
     # tensor, and writes nothing; all on meta (shape propagation) stays the fake's no-op.

@@ -445,4 +445,6 @@ def test_what_the_hf_entry_declines_goes_to_the_python_kernel(python_hf_calls):
     assert len(python_hf_calls) == 1 and all(torch.equal(g, e) for g, e in zip(got, expected))
     with pytest.raises(ValueError, match="patches no 'apply_rotary_pos_emb' of transformers.models.nothing"):
         torch.ops.posenc_fast._hf_rotate_no_grad(*args[:3], "nothing", *args[4:])
+    with pytest.raises(ValueError, match=r"xs must hold 1 to 2 of the tensors .* got 3"):  # declined in C too
+        torch.ops.posenc_fast._hf_rotate_no_grad([*args[0], args[0][0]], *args[1:])
     torch.library.opcheck(torch.ops.posenc_fast._hf_rotate_no_grad, tuple(args))

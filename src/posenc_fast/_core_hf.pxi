@@ -25,7 +25,7 @@ cdef enum:
 
 cdef struct RotationSpec:
     # A TensorRotation's parameters (see its docstring).
-    int cache
+    int cache, ntensors
     bint half, partial, trailing, inverse
     unsigned char dtypes[POSENC_NUM_DTYPES * POSENC_NUM_DTYPES * POSENC_NUM_DTYPES]
 
@@ -52,7 +52,7 @@ cdef bint _rotation_plan(const RotationSpec* spec, RotationCall* r, Py_ssize_t u
     itemsize = c.itemsize
     r.table = posenc_dtype_index(c.type_num)
     cnd = c.nd
-    if (r.n < 1 or r.n > 2 or s.type_num != c.type_num or s.nd != cnd or cnd < 1 or cnd + 1 > STRIDED_AXES
+    if (r.n < 1 or r.n > spec.ntensors or s.type_num != c.type_num or s.nd != cnd or cnd < 1 or cnd + 1 > STRIDED_AXES
             or memcmp(s.dims, c.dims, cnd * sizeof(cnp.npy_intp)) or not -cnd - 1 <= unsqueeze_dim <= cnd):
         return False
     # cos and sin unsqueezed at unsqueeze_dim, one entry per pair (dims, steps)
@@ -110,7 +110,8 @@ cdef class TensorRotation:
     ``"halves"`` or ``"half_width"``, partial/trailing features, direction)
     and `dtypes`, 64 bytes: entry
     ``(q * 4 + k) * 4 + cache`` (kernel dtype indices; a one-tensor function's
-    ``k`` is ``q``) is nonzero where the function's result is the kernel's.
+    ``k`` is ``q``) is nonzero where the function's result is the kernel's;
+    `ntensors`, 1 or 2, the most tensors it rotates (x, or q and k).
     Called with ``(xs, cos, sin, unsqueeze_dim)`` it returns the rotated
     tensors, new ones with xs's dtypes, or None, having written nothing, for
     a call it does not take: the Python layer then decides (and raises).
@@ -118,9 +119,12 @@ cdef class TensorRotation:
     cdef RotationSpec spec
 
     def __init__(self, str layout, str cache, bint partial, bint trailing, bint inverse,
-                 bytes dtypes):
+                 bytes dtypes, int ntensors):
         if len(dtypes) != POSENC_NUM_DTYPES ** 3:
             raise ValueError(f"dtypes must hold {POSENC_NUM_DTYPES ** 3} bytes, got {len(dtypes)}")
+        if ntensors not in (1, 2):
+            raise ValueError(f"ntensors must be 1 or 2, got {ntensors}")
+        self.spec.ntensors = ntensors
         if cache not in ("halves", "half_width"):
             raise ValueError(f"cache must be 'halves' or 'half_width', got {cache!r}")
         self.spec.cache = CACHE_HALVES if cache == "halves" else CACHE_HALF_WIDTH

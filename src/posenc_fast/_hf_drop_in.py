@@ -279,7 +279,7 @@ def compiled(torch, function):
                      and (k is q or not function.one_tensor)
                      for q in dtypes for k in dtypes for cache in dtypes)
         rotation = kernels.TensorRotation(function.layout, function.cache, function.partial,
-                                          function.trailing, function.inverse, fits)
+                                          function.trailing, function.inverse, fits, 1 if function.one_tensor else 2)
     _COMPILED[id(function)] = (function, rotation)
     return rotation
 

@@ -343,10 +343,28 @@ def _rotate_if_fits(function, names, tensors, unsqueeze_dim):
             and (function.unsqueeze is None or cos.ndim >= 2)  # MiniMax-M3-VL's cos[:, None, :]
             and (function.dims is None or _has_dims(function.dims, xs, cos, sin, unsqueeze_dim))
             and (not function.prefix_tokens or _has_the_patches(xs, cos, sin))
-            and (not function.query_rows or xs[0].ndim >= 2)):  # q.size(-2)
+            and (not function.query_rows or xs[0].ndim >= 2)  # q.size(-2)
+            and _cache_broadcasts_into(function, xs, cos, sin, unsqueeze_dim)):
         _fell_back(torch, xs, "arguments or shapes it does not take")
         return None
     return _drop_in._rotate_tensors(torch, function, tuple(xs), cos, sin, unsqueeze_dim)
+
+
+def _cache_broadcasts_into(function, xs, cos, sin, unsqueeze_dim) -> bool:
+    # sin of cos's shape, whose leading axes unsqueezed broadcast into each x's: transformers' product
+    # then has x's shape (else it broadcasts x too, or cos against sin). The token axis of a function that
+    # picks cache rows by tokens is its own rule's (prefix_tokens: both; query_rows: q's).
+    if (getattr(sin, "shape", None) != cos.shape or type(unsqueeze_dim) is not int
+            or not -cos.ndim - 1 <= unsqueeze_dim <= cos.ndim):
+        return False
+    axis = unsqueeze_dim + cos.ndim + 1 if unsqueeze_dim < 0 else unsqueeze_dim
+    lead = (cos.shape[:axis] + (1,) + cos.shape[axis:])[:-1]
+    for n, x in enumerate(xs):
+        free = function.prefix_tokens or function.query_rows and n == 0
+        if len(lead) > x.ndim - 1 or any(c not in (1, t) and not (free and i == 0)
+                                         for i, (c, t) in enumerate(zip(lead[::-1], x.shape[-2::-1]))):
+            return False
+    return True
 
 
 def _has_the_patches(xs, cos, sin) -> bool:

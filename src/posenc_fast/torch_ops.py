@@ -128,8 +128,12 @@ rotary_embedding = _define("rotary_embedding" + _ROTARY_ARGUMENTS, None, _mutate
 def _apply_rotary(positions, x, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
                   inverse=False):
     out = x.detach().clone(memory_format=torch.contiguous_format)
-    vllm.rotary_embedding(positions, out, None, head_size, cos_sin_cache, is_neox,
-                          rope_dim_offset, inverse)
+    if not _kernels.rotate_tokens_fast(positions, out, None, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+                                       inverse):  # vllm.rotary_embedding's general path, its messages naming x
+        names = ("positions", "x", "key", "cos_sin_cache")
+        positions, array, _, cache = vllm._as_arrays(names, (positions, out, None, cos_sin_cache), written=("x",))
+        vllm._rotate_tokens(positions, array, None, head_size, cache, is_neox, rope_dim_offset, inverse,
+                            names=("x", "key"))
     return out
 
 
@@ -169,12 +173,16 @@ torch.library.register_autograd("posenc_fast::apply_rotary", _apply_rotary_backw
 _NAMED = set()  # the (family, name) pairs named for the C++ kernel of hf_rotate (or with no rotation to name)
 
 
-def _hf_function(family, name):
-    from . import _hf_drop_in
+def _hf_function(family, name, xs):
+    from . import _hf_drop_in, hf
     function = _hf_drop_in._PATCHED.get(name, {}).get(family)
     if function is None:
         raise ValueError(f"hf_rotate: posenc_fast.hf patches no {name!r} of transformers.models.{family} (name: "
                          f"one of {sorted(_hf_drop_in._PATCHED)}, family: a module that has it)")
+    data = [p for p in hf._parameters(function) if p not in ("cos", "sin", "position_ids")]
+    if not 1 <= len(xs) <= len(data):
+        raise ValueError(f"hf_rotate: xs must hold 1 to {len(data)} of the tensors transformers.models.{family}'s "
+                         f"{name} rotates ({', '.join(data)}), got {len(xs)}")
     return _hf_drop_in, function
 
 
@@ -234,7 +242,7 @@ def _in_layout(result, strides):
 
 
 def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
-    drop_in, function = _hf_function(family, name)
+    drop_in, function = _hf_function(family, name, xs)
     if compiled_kernels is not None and (family, name) not in _NAMED:  # for the C++ kernel's next calls
         rotation = drop_in.compiled(torch, function)
         if rotation is None or _kernels.register_hf_rotation(family, name, rotation):
@@ -266,7 +274,7 @@ def _hf_rotate(xs, cos, sin, family, name, unsqueeze_dim, transpose):
 
 
 def _hf_rotate_fake(xs, cos, sin, family, name, unsqueeze_dim, transpose):
-    drop_in, function = _hf_function(family, name)
+    drop_in, function = _hf_function(family, name, xs)
     dtypes = [x.dtype for x in xs]
     kernel = drop_in._kernel_dtypes(torch)
     if not transpose and not (all(t.dtype in kernel for t in (*xs, cos, sin))
@@ -280,7 +288,7 @@ _HF_ARGUMENTS = ("(Tensor[] xs, Tensor cos, Tensor sin, str family, str name, Sy
                  "bool transpose) -> Tensor[]")
 hf_rotate = _define("hf_rotate" + _HF_ARGUMENTS, None, _hf_rotate_fake)
 """What `posenc_fast.hf`'s replacement of ``transformers.models.<family>``'s function `name`
-returns for `xs` (q and k, or one tensor), with a gradient: the drop-ins under ``torch.compile``.
+returns for `xs` (q and k, or one tensor: 1 to as many as it rotates), with a gradient: the drop-ins under ``torch.compile``.
 
 `name` is ``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave`` or
 ``apply_rotary_pos_emb_vision``; `unsqueeze_dim` is the call's (a vision

@@ -54,6 +54,14 @@ PYTHON = [
            "        pass\n    positions = v.with_offset(np.arange(length, dtype=np.float64), offset)\n"
            '    out = v.empty((length, dim), dtype, "length and dim") if out is None else out\n',
            ("tests/test_sinusoidal.py", "-k", "bad_arguments")),
+    Mutant("install's drop-in raises where transformers broadcasts q against the cache", "validation",
+           PKG + "hf.py", "            and _cache_broadcasts_into(function, xs, cos, sin, unsqueeze_dim)):",
+           "            and True):", ("tests/test_hf_fallbacks.py", "-k", "broadcasts")),
+    Mutant("hf_rotate takes no tensors, or more than its function rotates", "validation", PKG + "torch_ops.py",
+           "    if not 1 <= len(xs) <= len(data):", "    if False:", ("tests/test_hf_gradcheck.py", "-k", "count")),
+    Mutant("the functional torch op's messages name its x query", "validation", PKG + "torch_ops.py",
+           '        names = ("positions", "x", "key", "cos_sin_cache")',
+           '        names = ("positions", "query", "key", "cos_sin_cache")', ("tests/test_torch_ops.py", "-k", "name_x")),
     # public API
     Mutant("sinusoidal layout switch inverted", "public API", PKG + "absolute.py",
            "    kernels.sinusoidal_rows(positions, freqs, target, split,",
