@@ -318,6 +318,17 @@ def test_half_type_positions_are_their_values(dtype):
                           pf.RotaryEmbedding(8).apply(x, want[:, None]))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("form", ["scalar", "0-d array"])
+def test_half_type_scalars_are_their_values(dtype, form):
+    # a bfloat16 offset or base was "not a real number" (no numbers.Real, dtype kind "V"); float16 was taken
+    value = (lambda v: dtype(v)) if form == "scalar" else (lambda v: np.array(v, dtype))
+    assert np.array_equal(pf.sinusoidal_table(3, 8, offset=value(2.5)), pf.sinusoidal_table(3, 8, offset=2.5))
+    x = np.ones((2, 8), np.float32)
+    assert np.array_equal(pf.RotaryEmbedding(8, base=value(100.0)).apply(x, offset=value(3.0)),
+                          pf.RotaryEmbedding(8, base=100.0).apply(x, offset=3.0))
+
+
 @pytest.mark.parametrize("x, error, match", [
     (np.zeros((3, 4), np.int64), TypeError, "x must be a float16, bfloat16, float32 or float64 array, got dtype int64"),
     (np.zeros((3, 4), bool), TypeError, "got dtype bool"),

@@ -146,7 +146,9 @@ def rotary_start(value, dim: int, rotary_dim: int) -> int:
 def real(value, name: str, *, positive: bool = False, minimum: float | None = None) -> float:
     """Return `value` as a finite Python float (bool refused); optionally > 0 or >= `minimum`."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        if not (isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf"):
+        # a bfloat16 scalar is no numbers.Real (ml_dtypes does not register it), nor of kind "f"
+        if not (isinstance(value, BFLOAT16.type) or isinstance(value, np.ndarray) and value.ndim == 0
+                and (value.dtype.kind in "iuf" or value.dtype == BFLOAT16)):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     try:
         result = float(value)

@@ -2,7 +2,8 @@
 
 Every kernel of posenc_fast is tested against these functions.  They are
 written to be read, not to be fast, and take no shortcuts: each value is
-computed from its definition.  Results are returned as float64 NumPy arrays
+computed from its definition (an angle: the cos/sin of the exact product
+of position and frequency, `cos_sin_of`).  Results are returned as float64 NumPy arrays
 (NumPy is used only to hold them); `round_once` rounds them to a half type.
 """
 
@@ -10,6 +11,67 @@ import math
 
 import ml_dtypes
 import numpy as np
+
+
+# ---------------------------------------------------------------------------
+# what each function takes: the library's rules, so that no input gives a silent answer
+
+
+def _need(condition, message):
+    if not condition:
+        raise ValueError(message)
+
+
+def _one_of(value, name, options):
+    _need(value in options, f"{name} must be one of {options}, got {value!r}")
+
+
+def _integers(values, name):
+    values = np.asarray(values)
+    _need(values.dtype.kind in "iu", f"{name} must be integers, got dtype {values.dtype}")
+    return values
+
+
+# ---------------------------------------------------------------------------
+# angles
+
+
+def _two_pi_scaled(bits, guard=64):
+    """floor(2*pi * 2**bits), by Machin's formula (pi/4 = 4 atan(1/5) - atan(1/239)) in integers."""
+    def arctan_inverse(x, one):  # atan(1/x) * one
+        total = term = one // x
+        n, sign = 1, 1
+        while term:
+            term //= x * x
+            n, sign = n + 2, -sign
+            total += sign * (term // n)
+        return total
+    one = 1 << (bits + guard)
+    return (8 * (4 * arctan_inverse(5, one) - arctan_inverse(239, one))) >> guard
+
+
+_PI_BITS = 1200  # past every finite float64 product's exponent (1024) and its 53 bits, with margin
+_TWO_PI = _two_pi_scaled(_PI_BITS)
+
+
+def cos_sin_of(position, frequency):
+    """cos and sin of the exact product ``position * frequency`` of two float64 values (not of its
+    rounding: the kernels' angle): reduced modulo 2*pi in integers, then libm's cos and sin of the
+    reduced angle rounded once.  ValueError where the rounded product is not finite."""
+    position, frequency = float(position), float(frequency)
+    rounded = position * frequency
+    if not math.isfinite(rounded):
+        raise ValueError(f"the angle {position!r} * {frequency!r} is not finite")
+    if abs(rounded) <= 3.0:  # below pi: no turn to take off, the rounded product is the reduced angle
+        return math.cos(rounded), math.sin(rounded)
+    pn, pd = position.as_integer_ratio()
+    fn, fd = frequency.as_integer_ratio()
+    n, d = pn * fn, pd * fd  # the exact product n / d
+    bits = math.frexp(rounded)[1] + 128
+    two_pi = _TWO_PI >> (_PI_BITS - bits)  # 2*pi * 2**bits
+    turns = ((n << (bits + 1)) + two_pi * d) // (2 * two_pi * d)  # round(n / d / (2*pi))
+    angle = ((n << bits) - turns * two_pi * d) / (d << bits)  # int / int: rounded once
+    return math.cos(angle), math.sin(angle)
 
 
 # ---------------------------------------------------------------------------
@@ -23,10 +85,12 @@ def sinusoidal_frequency(i, dim, base=10000.0):
 
 def sinusoidal_row(position, dim, base=10000.0, layout="interleaved"):
     """The encoding of one position as a list of `dim` floats."""
+    _need(dim >= 0, f"dim must be >= 0, got {dim}")
+    _one_of(layout, "layout", ("interleaved", "split"))
     num_sin = (dim + 1) // 2  # an odd dim has one more sin column than cos columns
     num_cos = dim // 2
-    sines = [math.sin(position * sinusoidal_frequency(i, dim, base)) for i in range(num_sin)]
-    cosines = [math.cos(position * sinusoidal_frequency(i, dim, base)) for i in range(num_cos)]
+    sines = [cos_sin_of(position, sinusoidal_frequency(i, dim, base))[1] for i in range(num_sin)]
+    cosines = [cos_sin_of(position, sinusoidal_frequency(i, dim, base))[0] for i in range(num_cos)]
     if layout == "split":
         return sines + cosines
     row = []
@@ -39,6 +103,7 @@ def sinusoidal_row(position, dim, base=10000.0, layout="interleaved"):
 
 def sinusoidal_table(length, dim, *, offset=0, base=10000.0, layout="interleaved"):
     """Rows for positions offset, offset+1, ..., offset+length-1."""
+    _need(length >= 0, f"length must be >= 0, got {length}")
     rows = [sinusoidal_row(offset + p, dim, base, layout) for p in range(length)]
     return np.array(rows, dtype=np.float64).reshape(length, dim)
 
@@ -55,6 +120,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved"):
 def add_sinusoidal(x, *, positions=None, offset=0, base=10000.0):
     """x + PE, row by row: row (..., s, :) gets the encoding of positions[..., s]."""
     x = np.asarray(x, dtype=np.float64)
+    _need(x.ndim >= 2, f"x must have shape (..., seq, dim), got {x.shape}")
     dim = x.shape[-1]
     if positions is None:
         positions = np.arange(x.shape[-2])
@@ -75,9 +141,11 @@ def add_position_table(x, table, positions=None, *, offset=0):
     """x + table[position] for every row of x (..., seq, dim)."""
     x = np.asarray(x, dtype=np.float64)
     table = np.asarray(table, dtype=np.float64)
+    _need(x.ndim >= 2 and table.ndim == 2 and table.shape[1] == x.shape[-1],
+          f"x (..., seq, dim) and table (n, dim) must end in the same dim, got {x.shape} and {table.shape}")
     if positions is None:
         positions = np.arange(x.shape[-2])
-    positions = np.broadcast_to(np.asarray(positions), x.shape[:-1])
+    positions = np.broadcast_to(_integers(positions, "positions"), x.shape[:-1])
     result = x.copy()
     for index in np.ndindex(x.shape[:-1]):
         p = int(positions[index]) + offset
@@ -107,6 +175,8 @@ def axial_pairs(rotary_dim, n_axes, base=10000.0, axis_order=None, pairs="blocks
     ("split"); the blocks follow one another ("blocks") or take turns pair
     by pair ("alternating").
     """
+    _one_of(pairs, "pairs", ("blocks", "alternating"))
+    _one_of(frequencies, "frequencies", ("shared", "split"))
     order = list(range(n_axes)) if axis_order is None else list(axis_order)
     if frequencies == "shared":
         block_freqs = [rope_inv_freq(rotary_dim // n_axes, base) for _ in range(n_axes)]
@@ -122,6 +192,7 @@ def axial_pairs(rotary_dim, n_axes, base=10000.0, axis_order=None, pairs="blocks
 
 def rope_pair_indices(i, rotary_dim, layout, rotary_start=0):
     """The two features that form pair i (of the rotary_dim features from rotary_start)."""
+    _one_of(layout, "layout", ("interleaved", "half"))
     if layout == "interleaved":
         return rotary_start + 2 * i, rotary_start + 2 * i + 1
     return rotary_start + i, rotary_start + i + rotary_dim // 2
@@ -138,9 +209,11 @@ def rotate_vector(vector, position, inv_freq, layout="interleaved", attention_fa
     """
     result = [float(value) for value in vector]
     rotary_dim = 2 * len(inv_freq)
+    _need(0 <= rotary_start and rotary_start + rotary_dim <= len(result),
+          f"rotary_start + 2 * len(inv_freq) = {rotary_start} + {rotary_dim} must be <= the vector's "
+          f"{len(result)} features")
     for i, frequency in enumerate(inv_freq):
-        theta = (position[i] if isinstance(position, (list, tuple)) else position) * frequency
-        cos, sin = math.cos(theta), math.sin(theta)
+        cos, sin = cos_sin_of(position[i] if isinstance(position, (list, tuple)) else position, frequency)
         if inverse:
             cos, sin = cos / attention_factor, -sin / attention_factor
         else:
@@ -176,6 +249,8 @@ def apply_rotary_streams(x, positions, inv_freq, pair_streams, *, layout="half",
     positions = np.asarray(positions, dtype=np.float64)
     streams = [np.broadcast_to(p, x.shape[:-1]) for p in positions]
     rows = [list(pair_streams)] if np.ndim(pair_streams) == 1 else [list(row) for row in pair_streams]
+    _need(all(0 <= stream < len(streams) for row in rows for stream in row),
+          f"pair_streams must name rows of positions' {len(streams)} streams, got {rows}")
     result = np.zeros(x.shape)
     for index in np.ndindex(x.shape[:-1]):
         rotated = [rotate_vector(x[index], [float(streams[row[i]][index]) for i in range(len(inv_freq))],
@@ -194,9 +269,8 @@ def rope_cos_sin(positions, inv_freq, attention_factor=1.0):
     sin = np.zeros(positions.shape + (len(inv_freq),))
     for index in np.ndindex(positions.shape):
         for i, frequency in enumerate(inv_freq):
-            theta = float(positions[index]) * frequency
-            cos[index + (i,)] = math.cos(theta) * attention_factor
-            sin[index + (i,)] = math.sin(theta) * attention_factor
+            c, s = cos_sin_of(positions[index], frequency)
+            cos[index + (i,)], sin[index + (i,)] = c * attention_factor, s * attention_factor
     return cos, sin
 
 
@@ -213,6 +287,9 @@ def rotate_vector_cos_sin(vector, cos, sin, layout="half", inverse=False, rotary
     """
     result = [float(value) for value in vector]
     rotary_dim = 2 * len(cos)
+    _need(len(sin) == len(cos) and 0 <= rotary_start and rotary_start + rotary_dim <= len(result),
+          f"rotary_start + 2 * len(cos) = {rotary_start} + {rotary_dim} must be <= the vector's {len(result)} "
+          f"features, sin as long as cos")
     for i in range(len(cos)):
         c, s = float(cos[i]), float(sin[i])
         if inverse:
@@ -240,7 +317,7 @@ def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=
         cos_rows = np.broadcast_to(cos, lead + (half,))
         sin_rows = np.broadcast_to(sin, lead + (half,))
     else:
-        positions = np.broadcast_to(np.asarray(positions), lead)
+        positions = np.broadcast_to(_integers(positions, "positions"), lead)
     result = np.zeros(x.shape)
     for index in np.ndindex(lead):
         if positions is None:
@@ -263,6 +340,7 @@ def apply_rotary_cos_sin(x, cos, sin, positions=None, *, layout="half", inverse=
 
 def alibi_slopes(num_heads):
     """2**(-8*(h+1)/n) for the largest power of two n <= num_heads, then every other slope of 2n."""
+    _need(num_heads >= 1, f"num_heads must be >= 1, got {num_heads}")
     closest = 1
     while 2 * closest <= num_heads:
         closest *= 2
@@ -280,6 +358,8 @@ def alibi_bias(num_heads, q_len, k_len=None, *, offset=0, causal=True):
     """
     if k_len is None:
         k_len = offset + q_len
+    _need(q_len >= 0 and k_len >= 0, f"q_len and k_len (offset + q_len by default) must be >= 0, got {q_len}, "
+                                     f"{k_len}")
     slopes = alibi_slopes(num_heads)
     result = np.zeros((num_heads, q_len, k_len))
     for h in range(num_heads):
@@ -294,6 +374,7 @@ def alibi_bias(num_heads, q_len, k_len=None, *, offset=0, causal=True):
 def add_alibi(scores, *, offset=0, causal=True):
     """scores (..., heads, q_len, k_len) plus the ALiBi bias of its head count, in float64."""
     scores = np.asarray(scores, dtype=np.float64)
+    _need(scores.ndim >= 3, f"scores must have shape (..., heads, q_len, k_len), got {scores.shape}")
     heads, q_len, k_len = scores.shape[-3:]
     bias = alibi_bias(heads, q_len, k_len, offset=offset, causal=causal) if heads else None
     result = scores.copy()
@@ -305,6 +386,7 @@ def add_alibi(scores, *, offset=0, causal=True):
 
 def relative_position_index(q_len, k_len=None, *, max_distance, offset=0):
     """clip(k_pos - q_pos, -max_distance, max_distance) + max_distance, as int64."""
+    _need(max_distance >= 0, f"max_distance must be >= 0, got {max_distance}")
     if k_len is None:
         k_len = offset + q_len
     result = np.zeros((q_len, k_len), dtype=np.int64)
@@ -327,6 +409,10 @@ def t5_bucket(relative_position, bidirectional=True, num_buckets=32, max_distanc
     the same way (the logarithm is libm's float32 log, which equals the
     float64 log rounded to float32 on every input the tests use).
     """
+    _need(num_buckets >= (4 if bidirectional else 2), f"num_buckets must be >= 4 (bidirectional) or 2, got "
+                                                      f"{num_buckets}")
+    _need(max_distance > (num_buckets // 2 if bidirectional else num_buckets) // 2,
+          f"max_distance must be > the exact buckets' count, got {max_distance}")
     bucket = 0
     n = num_buckets
     if bidirectional:
