@@ -78,6 +78,9 @@ def main() -> None:
     print(f"posenc_fast {pf.__version__} ({info['isa_in_use']})")
     for array in absolute() + rotary() + relative():
         print(array.dtype, array.shape)
+    include: str = pf.get_include()  # the C API: its header's folder, and a table lent to compiled code
+    capsule: Any = pf.rotary_table_capsule(pf.RotaryEmbedding(64), 128, dtype=np.float32)
+    print(include.endswith("include"), type(capsule).__name__)
     pf.set_num_threads(previous)
 
 

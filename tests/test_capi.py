@@ -176,6 +176,13 @@ def test_calls_from_threads_without_the_gil_agree(probe):
             assert out.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("rope", [pf.RotaryEmbedding.axial(16), pf.RotaryEmbedding(16, mrope_section=[2, 3, 3])])
+def test_no_capsule_of_several_position_streams(rope):
+    # rotate_rotary takes a position per row: every stream at it was a guess (apply refuses the axial one)
+    with pytest.raises(ValueError, match=f"this embedding has {rope.n_streams} position streams"):
+        pf.rotary_table_capsule(rope, 8)
+
+
 def test_the_capsule_keeps_the_table_alive(probe):
     x = np.random.default_rng(1).standard_normal((1, 4, 2, 64)).astype(np.float64)
     want = pf.RotaryEmbedding(64).apply(x, offset=7, seq_axis=-3)

@@ -199,6 +199,17 @@ def test_a_tower_config_without_rope_theta_takes_its_classs(model_type):
     assert pf.RotaryEmbedding.from_hf_config(raw).base == want
 
 
+@pytest.mark.parametrize("key, value", [("num_attention_heads", "4"), ("num_attention_heads", True),
+                                        ("head_dim", "16"), ("num_heads", 2.5)])
+def test_a_towers_head_keys_are_checked(key, value):
+    # a string was a TypeError from inside, True one head, a string head_dim a message naming dim
+    config = {"model_type": "qwen2_vl_vision", "embed_dim": 64, "num_attention_heads": 4,
+              "rope_parameters": {"rope_type": "axial", "rope_theta": 1e4}}
+    config = {k: v for k, v in {**config, key: value}.items() if not (key == "num_heads" and k == "num_attention_heads")}
+    with pytest.raises(ValueError, match=f"'{key}' must be an int >= 1, got {value!r}"):
+        pf.RotaryEmbedding.from_hf_config(config)
+
+
 def test_gemma4_vision_is_the_two_one_dimensional_ropes_its_refusal_names():
     config = _config("gemma4_vision")
     dim, base = config.head_dim, config.rope_parameters["rope_theta"]

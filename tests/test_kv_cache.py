@@ -288,6 +288,19 @@ def test_bad_calls_are_refused_with_nothing_written(what, changes, error, messag
         assert untouched(before, args[name]), f"{name} was written"
 
 
+def test_norm_weights_may_lie_in_a_slot_the_call_writes(route):
+    # they are read (into factors) before anything is written, as the docstring says
+    rope = pf.RotaryEmbedding(32, layout="half")
+    q, k, v, positions, slots, k_cache, v_cache = case()
+    weights = np.linspace(0.5, 1.5, 32).astype(np.float32), np.linspace(1.5, 0.5, 32).astype(np.float32)
+    want = [a.copy() for a in (q, k_cache, v_cache)]
+    rope.apply_qk_to_cache(q.copy(), k, v, positions, want[1], want[2], slots, out_q=want[0], qk_norm=weights)
+    written = k_cache[np.unravel_index(slots[0], k_cache.shape[:2])]  # (kv_heads, dim) of a slot the call writes
+    written[0], written[1] = weights
+    rope.apply_qk_to_cache(q, k, v, positions, k_cache, v_cache, slots, out_q=q, qk_norm=(written[0], written[1]))
+    assert all(bits(got).tobytes() == bits(w).tobytes() for got, w in zip((q, k_cache, v_cache), want))
+
+
 def test_several_position_streams_are_refused():
     rope = pf.RotaryEmbedding(32, layout="half", mrope_section=[4, 6, 6])
     q, k, v, positions, slots, k_cache, v_cache = case()

@@ -39,6 +39,14 @@ def test_stubs_match_compiled_modules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_example_uses_every_public_name():
+    # its docstring says so (get_include and rotary_table_capsule were missing)
+    import re
+
+    used = set(re.findall(r"\bpf\.(\w+)", EXAMPLE.read_text()))
+    assert set(pf.__all__) <= used, sorted(set(pf.__all__) - used)
+
+
 def test_every_compiled_module_has_a_stub():
     compiled = [path for path in PACKAGE.iterdir() if path.suffix in (".so", ".pyd")]
     assert compiled

@@ -51,9 +51,14 @@ def rotary_table_capsule(rope: RotaryEmbedding, num_positions: int, *,
     ------
     ValueError
         If `num_positions` reaches positions whose frequencies differ
-        (dynamic scalings) or past the table size a RotaryEmbedding caches.
+        (dynamic scalings) or past the table size a RotaryEmbedding caches,
+        or `rope` has several position streams (its rows need a position
+        per stream, not one per row).
     """
     if not isinstance(rope, RotaryEmbedding):
         raise TypeError(f"rope must be a RotaryEmbedding, got {type(rope).__name__}")
+    if rope.n_streams != 1:
+        raise ValueError(f"rotary_table_capsule rotates a row by one position; this embedding has {rope.n_streams} "
+                         f"position streams (rotate its rows by apply, with a position per stream)")
     num_positions = v.integer(num_positions, "num_positions", minimum=1)
     return kernels.rotary_table_capsule(rope, v.table_dtype(dtype), num_positions)

@@ -158,7 +158,8 @@ def tower_kwargs(cfg: dict, model_type, params, where: str) -> dict:
         if not isinstance(params, Mapping):
             raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
         params = {"rope_theta": cfg.get("rope_theta", rule.default_theta), **params}
-    heads = None if rule.head_dim == "memory" else cfg.get("num_attention_heads") or _int(cfg, "num_heads", where)
+    heads_key = "num_attention_heads" if cfg.get("num_attention_heads") else "num_heads"  # 0 or None: the other
+    heads = None if rule.head_dim == "memory" else _int(cfg, heads_key, where)
     if rule.head_dim == "hidden":
         dim = _int(cfg, "hidden_size", where)
         _loftr_check(cfg, params, dim, heads, where)
@@ -168,7 +169,8 @@ def tower_kwargs(cfg: dict, model_type, params, where: str) -> dict:
             * _int(cfg, "memory_attention_num_attention_heads", where))
     else:
         # compute_axial_rope_parameters: head_dim, else embed_dim (Qwen2-VL) or hidden_size over the heads
-        dim = cfg.get("head_dim") or _int(cfg, "embed_dim" if "embed_dim" in cfg else "hidden_size", where) // heads
+        dim = (_int(cfg, "head_dim", where) if cfg.get("head_dim")
+               else _int(cfg, "embed_dim" if "embed_dim" in cfg else "hidden_size", where) // heads)
     kwargs = dict(dim=dim, base=_real(params.get("rope_theta", rule.default_theta), "rope_theta", where),
                   n_axes=rule.n_axes, layout=rule.layout, axis_order=rule.axis_order, pairs=rule.pairs,
                   frequencies=rule.frequencies)

@@ -433,9 +433,10 @@ class RotaryEmbedding(kernels.RotaryBase):
         TypeError, ValueError
             Shapes or dtypes that do not fit; a slot below -1, past the
             cache or used twice; caches sharing memory with another
-            argument, or whose rows are not contiguous or overlap; an
-            embedding with several position streams.  Nothing is written
-            then.
+            argument the call reads while it writes (the weights of
+            `qk_norm` are read first: they may lie anywhere), or whose rows
+            are not contiguous or overlap; an embedding with several
+            position streams.  Nothing is written then.
         """
         return _kv_cache.apply_qk_to_cache(self, q, k, v, positions, k_cache, v_cache, slot_mapping, out_q,
                                            qk_norm, eps, weight_offset)

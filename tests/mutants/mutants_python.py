@@ -75,6 +75,12 @@ PYTHON = [
            "        if not (isinstance(value, BFLOAT16.type) or isinstance(value, np.ndarray) and value.ndim == 0",
            "        if not (isinstance(value, np.ndarray) and value.ndim == 0",
            ("tests/test_sinusoidal.py", "-k", "half_type_scalars")),
+    Mutant("a vision tower's num_attention_heads taken unchecked", "validation", PKG + "_hf_towers.py",
+           '    heads = None if rule.head_dim == "memory" else _int(cfg, heads_key, where)',
+           '    heads = None if rule.head_dim == "memory" else cfg.get("num_attention_heads") or _int(cfg, "num_heads", where)',
+           ("tests/test_hf_towers.py", "-k", "head_keys")),
+    Mutant("a capsule of several position streams lent", "validation", PKG + "_capi.py",
+           "    if rope.n_streams != 1:", "    if False:", ("tests/test_capi.py", "-k", "several_position")),
     # public API
     Mutant("sinusoidal layout switch inverted", "public API", PKG + "absolute.py",
            "    kernels.sinusoidal_rows(positions, freqs, target, split,",
