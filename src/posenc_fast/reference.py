@@ -3,8 +3,9 @@
 Every kernel of posenc_fast is tested against these functions.  They are
 written to be read, not to be fast, and take no shortcuts: each value is
 computed from its definition (an angle: the cos/sin of the exact product
-of position and frequency, `cos_sin_of`).  Results are returned as float64 NumPy arrays
-(NumPy is used only to hold them); `round_once` rounds them to a half type.
+of position and frequency, `cos_sin_of`).  Results are returned as float64
+NumPy arrays (NumPy is used only to hold them); `round_once` rounds them to
+a half type.
 """
 
 import math
@@ -89,8 +90,8 @@ def sinusoidal_row(position, dim, base=10000.0, layout="interleaved"):
     _one_of(layout, "layout", ("interleaved", "split"))
     num_sin = (dim + 1) // 2  # an odd dim has one more sin column than cos columns
     num_cos = dim // 2
-    sines = [cos_sin_of(position, sinusoidal_frequency(i, dim, base))[1] for i in range(num_sin)]
-    cosines = [cos_sin_of(position, sinusoidal_frequency(i, dim, base))[0] for i in range(num_cos)]
+    cos_sin = [cos_sin_of(position, sinusoidal_frequency(i, dim, base)) for i in range(num_sin)]
+    sines, cosines = [s for _, s in cos_sin], [c for c, _ in cos_sin[:num_cos]]
     if layout == "split":
         return sines + cosines
     row = []
