@@ -129,3 +129,20 @@ def test_a_byte_swapped_out_is_named_so(call):
     with pytest.raises(ValueError, match="out must be float32 in native byte order, got >f4"):
         call(out)
     np.testing.assert_array_equal(out, before)
+
+
+def test_positions_of_an_ndarray_subclass_are_their_values():
+    # np.matrix stays 2-D through reshape(-1): a one-row table read past its end (a crash at 400000
+    # positions), one row of sinusoids filled, the rest np.empty's memory
+    p = np.arange(12).reshape(3, 4)
+    m = np.asmatrix(p)
+    x = np.ones((3, 4, 8), np.float32)
+    rope = pf.RotaryEmbedding(8)
+    w = np.linspace(0.5, 1.5, 8).astype(np.float32)
+    for call in (lambda q: rope.apply(x, q), lambda q: rope.apply_qk(x, x, q)[1], lambda q: rope.cos_sin(q)[1],
+                 lambda q: rope.apply_qk_norm(x, x, w, w, q)[0], lambda q: pf.sinusoidal(q, 8),
+                 lambda q: pf.add_sinusoidal(x, positions=q), lambda q: pf.apply_rotary(x, q)):
+        assert np.array_equal(call(m), call(p))
+    long = np.arange(400000)[None]
+    x = np.ones((1, 400000, 16), np.float32)
+    assert np.array_equal(pf.RotaryEmbedding(16).apply(x, np.asmatrix(long)), pf.RotaryEmbedding(16).apply(x, long))

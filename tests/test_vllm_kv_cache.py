@@ -251,3 +251,34 @@ def test_bad_input_refused_with_nothing_written(case):
         vllm.apply_qk_to_cache(**call)
     for name, a in zip(written, before):
         assert untouched(a, np.asarray(call[name])), f"{name} was written"
+
+
+@pytest.mark.parametrize("form", ["Fortran order", "every other column", "reversed halves"])
+def test_a_cos_sin_cache_of_any_strides_writes_what_a_contiguous_one_does(form):
+    # its cos/sin halves were handed to the kernel as views stepping along their rows: the kernel read
+    # them as contiguous (q and the cache rows off by up to 6; reversed: past the buffer)
+    positions, query, key, value, kv, rest = call_args(np.random.default_rng(5), "contiguous", np.float32,
+                                                       np.float32, "NHD", 5, True, rot_dim=8)
+    cache = rest[2]
+    strided = {"Fortran order": lambda c: np.asfortranarray(c),
+               "every other column": lambda c: np.repeat(c, 2, axis=1)[:, ::2],
+               "reversed halves": lambda c: c[:, ::-1].copy()[:, ::-1]}[form](cache)
+    assert np.array_equal(strided, cache) and strided.strides != cache.strides
+    results = []
+    for table in (cache, strided):
+        q, k_cache, v_cache = query.copy(), kv[0].copy(), kv[1].copy()
+        vllm.apply_qk_to_cache(positions, q, key, value, k_cache, v_cache, np.arange(5), 16, table, True)
+        results.append((q, k_cache, v_cache))
+    assert all(untouched(a, b) for a, b in zip(*results))
+
+
+def test_the_kernel_refuses_tables_it_would_misread():
+    from posenc_fast._dispatch import kernels
+
+    positions, query, key, value, kv, rest = call_args(np.random.default_rng(5), "contiguous", np.float32,
+                                                       np.float32, "NHD", 5, True, rot_dim=8)
+    cos = np.asfortranarray(rest[2][:, :4])
+    q = query.reshape(5, -1, 16)
+    with pytest.raises(ValueError, match="cos/sin tables must be 2-D of one dtype and width, each row contiguous"):
+        kernels.rotate_into_kv_cache(q, q.copy(), key.reshape(5, -1, 16), value.reshape(5, -1, 16), kv[0], kv[1],
+                                     np.arange(5), positions.astype(np.int64), cos, cos, True, 0)

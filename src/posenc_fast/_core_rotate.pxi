@@ -120,8 +120,21 @@ cdef struct CosSinTable:
     int dtype
 
 
-cdef inline CosSinTable _table_from(cnp.ndarray cos_table, cnp.ndarray sin_table):
-    # Two 2-D arrays of one dtype, unit stride along their last axis.
+cdef inline bint _steps_along_rows(cnp.ndarray table, Py_ssize_t itemsize) noexcept:
+    # a 2-D table whose rows (of two or more entries, at least one row) are not contiguous
+    return table.shape[0] > 0 and table.shape[1] > 1 and cnp.PyArray_STRIDE(table, 1) != itemsize
+
+
+cdef inline CosSinTable _table_from(cnp.ndarray cos_table, cnp.ndarray sin_table) except *:
+    # Two 2-D arrays of one dtype, unit stride along their last axis (the kernels read rows by their
+    # first stride only: any other table is a caller's slip, refused rather than misread).
+    cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(cos_table)
+    if (cos_table.ndim != 2 or sin_table.ndim != 2 or sin_table.shape[1] != cos_table.shape[1]
+            or cnp.PyArray_TYPE(sin_table) != cnp.PyArray_TYPE(cos_table)
+            or _steps_along_rows(cos_table, itemsize) or _steps_along_rows(sin_table, itemsize)):
+        cos, sin = <object>cos_table, <object>sin_table
+        raise ValueError(f"cos/sin tables must be 2-D of one dtype and width, each row contiguous, got shapes "
+                         f"{cos.shape}, {sin.shape} and strides {cos.strides}, {sin.strides}")
     return CosSinTable(_data(cos_table), _data(sin_table), cnp.PyArray_STRIDE(cos_table, 0),
                        cnp.PyArray_STRIDE(sin_table, 0), cos_table.shape[1],
                        cnp.PyArray_ITEMSIZE(cos_table), _dtype(cos_table))

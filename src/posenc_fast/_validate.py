@@ -199,8 +199,8 @@ def choice(value, name: str, options: tuple[str, ...]) -> str:
 
 
 def _as_array(values, name: str, what: str) -> np.ndarray:
-    if isinstance(values, np.ndarray):
-        return values
+    if isinstance(values, np.ndarray):  # a subclass as a plain view: np.matrix keeps 2-D through reshape(-1)
+        return values if type(values) is np.ndarray else values.view(np.ndarray)
     try:
         return np.asarray(values)
     except (TypeError, ValueError) as exc:

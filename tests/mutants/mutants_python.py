@@ -81,6 +81,12 @@ PYTHON = [
            ("tests/test_hf_towers.py", "-k", "head_keys")),
     Mutant("a capsule of several position streams lent", "validation", PKG + "_capi.py",
            "    if rope.n_streams != 1:", "    if False:", ("tests/test_capi.py", "-k", "several_position")),
+    Mutant("positions of np.matrix read as given", "validation", PKG + "_validate.py",
+           "        return values if type(values) is np.ndarray else values.view(np.ndarray)", "        return values",
+           ("tests/test_validate.py", "-k", "subclass")),
+    Mutant("vLLM's cos_sin_cache halves handed to the kernel stepping along their rows", "KV cache, q/k norm",
+           PKG + "_kv_cache.py", "    cos, sin = _rows_contiguous(cos), _rows_contiguous(sin)\n", "",
+           ("tests/test_vllm_kv_cache.py", "-k", "any_strides")),
     # public API
     Mutant("sinusoidal layout switch inverted", "public API", PKG + "absolute.py",
            "    kernels.sinusoidal_rows(positions, freqs, target, split,",
