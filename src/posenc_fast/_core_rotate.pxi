@@ -136,8 +136,7 @@ cdef inline CosSinTable _table_from(cnp.ndarray cos_table, cnp.ndarray sin_table
         raise ValueError(f"cos/sin tables must be 2-D of one dtype and width, each row contiguous, got shapes "
                          f"{cos.shape}, {sin.shape} and strides {cos.strides}, {sin.strides}")
     return CosSinTable(_data(cos_table), _data(sin_table), cnp.PyArray_STRIDE(cos_table, 0),
-                       cnp.PyArray_STRIDE(sin_table, 0), cos_table.shape[1],
-                       cnp.PyArray_ITEMSIZE(cos_table), _dtype(cos_table))
+                       cnp.PyArray_STRIDE(sin_table, 0), cos_table.shape[1], itemsize, _dtype(cos_table))
 
 
 cdef inline CosSinTable _stacked_table(const char* table, Py_ssize_t npairs, Py_ssize_t itemsize,

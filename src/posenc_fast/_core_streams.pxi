@@ -134,8 +134,10 @@ def rotate_stream_rows(cnp.ndarray x not None, cnp.ndarray out not None,
     cdef char* op = _data(out)
     cdef RowCall call = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
                                   table.npairs, dim, half_layout, inverse, xp == op, nbytes, start)
-    cdef RowCall apart = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
-                                   table.npairs, dim, half_layout, inverse, False, 0, start)
+    cdef RowCall apart  # with seconds: the out-of-place call into the scratch row
+    if seconds != NULL:
+        apart = _row_call(_dtype(x), table.dtype, cnp.PyArray_ITEMSIZE(x), table.itemsize,
+                          table.npairs, dim, half_layout, inverse, False, 0, start)
     if call.rotate == NULL:
         raise TypeError(f"no rotation kernel for {x.dtype} data with a {cos_table.dtype} table")
     if nrows == 0 or dim == 0:

@@ -150,16 +150,10 @@ def write(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray,
     """Run the kernel: token t uses cos/sin row rows[t] (features from `start` on rotate);
     return q's result."""
     q_rows = call.out.x_rows.reshape(call.q.shape)
-    cos, sin = _rows_contiguous(cos), _rows_contiguous(sin)
     kernels.rotate_into_kv_cache(q_rows, call.out.rows.reshape(call.q.shape), call.k, call.v,
                                  call.k_cache, call.v_cache, call.slots, rows, cos, sin, half,
                                  start)
     return call.out.result()
-
-
-def _rows_contiguous(table: np.ndarray) -> np.ndarray:
-    # a cos/sin table whose rows the kernels can read (a view of vLLM's cos_sin_cache may step along them)
-    return table if table.strides[-1] == table.itemsize else np.ascontiguousarray(table)
 
 
 def write_normed(call: CacheCall, rows: np.ndarray, cos: np.ndarray, sin: np.ndarray, half: bool,

@@ -130,10 +130,8 @@ def _apply_rotary(positions, x, head_size, cos_sin_cache, is_neox, rope_dim_offs
     out = x.detach().clone(memory_format=torch.contiguous_format)
     if not _kernels.rotate_tokens_fast(positions, out, None, head_size, cos_sin_cache, is_neox, rope_dim_offset,
                                        inverse):  # vllm.rotary_embedding's general path, its messages naming x
-        names = ("positions", "x", "key", "cos_sin_cache")
-        positions, array, _, cache = vllm._as_arrays(names, (positions, out, None, cos_sin_cache), written=("x",))
-        vllm._rotate_tokens(positions, array, None, head_size, cache, is_neox, rope_dim_offset, inverse,
-                            names=("x", "key"))
+        vllm._rotary_embedding(positions, out, None, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse,
+                               names=("x", "key"))
     return out
 
 
@@ -179,9 +177,11 @@ def _hf_function(family, name, xs):
     if function is None:
         raise ValueError(f"hf_rotate: posenc_fast.hf patches no {name!r} of transformers.models.{family} (name: "
                          f"one of {sorted(_hf_drop_in._PATCHED)}, family: a module that has it)")
-    data = [p for p in hf._parameters(function) if p not in ("cos", "sin", "position_ids")]
-    if not 1 <= len(xs) <= len(data):
-        raise ValueError(f"hf_rotate: xs must hold 1 to {len(data)} of the tensors transformers.models.{family}'s "
+    parameters = hf._parameters(function)
+    most = len(parameters) - 2 - ("position_ids" in parameters)  # the data among them: not cos, sin, position_ids
+    if not 1 <= len(xs) <= most:
+        data = [p for p in parameters if p not in ("cos", "sin", "position_ids")]
+        raise ValueError(f"hf_rotate: xs must hold 1 to {most} of the tensors transformers.models.{family}'s "
                          f"{name} rotates ({', '.join(data)}), got {len(xs)}")
     return _hf_drop_in, function
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _validate as v
 from ._dispatch import kernels
-from ._cos_sin import apply_rotary_cos_sin, apply_rotary_cos_sin_qk
+from ._cos_sin import _as_table, apply_rotary_cos_sin, apply_rotary_cos_sin_qk
 from ._mla_cache import concat_and_cache_mla, concat_and_cache_mla_rope_fused
 from .hf import numpy_view
 
@@ -104,11 +104,17 @@ def rotary_embedding(positions: ArrayOrTensor, query: ArrayOrTensor, key: ArrayO
     if kernels.rotate_tokens_fast(positions, query, key, head_size, cos_sin_cache, is_neox,
                                   rope_dim_offset, inverse):
         return  # the common call: checked, rotated and its tensors' versions counted in C
-    tensors = tensors_written(("query", "key"), (query, key))
+    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+
+
+def _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
+                      inverse=False, names=("query", "key")) -> None:
+    """`rotary_embedding` past its fast path, on tensors or arrays (`names`: the caller's names of
+    query and key)."""
+    tensors = tensors_written(names, (query, key))
     positions, query, key, cos_sin_cache = _as_arrays(
-        ("positions", "query", "key", "cos_sin_cache"), (positions, query, key, cos_sin_cache),
-        written=("query", "key"))
-    _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+        ("positions", *names, "cos_sin_cache"), (positions, query, key, cos_sin_cache), written=names)
+    _rotate_tokens(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse, names)
     count_writes(tensors)
 
 
@@ -382,7 +388,9 @@ def apply_qk_to_cache(positions: ArrayOrTensor, query: ArrayOrTensor, key: Array
                                 slot_mapping.reshape(-1), query, head_size, {"cos_sin_cache": cache}, _kv_cache.Names(
                                     "query", "key", "value", "key_cache", "value_cache", "query"))
     if normed is None:
-        _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), cos, sin, is_neox)
+        # its halves as tables whose rows the kernel reads (a cache may step along them)
+        _kv_cache.write(call, np.ascontiguousarray(tokens, dtype=np.int64), _as_table(cos), _as_table(sin),
+                        is_neox)
     else:  # the norm computes in float32 (float64): the call's cos/sin rows, widened
         cos, sin = _rows_in(cos, sin, tokens, query.dtype)
         _kv_cache.write_normed(call, np.arange(tokens.size, dtype=np.int64), cos, sin, is_neox, 0, *normed)
