@@ -225,6 +225,9 @@ def test_unreadable_paths_raise_value_error(tmp_path):
           "rope_parameters": {"rope_type": "default", "mrope_section": [32, 32, 0]}}, r"stream\(s\) \[2\]"),
         ({"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 2,
           "rope_parameters": {"rope_type": "default"}}, "no mrope_section"),
+        ({"model_type": "ernie4_5_vl_moe_text", "hidden_size": 256, "num_attention_heads": 2,
+          "rope_parameters": {"rope_type": "default", "mrope_section": [20, 24, 20]}},
+         r"mrope_section \[20, 24, 20\] must give h and w as many pairs"),
         ({"model_type": "llama", "hidden_size": 128, "num_attention_heads": 2, "rope_scaling": "linear"},
          "must be an object"),
         ({"model_type": "gemma3_text", "head_dim": 64, "rope_parameters": {

@@ -252,3 +252,48 @@ def test_a_meta_tensor_beside_cpu_ones_is_refused(torch):
                               torch.arange(7), 16, cache, True)
     assert not key_cache.any()
     ops.rotary_embedding(meta["positions"], meta["query"], meta["key"], 16, meta["cos_sin_cache"], True)
+
+
+def _negated_view(torch, t):
+    """A view holding `t`'s values through torch's negative bit (as ``z.conj().imag`` is)."""
+    view = torch.complex(torch.zeros_like(t), -t).conj().imag
+    assert view.is_neg() and torch.equal(view, t)
+    return view
+
+
+def test_a_negated_view_is_refused_where_written_and_read_where_read(torch):
+    # torch's fallback for such views ran the kernel on a copy of query, wrote key, failed, and the next
+    # call crashed the interpreter: a written one is refused before anything is written
+    ops = torch.ops.posenc_fast
+    positions, query, key, cache = case(torch)
+    want_q, want_k = query.clone(), key.clone()
+    ops.rotary_embedding(positions, want_q, want_k, 16, cache, True)
+    for name in ("query", "key"):
+        q, k = query.clone(), key.clone()
+        args = {"query": _negated_view(torch, q) if name == "query" else q,
+                "key": _negated_view(torch, k) if name == "key" else k}
+        with pytest.raises(ValueError, match=f"^{name} is a negated or conjugated view"):
+            ops.rotary_embedding(positions, args["query"], args["key"], 16, cache, True)
+        assert torch.equal(q, query) and torch.equal(k, key)
+    q, k = query.clone(), key.clone()
+    ops.rotary_embedding(positions, q, k, 16, _negated_view(torch, cache), True)  # read: its values
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    key_cache, value_cache = torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 16)
+    with pytest.raises(ValueError, match="^value_cache is a negated or conjugated view"):
+        ops.apply_qk_to_cache(positions, query.clone(), key.clone(), key.clone(), key_cache,
+                              _negated_view(torch, value_cache), torch.arange(7), 16, cache, True)
+    assert not key_cache.any()
+
+
+def test_a_tensor_of_another_layout_is_refused_by_name(torch):
+    # torch's dispatcher has no kernel of the op for them (NotImplementedError): the op refuses them
+    ops = torch.ops.posenc_fast
+    positions, query, key, cache = case(torch)
+    k = key.clone()
+    with pytest.raises(ValueError, match="^query must be a strided CPU tensor, got layout torch.sparse_coo"):
+        ops.rotary_embedding(positions, query.to_sparse(), k, 16, cache, True)
+    assert torch.equal(k, key)
+    with pytest.raises(ValueError, match="^positions must be a strided CPU tensor, got layout torch.sparse_coo"):
+        ops.rotary_embedding(positions.to_sparse(), query.clone(), k, 16, cache, True)
+    with pytest.raises(ValueError, match="^x must be a strided CPU tensor, got layout torch.sparse_coo"):
+        ops.apply_rotary(positions, query.to_sparse(), 16, cache, True)

@@ -148,6 +148,9 @@ def _deal_pairs(rule: ModelRule, section, npairs: int, where: str) -> list[int] 
         return feature[:npairs] if feature[:npairs] == feature[npairs:] else [feature[:npairs], feature[npairs:]]
     if rule.streams == "hw_interleaved_t" and len(section) == 3:
         # ERNIE-4.5-VL: pre-rotated frequencies, h and w pair by pair over section[0] + section[1] pairs, then t
+        if section[0] != section[1]:
+            raise ValueError(f"{where}: mrope_section {section} must give h and w as many pairs (its rotary "
+                             f"module stacks their frequencies pair by pair, {rule.source})")
         return [(1 if j % 2 == 0 else 2) if j < section[0] + section[1] else 0 for j in range(npairs)]
     raise ValueError(f"{where}: its rotary module assigns pairs to position streams in a way posenc_fast does not "
                      f"read ({rule.streams!r}, {rule.source}); build the RotaryEmbedding with pair_streams=")

@@ -61,6 +61,11 @@ def _length_with_base_frequencies(frequencies) -> int:
     return length if same else 0
 
 
+# The attributes RotaryEmbedding._setup sets: a pickle's constructor arguments stand for them
+_SETUP_STATE = frozenset(("_dim", "_rotary_dim", "_start", "_base", "_layout", "_reverse", "_pair_streams",
+                          "_axial", "_frequencies"))
+
+
 def _seq_len(values: np.ndarray) -> int:
     # "max(positions) + 1" of the call, at least 1.
     return max(1, math.floor(values.max()) + 1) if values.size else 1
@@ -154,19 +159,19 @@ class RotaryEmbedding(kernels.RotaryBase):
                 raise ValueError(f"dim must be even when rotary_dim is not given, got {what}")
             rotary_dim = dim - start
         rotary_dim = v.rotary_dim(rotary_dim, dim)
-        self._start = v.rotary_start(start, dim, rotary_dim)
+        start = v.rotary_start(start, dim, rotary_dim)
         base = v.real(base, "base", positive=True)
         layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
         v.mapping_or_none(scaling, "scaling")
-        self._reverse = v.flag(reverse, "reverse")
-        self._dim, self._rotary_dim, self._base, self._layout = dim, rotary_dim, base, layout
-        self._pair_streams = self._streams_of(rotary_dim // 2, pair_streams, mrope_section,
-                                              mrope_interleaved, axial)
+        reverse = v.flag(reverse, "reverse")
+        streams = self._streams_of(rotary_dim // 2, pair_streams, mrope_section, mrope_interleaved, axial)
         # axial (an _streams.Axial): its width's frequencies, each pair's by _pair_frequencies
-        self._axial = axial
-        self._frequencies = resolve_rope_scaling(
+        frequencies = resolve_rope_scaling(
             None if scaling is None else dict(scaling),
             rotary_dim=rotary_dim if axial is None else axial.width(rotary_dim), base=base)
+        # Every argument checked: only now does the state change (a second __init__ that fails leaves it whole)
+        self._dim, self._rotary_dim, self._start, self._base, self._layout = dim, rotary_dim, start, base, layout
+        self._reverse, self._pair_streams, self._axial, self._frequencies = reverse, streams, axial, frequencies
         self._init_rotary(dim, rotary_dim, self._start, layout == "half", self.inv_freq,
                           float(self._frequencies.attention_factor),
                           _length_with_base_frequencies(self._frequencies),
@@ -330,10 +335,13 @@ class RotaryEmbedding(kernels.RotaryBase):
         return None if params is None else dict(params)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        # The constructor's arguments, the class (a subclass stays one) and what else the instance holds
         streams = None if self._pair_streams is None else self._pair_streams.tolist()
+        extra = {name: value for name, value in vars(self).items() if name not in _SETUP_STATE}
         return (_rebuild, (self._dim, self._base, self._rotary_dim, self._layout, self.scaling,
                            streams, 1 if self._axial is None else self._axial.n_axes, self._reverse,
-                           self._start, None if self._axial is None else self._axial[1:]))
+                           self._start, None if self._axial is None else self._axial[1:], type(self)),
+                extra or None)
 
     def __repr__(self) -> str:
         if self._axial is not None:
@@ -551,16 +559,22 @@ class RotaryEmbedding(kernels.RotaryBase):
 
 def _rebuild(dim: int, base: float, rotary_dim: int, layout: Literal["interleaved", "half"],
              scaling: dict[str, Any] | None, pair_streams: list | None = None, axes: int = 1,
-             reverse: bool = False, start: int = 0, axial: tuple | None = None) -> RotaryEmbedding:
-    # Unpickling: the same constructor call (the cos/sin cache is rebuilt on use); `axial` is
-    # (axis_order, pairs, frequencies), None in pickles made before them
+             reverse: bool = False, start: int = 0, axial: tuple | None = None,
+             cls: type | None = None) -> RotaryEmbedding:
+    # Unpickling: RotaryEmbedding's constructor on an instance of `cls` (a subclass's own __init__ is
+    # not called, as pickle does for any object; the cos/sin cache is rebuilt on use); `axial` is
+    # (axis_order, pairs, frequencies); pickles made before them hold neither
+    cls = RotaryEmbedding if cls is None else cls
+    if not (isinstance(cls, type) and issubclass(cls, RotaryEmbedding)):
+        raise TypeError(f"cls must be RotaryEmbedding or a subclass, got {cls!r}")
     if axes > 1:
         extra = dict(zip(("axis_order", "pairs", "frequencies"), axial or ()))
-        return RotaryEmbedding.axial(dim, base=base, n_axes=axes, rotary_dim=rotary_dim,
-                                     layout=layout, **extra)
-    return RotaryEmbedding(dim, base=base, rotary_dim=rotary_dim, rotary_start=start,
-                           layout=layout, scaling=scaling, pair_streams=pair_streams,
-                           reverse=reverse)
+        return RotaryEmbedding.axial.__func__(cls, dim, base=base, n_axes=axes, rotary_dim=rotary_dim,
+                                              layout=layout, **extra)
+    rope = cls.__new__(cls)
+    RotaryEmbedding.__init__(rope, dim, base=base, rotary_dim=rotary_dim, rotary_start=start,
+                             layout=layout, scaling=scaling, pair_streams=pair_streams, reverse=reverse)
+    return rope
 
 
 def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0,

@@ -140,10 +140,9 @@ def _apply_rotary_fake(positions, x, head_size, cos_sin_cache, is_neox, rope_dim
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-apply_rotary = _define(
-    "apply_rotary(Tensor positions, Tensor x, SymInt head_size, Tensor cos_sin_cache, "
-    "bool is_neox, SymInt rope_dim_offset=0, bool inverse=False) -> Tensor",
-    _apply_rotary, _apply_rotary_fake)
+_APPLY_ROTARY_ARGUMENTS = ("(Tensor positions, Tensor x, SymInt head_size, Tensor cos_sin_cache, "
+                           "bool is_neox, SymInt rope_dim_offset=0, bool inverse=False) -> Tensor")
+apply_rotary = _define("apply_rotary" + _APPLY_ROTARY_ARGUMENTS, _apply_rotary, _apply_rotary_fake)
 """`x` rotated as `posenc_fast.vllm.rotary_embedding` rotates a query, into a new tensor.
 
 The functional op, with a gradient: its backward is the same op with
@@ -348,6 +347,47 @@ concat_and_cache_mla_rope_fused = _define("concat_and_cache_mla_rope_fused" + _M
 """Rotate `q_pe` and `k_pe` in place and write the MLA cache rows
 (see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""
 
+def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> None:
+    """Kernels of the op `name` for the tensors torch would not hand to its CPU kernel as they are.
+
+    Other layouts (sparse, MKL-DNN, nested tensors) have no kernel, and torch raised NotImplementedError:
+    refused, naming the argument.  For an in-place op, tensors with torch's negative or conjugate bit (a
+    view such as ``z.conj().imag``): torch's own fallback ran the kernel on a resolved copy of a written
+    tensor, wrote the other tensors, then failed (and the next call crashed the interpreter); a written one
+    is refused before anything is written, a read one resolved (a copy) and the op called with it.
+    """
+    parsed = torch._C.parse_schema(f"posenc_fast::{name}{arguments}").arguments
+    names = [argument.name for argument in parsed]
+    written = {argument.name for argument in parsed if argument.alias_info is not None
+               and argument.alias_info.is_write}
+    op = getattr(torch.ops.posenc_fast, name)
+
+    def tensors(args, kwargs):
+        bound = {**dict(zip(names, args)), **kwargs}
+        return bound, [(n, t) for n, t in bound.items() if isinstance(t, torch.Tensor)]
+
+    def other_layout(*args, **kwargs):
+        for arg_name, tensor in tensors(args, kwargs)[1]:
+            if tensor.layout != torch.strided:
+                raise ValueError(f"{arg_name} must be a strided CPU tensor, got layout {tensor.layout}")
+        raise AssertionError(f"posenc_fast::{name} was dispatched for another layout, but every tensor is strided")
+
+    def math_bits(*args, **kwargs):
+        bound, named = tensors(args, kwargs)
+        for arg_name, tensor in named:
+            if tensor.is_neg() or tensor.is_conj():
+                if arg_name in written:
+                    raise ValueError(f"{arg_name} is a negated or conjugated view (is_neg() or is_conj()), "
+                                     f"which this call cannot write through; pass a tensor of its own")
+                bound[arg_name] = tensor.resolve_conj().resolve_neg()
+        return op(**bound)
+    for key in ("SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU"):
+        _LIBRARY.impl(name, other_layout, key)
+    if in_place:
+        for key in ("Negative", "Conjugate"):
+            _LIBRARY.impl(name, math_bits, key)
+
+
 compiled_kernels, kernel_reason = _torch_kernel.load(torch)
 """The C++ kernels of the in-place ops and of `hf_rotate` loaded (`posenc_fast._torch_kernel`): their
 library's path, or None; and which kernels serve those ops, and why."""
@@ -364,3 +404,5 @@ for _name, _arguments, _kernel, _fake in (
         _LIBRARY.impl(_name, _kernel, "CPU")
     else:  # the calls a C++ kernel does not take itself go to the Python one, as this op
         _define(f"_{_name}_general" + _arguments, _kernel, _fake)
+    _refuse_what_no_kernel_takes(_name, _arguments, in_place=_fake is _mutates_only)
+_refuse_what_no_kernel_takes("apply_rotary", _APPLY_ROTARY_ARGUMENTS, in_place=False)

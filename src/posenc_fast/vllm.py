@@ -247,8 +247,8 @@ def _tensor_view(torch: Any, t: ArrayOrTensor, name: str) -> np.ndarray:
             and t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16)):
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
     if t.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{name} requires grad, and this call records no gradient (an in-place "
-                         f"update in C); call under torch.no_grad() or torch.inference_mode()")
+        raise ValueError(f"{name} requires grad, and this call records no gradient (it runs in C, outside "
+                         f"autograd); call under torch.no_grad() or torch.inference_mode()")
     try:
         return numpy_view(torch, t)
     except (TypeError, RuntimeError) as exc:  # e.g. a conjugate or negative view
