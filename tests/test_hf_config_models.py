@@ -67,6 +67,51 @@ def test_a_key_read_under_another_name_reads_as_the_class_stores_it(config, key)
     assert rotary_kwargs_from_hf_config(built) == got
 
 
+_GEMMA3_SCALED = {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
+                  "head_dim": 64, "num_hidden_layers": 2, "max_position_embeddings": 8192,
+                  "layer_types": ["sliding_attention", "full_attention"]}
+
+
+@pytest.mark.parametrize("config", [
+    # one dict per layer type: a layer type's truncate is not read by transformers' YaRN (it reads the top of
+    # rope_parameters), and a top-level original_max_position_embeddings does not override a layer type's own
+    {**_GEMMA3_SCALED, "rope_parameters": {
+        "full_attention": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 1024,
+                           "truncate": False, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    {**_GEMMA3_SCALED, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "original_max_position_embeddings": 4096,
+     "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 1024}},
+    {**_GEMMA3_SCALED, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "original_max_position_embeddings": 4096,
+     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 1024,
+                      "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+    {**_GEMMA3_SCALED, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "original_max_position_embeddings": 4096,
+     "rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
+], ids=["nested-truncate", "flat-yarn", "flat-llama3", "flat-yarn-no-inner-length"])
+def test_a_layer_types_scaling_reads_as_transformers_reads_it(config):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    rope = pf.RotaryEmbedding.from_hf_config(dict(config), layer_type="full_attention")
+    built = transformers.AutoConfig.for_model(**config)
+    module = Gemma3RotaryEmbedding(built)
+    assert_matches_hf(rope.inv_freq, module.full_attention_inv_freq.numpy(), 64)
+    cos, _ = module(torch.zeros(1), torch.tensor([[3000]]), layer_type="full_attention")
+    assert np.isclose(float(cos[0, 0, 0]), rope.cos_sin(np.array([3000]), dtype=np.float64)[0][0, 0], atol=1e-4)
+
+
+def test_an_aliased_field_given_keeps_its_value():
+    # BailingHybrid stores max_position_embeddings in model_max_length: the class default of
+    # max_position_embeddings, filled in first, overwrote the config's model_max_length
+    config = {"model_type": "bailing_hybrid", "hidden_size": 128, "num_attention_heads": 4, "model_max_length": 4096,
+              "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 6e6}}
+    assert pf.RotaryEmbedding.from_hf_config(config).scaling["original_max_position_embeddings"] == 4096
+    transformers = pytest.importorskip("transformers")
+    built = transformers.AutoConfig.for_model(**config)
+    assert built.max_position_embeddings == 4096
+    assert pf.RotaryEmbedding.from_hf_config(built).scaling["original_max_position_embeddings"] == 4096
+
+
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "axk1", "longcat_flash", "youtu", "mistral4"])
 def test_a_latent_attentions_head_dim_apart_from_its_rotation_is_refused(model_type):
     # their classes keep a head_dim the config gives, their rotary module builds cos/sin that wide, and the

@@ -97,8 +97,9 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
     return _int(cfg, rule.hidden_key, where) // _int(cfg, rule.heads_key, where)
 
 
-def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> dict:
-    """The rope parameter dict transformers standardises for `layer_type`: rope_scaling wins over rope_parameters."""
+def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> tuple[dict, bool]:
+    """The rope parameter dict transformers standardises for `layer_type` (rope_scaling wins over rope_parameters),
+    and whether its class holds one such dict per layer type."""
     # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
     params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or class_rope(cfg.get("model_type"), where) or {}
     if not isinstance(params, Mapping):
@@ -137,7 +138,7 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
         sliding = layer_type_params(cfg, rule, "sliding_attention", sliding, where)
         per_type = {"full_attention": full, "sliding_attention": sliding}
     else:
-        return dict(params)
+        return dict(params), False
     if layer_type is None:
         distinct = {repr(sorted(value.items())) for value in per_type.values()}
         if len(distinct) > 1:
@@ -145,11 +146,11 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> d
                              + ("layer_type= (or layer=) to choose one" if declared else
                                 "layer_type= to choose one (it gives no 'layer_types' to say which its layers "
                                 "are, so layer= cannot: give them, as its configuration class derives them)"))
-        return dict(next(iter(per_type.values())))
+        return dict(next(iter(per_type.values()))), True
     if layer_type not in per_type:
         raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "
                          f"it has {sorted(per_type)}")
-    return dict(per_type[layer_type])
+    return dict(per_type[layer_type]), True
 
 
 def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, where: str) -> float:
@@ -200,7 +201,8 @@ def _rope_type(params: Mapping, model_type: str, where: str) -> str:
     return rope_type
 
 
-def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, where: str) -> dict | None:
+def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, per_layer_type: bool,
+             where: str) -> dict | None:
     if rope_type == "default":
         return None
     if rope_type not in ROPE_TYPES:
@@ -218,9 +220,10 @@ def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, whe
         # _compute_dynamic_ntk_parameters uses max_position_embeddings as the original length, whatever else is set
         scaling["original_max_position_embeddings"] = max_positions()
     elif rope_type in _SCALED_WITH_ORIGINAL:
-        # standardize_rope_params: a top-level original_max_position_embeddings wins over the one in the dict
-        # (Phi3Config always has one: its class default, 4096, is filled in); else max_position_embeddings
-        if cfg.get("original_max_position_embeddings") is not None:
+        # standardize_rope_params: a top-level original_max_position_embeddings wins over the one in one dict for
+        # all layers (Phi3Config always has one: its class default, 4096, is filled in), not over a layer type's
+        # own; else max_position_embeddings
+        if not per_layer_type and cfg.get("original_max_position_embeddings") is not None:
             scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
         elif "original_max_position_embeddings" not in scaling:
             scaling["original_max_position_embeddings"] = max_positions()
@@ -228,6 +231,10 @@ def _scaling(cfg: Mapping, params: Mapping, rope_type: str, model_type: str, whe
             raise ValueError(f"{where}: rope_parameters has no 'factor' (rope_type 'yarn'), which transformers "
                              f"requires; set it, or set it to None for max_position_embeddings / "
                              f"original_max_position_embeddings")
+        if rope_type == "yarn" and per_layer_type:
+            # _compute_yarn_parameters reads truncate from the top of rope_parameters, which then holds the layer
+            # types' dicts: a layer type's own truncate is not read (True)
+            scaling.pop("truncate", None)
         if rope_type in ("yarn", "longrope") and "factor" not in scaling:
             # _compute_yarn_parameters / _compute_longrope_parameters: factor None = max_pos / original
             scaling["factor"] = max_positions() / _real(
@@ -520,7 +527,7 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
         return dict(dim=head_dim, rotary_dim=rotary_dim, base=_DEFAULT_THETA, layout="interleaved", scaling=None)
 
-    params = _rope_parameters(cfg, rule, layer_type, where)
+    params, per_layer_type = _rope_parameters(cfg, rule, layer_type, where)
     if rule.streams is None:
         streams = [key for key in _MROPE_KEYS if params.get(key) or cfg.get(key)]
         if streams or params.get("rope_type", params.get("type")) == "mrope":
@@ -531,7 +538,7 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         params = {**params, "rope_type": "default"}  # transformers 5 reads transformers 4's "mrope" as default
     base = _theta(cfg, params, model_type, rule, where)
     rope_type = _rope_type(params, model_type, where)
-    scaling = _scaling(cfg, params, rope_type, model_type, where)
+    scaling = _scaling(cfg, params, rope_type, model_type, per_layer_type, where)
     partial = _partial_factor(cfg, params, model_type, where)
 
     start = 0

@@ -28,12 +28,13 @@ def _defaults_of(model_type) -> str | None:
 def _with_class_fields(cfg: dict, model_type) -> dict:
     """`cfg` with its configuration class's defaults of the top-level keys it leaves out (_hf_defaults.FIELDS), and
     the keys it stores under other names (_hf_defaults.ALIASES: DBRX's max_seq_len) under both names, as the class
-    stores them: a key given sets its field (GLM-4-MoE-Lite's head_dim its qk_rope_head_dim)."""
+    stores them: a key given sets its field (GLM-4-MoE-Lite's head_dim its qk_rope_head_dim), a class default
+    only a field the config leaves out (BailingHybrid's model_max_length)."""
     row = _defaults_of(model_type)
     fields = _hf_defaults.FIELDS.get(row)
-    cfg = {**fields, **cfg} if fields else dict(cfg)
+    given, cfg = cfg, {**fields, **cfg} if fields else dict(cfg)
     for key, field in _hf_defaults.ALIASES.get(row, {}).items():
-        if key in cfg:
+        if key in given or (key in cfg and field not in given):
             cfg[field] = cfg[key]
         elif field in cfg:
             cfg[key] = cfg[field]
