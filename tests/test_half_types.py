@@ -187,8 +187,10 @@ def test_add_alibi_and_add_sinusoidal(dtype):
     assert np.array_equal(bits(got), bits(ref.round_once(want, dtype)))  # in double, once
     x = half_type_data((2, 30, 10), dtype, 7)
     got = pf.add_sinusoidal(x, offset=5)
-    table32 = pf.sinusoidal_table(30, 10, offset=5, dtype=np.float64).astype(F32)
-    assert np.array_equal(bits(got), bits((x.astype(F32) + table32).astype(dtype)))
+    table = pf.sinusoidal_table(30, 10, offset=5, dtype=np.float64)
+    assert np.array_equal(bits(got), bits(ref.round_once(x.astype(np.float64) + table, dtype)))  # in double, once
+    zeros = np.zeros((1, 400, 2), dtype)  # sums of zero: the table's values, rounded once as sinusoidal_table's
+    assert np.array_equal(bits(pf.add_sinusoidal(zeros)[0]), bits(pf.sinusoidal_table(400, 2, dtype=dtype)))
 
 
 @pytest.mark.parametrize("x_dtype", HALVES + [np.dtype(np.float32), np.dtype(np.float64)])
@@ -199,12 +201,27 @@ def test_add_position_table_any_two_dtypes(x_dtype, table_dtype):
     got = pf.add_position_table(x, table, offset=4)
     assert got.dtype == x_dtype
     rows = table[4:24]
-    if x_dtype in HALVES:  # float32 arithmetic, one rounding
-        want = (x.astype(F32) + rows.astype(np.float64).astype(F32)).astype(x_dtype)
+    if x_dtype in HALVES and table_dtype == np.float64:  # in double, rounded once
+        want = ref.round_once(x.astype(np.float64) + rows, x_dtype)
+    elif x_dtype in HALVES:  # float32 arithmetic, one rounding
+        want = (x.astype(F32) + rows.astype(F32)).astype(x_dtype)
     else:  # the wider of the two
         wide = np.result_type(x_dtype, np.float32 if table_dtype in HALVES else table_dtype)
         want = (x.astype(wide) + rows.astype(wide)).astype(x_dtype)
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_float64_table_added_to_half_data_is_rounded_once(dtype):
+    # 1 + (a tie of the half type + 2**-40): the float64 table value rounded to float32 first lands on
+    # the tie and rounds to even (1.0); the sum rounded once is above it
+    tie = 2.0 ** (-11 if dtype == np.float16 else -8)
+    table = np.array([[tie + 2.0**-40, -(tie + 2.0**-40)]])
+    x = np.ones((1, 1, 2), dtype)
+    want = ref.round_once(1.0 + table[0], dtype)
+    assert want[0] == 1.0 + 2 * tie and want[1] == 1.0 - tie  # (below 1 the spacing halves: no tie)
+    assert np.array_equal(bits(pf.add_position_table(x, table)[0, 0]), bits(want))
+    assert np.array_equal(bits(pf.add_position_table(x, table, out=x)[0, 0]), bits(want))  # in place
 
 
 @pytest.mark.parametrize("dtype", HALVES)

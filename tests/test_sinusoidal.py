@@ -249,6 +249,7 @@ def test_streamed_table_equals_small_tables(layout, shift, dim):
     (dict(length=3, dim=True), TypeError, "dim must be an integer, got bool"),
     (dict(length=3, dim=4, base=0.0), ValueError, "base must be > 0"),
     (dict(length=3, dim=4, base=float("nan")), ValueError, "base must be finite"),
+    (dict(length=1, dim=64, base=5e-324), ValueError, r"base = 5e-324 gives frequencies .* past float64's range"),
     (dict(length=3, dim=4, offset=float("inf")), ValueError, "offset must be finite"),
     (dict(length=3, dim=4, offset="1"), TypeError, "offset must be a real number"),
     (dict(length=3, dim=4, layout="half"), ValueError, "layout must be one of"),
@@ -368,3 +369,9 @@ def test_add_sinusoidal_bad_positions_write_nothing():
         with pytest.raises(error, match=match):
             pf.add_sinusoidal(x, positions=positions, out=x)
         assert (x == 1).all()
+    wide = np.ones((2, 3, 64))  # (1e-320 ** (-2*i/64) passes float64's range)
+    with pytest.raises(ValueError, match="base = 1e-320 gives"):
+        pf.add_sinusoidal(wide, base=1e-320, out=wide)
+    with pytest.raises(ValueError, match="base = 1e-320 gives"):
+        pf.sinusoidal([0.0], 64, base=1e-320)
+    assert (wide == 1).all()

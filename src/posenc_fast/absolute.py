@@ -23,8 +23,12 @@ def _sinusoidal_freqs(dim: int, base: float) -> np.ndarray:
     # pow is libm's; NumPy's SIMD power can differ from it by an ulp.
     # Allocated first: an impossible dim fails at once, not after a long loop.
     freqs = np.empty((dim + 1) // 2, dtype=np.float64)
-    for i in range(freqs.size):
-        freqs[i] = base ** (-2 * i / dim)
+    try:
+        for i in range(freqs.size):
+            freqs[i] = base ** (-2 * i / dim)
+    except OverflowError:  # a base below 1 whose powers pass float64's range
+        raise ValueError(f"base = {base!r} gives frequencies base ** (-2*i/dim) past float64's range "
+                         f"for dim = {dim}") from None
     freqs.flags.writeable = False
     return freqs
 

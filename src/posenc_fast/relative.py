@@ -87,7 +87,8 @@ def alibi_slopes(num_heads: int) -> NDArray[np.float64]:
     libm's correctly rounded (or within an ulp) power otherwise.  BLOOM
     raises a float32-rounded base to integer powers in float32, so its slopes
     differ from these by up to about 1e-6 relative for large head counts.
-    MPT orders the slopes of non-power-of-two head counts differently.
+    MPT's ``build_mpt_alibi_tensor`` gives the same slopes in the same order
+    (in float32).
 
     Parameters
     ----------
@@ -265,18 +266,19 @@ def relative_position_index(q_len: int, k_len: int | None = None, *, max_distanc
     max_distance = v.integer(max_distance, "max_distance", minimum=0)
     if max_distance > MAX_BUCKET_ARGUMENT:
         raise ValueError(f"max_distance must be <= 2**52, got {max_distance}")
-    vector = _distance_vector(q_len, k_len)
+    out, vector = _result_and_distances(q_len, k_len)
     kernels.clipped_vector(-(offset + q_len - 1), max_distance, vector)
-    return _diagonal(vector, q_len, k_len)
+    return _diagonal(vector, out)
 
 
-def _distance_vector(q_len: int, k_len: int) -> np.ndarray:
-    # One entry per distance that occurs (see _core_relative.pxi); none for an empty result.
-    return np.empty(q_len + k_len - 1 if q_len and k_len else 0, dtype=np.int64)
+def _result_and_distances(q_len: int, k_len: int) -> tuple[np.ndarray, np.ndarray]:
+    # The (q_len, k_len) result, allocated first (a size NumPy cannot hold refused before any work), and one
+    # entry per distance that occurs (see _core_relative.pxi; none for an empty result)
+    out = v.empty((q_len, k_len), np.int64, "q_len and k_len")
+    return out, np.empty(q_len + k_len - 1 if q_len and k_len else 0, dtype=np.int64)
 
 
-def _diagonal(vector: np.ndarray, q_len: int, k_len: int) -> np.ndarray:
-    out = np.empty((q_len, k_len), dtype=np.int64)
+def _diagonal(vector: np.ndarray, out: np.ndarray) -> np.ndarray:
     kernels.diagonal_rows(vector, out, threads_for(out.size))
     return out
 
@@ -346,7 +348,7 @@ def t5_relative_bucket(q_len: int, k_len: int | None = None, *, bidirectional: b
                          f"<= 2**52, got {max_distance}")
     # As transformers: Python's double log, used by torch as a float32 scalar.
     log_ratio = math.log(max_distance / max_exact)
-    vector = _distance_vector(q_len, k_len)
+    out, vector = _result_and_distances(q_len, k_len)
     kernels.t5_bucket_vector(-(offset + q_len - 1), bidirectional, num_buckets, log_ratio,
                                vector)
-    return _diagonal(vector, q_len, k_len)
+    return _diagonal(vector, out)

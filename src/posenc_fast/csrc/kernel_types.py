@@ -30,7 +30,7 @@ DTYPES = [
 ]
 HALF = tuple(d.suffix for d in DTYPES if d.storage != d.arith)
 # (data, table) pairs of the table-add rows: every combination.  A half
-# type computes in float: a float64 table value is rounded to float first.
+# type adds in float, or in double with a float64 table (rounded once).
 PAIRS = [(d, t) for d in DTYPES for t in DTYPES]
 # The rotation rows: float32/float64 with either; a half type with a float32
 # table or one of its own type (cos/sin in float32 from the canonical values).
