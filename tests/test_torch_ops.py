@@ -5,6 +5,7 @@ Skipped without torch, except the check that importing without torch fails clear
 
 import importlib
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -297,3 +298,9 @@ def test_a_tensor_of_another_layout_is_refused_by_name(torch):
         ops.rotary_embedding(positions.to_sparse(), query.clone(), k, 16, cache, True)
     with pytest.raises(ValueError, match="^x must be a strided CPU tensor, got layout torch.sparse_coo"):
         ops.apply_rotary(positions, query.to_sparse(), 16, cache, True)
+    with warnings.catch_warnings():  # (torch's: a prototype)
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([query[:3], query[3:]])
+    with pytest.raises(ValueError, match="^query must be a strided CPU tensor, got a nested tensor"):
+        ops.rotary_embedding(positions, nested, k, 16, cache, True)
+    assert torch.equal(k, key)

@@ -347,6 +347,7 @@ concat_and_cache_mla_rope_fused = _define("concat_and_cache_mla_rope_fused" + _M
 """Rotate `q_pe` and `k_pe` in place and write the MLA cache rows
 (see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""
 
+
 def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> None:
     """Kernels of the op `name` for the tensors torch would not hand to its CPU kernel as they are.
 
@@ -368,8 +369,9 @@ def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> N
 
     def other_layout(*args, **kwargs):
         for arg_name, tensor in tensors(args, kwargs)[1]:
-            if tensor.layout != torch.strided:
-                raise ValueError(f"{arg_name} must be a strided CPU tensor, got layout {tensor.layout}")
+            if tensor.layout != torch.strided or tensor.is_nested:
+                got = "a nested tensor" if tensor.is_nested else f"layout {tensor.layout}"
+                raise ValueError(f"{arg_name} must be a strided CPU tensor, got {got}")
         raise AssertionError(f"posenc_fast::{name} was dispatched for another layout, but every tensor is strided")
 
     def math_bits(*args, **kwargs):
@@ -381,7 +383,7 @@ def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> N
                                      f"which this call cannot write through; pass a tensor of its own")
                 bound[arg_name] = tensor.resolve_conj().resolve_neg()
         return op(**bound)
-    for key in ("SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU"):
+    for key in ("SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU", "AutogradNestedTensor"):
         _LIBRARY.impl(name, other_layout, key)
     if in_place:
         for key in ("Negative", "Conjugate"):
