@@ -439,6 +439,13 @@ def test_apply_rotary_errors(kwargs, error, match):
     assert (x == 1).all()
 
 
+def test_apply_rotary_of_an_odd_width_names_x():
+    x = np.ones((3, 7))
+    with pytest.raises(ValueError, match=r"^x.shape\[-1\] must be even when rotary_dim is not given, got 7"):
+        pf.apply_rotary(x, out=x)
+    assert (x == 1).all() and pf.apply_rotary(x, rotary_dim=6)[:, 6].tolist() == [1, 1, 1]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("x_shape, positions, seq_axis", [

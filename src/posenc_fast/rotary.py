@@ -604,6 +604,8 @@ def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: floa
     base = v.real(base, "base", positive=True)
     layout = v.choice(layout, "layout", v.LAYOUTS_ROTARY)
     rotary_dim = None if rotary_dim is None else v.integer(rotary_dim, "rotary_dim")
+    if rotary_dim is None and x.shape[-1] % 2:
+        raise ValueError(f"x.shape[-1] must be even when rotary_dim is not given, got {x.shape[-1]}")
     rope = _shortcut_embedding(x.shape[-1], base, rotary_dim, layout, factor)
     return rope.apply(x, positions, offset=offset, seq_axis=seq_axis, inverse=inverse, out=out)
 

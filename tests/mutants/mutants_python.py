@@ -65,6 +65,9 @@ PYTHON = [
            '    vector = np.empty(q_len + k_len - 1 if q_len and k_len else 0, dtype=np.int64)\n'
            '    vector[:] = 0\n    out = v.empty((q_len, k_len), np.int64, "q_len and k_len")\n    return out, np.empty(',
            ("tests/test_relative.py", "-k", "past_memory")),
+    Mutant("apply_rotary of an odd width names dim, an argument it does not have", "validation",
+           PKG + "rotary.py", "    if rotary_dim is None and x.shape[-1] % 2:", "    if False:",
+           ("tests/test_rotary.py", "-k", "odd_width")),
     Mutant("a base whose sinusoid frequencies overflow raises OverflowError", "validation", PKG + "absolute.py",
            "    except OverflowError:  # a base below 1", "    except ZeroDivisionError:  # a base below 1",
            ("tests/test_sinusoidal.py", "-k", "bad_arguments or bad_positions")),
