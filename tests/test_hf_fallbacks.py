@@ -45,7 +45,7 @@ def _reasons_in_the_code():
 
 def test_every_reason_in_the_code_is_in_the_docstring():
     reasons = _reasons_in_the_code()
-    assert len(reasons) == 4, reasons
+    assert len(reasons) == 5, reasons
     doc = " ".join(_docstring().split())
     for reason in reasons:
         assert f'``"{reason}"``' in doc, reason
@@ -79,7 +79,16 @@ def _llama():
     return hf._replacement(module.apply_rotary_pos_emb, hf._PATCHED["apply_rotary_pos_emb"]["llama"])
 
 
+def _dual():
+    import torch.autograd.forward_ad as fwad
+
+    q, k = qk()
+    with fwad.dual_level():
+        return _llama()(fwad.make_dual(q, torch.ones_like(q)), k, *cache())
+
+
 CASES = {
+    "a forward-mode AD or torch.func transform": _dual,
     "cos/sin need a gradient": lambda: _llama()(*qk(), *(t.requires_grad_() for t in cache())),
     # Cohere computes in float32 (q.float()): float64 data would be rounded first
     "data the kernel does not compute exactly": lambda: _cohere()(*qk(torch.float64), *_pairs(dtype=torch.float64)),

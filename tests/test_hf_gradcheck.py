@@ -77,10 +77,12 @@ def _call(function, apply, cos, sin, case):
     return lambda *xs: hf_calls.call(function, apply, xs, cos, sin, case)
 
 
-def _gradcheck(fn, inputs, float32):
-    # float32 arithmetic inside: a step of 1e-2 (the function is linear: no truncation error)
+def _gradcheck(fn, inputs, float32, twice=True):
+    # float32 arithmetic inside: a step of 1e-2 (the function is linear: no truncation error); `twice`: the
+    # gradient of the gradient too (a gradient penalty: the backward's own backward)
     options = dict(eps=1e-2, atol=1e-4, rtol=1e-4) if float32 else {}
     assert torch.autograd.gradcheck(fn, inputs, **options)
+    assert not twice or torch.autograd.gradgradcheck(fn, inputs, **options)
 
 
 @pytest.mark.parametrize("module, name", KINDS)
@@ -203,7 +205,8 @@ def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
                              fullgraph=True, backend="aot_eager")
     for c, s, kernel in ((cos, sin, True), (rand_cos, rand_sin, False)):
         runs.clear()
-        _gradcheck(lambda q, k: compiled(q, k, c, s), _inputs(hf._LLAMA, 16)[1], False)
+        # (torch.compile's aot_autograd has no double backward)
+        _gradcheck(lambda q, k: compiled(q, k, c, s), _inputs(hf._LLAMA, 16)[1], False, twice=False)
         q, k = _inputs(hf._LLAMA, 16)[1]
         want = _drop_in._torch_formula(torch, (q, k), c, s, 1)
         got = compiled(q, k, c, s)
@@ -214,3 +217,35 @@ def test_the_compiled_drop_in_passes_gradcheck(monkeypatch):
             assert torch.equal(g, w)
         assert bool(runs) is kernel  # entries not repeating: the op's formula
     torch._dynamo.reset()
+
+
+def test_a_result_reaching_no_loss_gives_its_data_no_gradient(kernel_calls):
+    # (a zero gradient would change what weight decay and momentum do to a parameter, and what DDP calls used)
+    case, (q, k), cos, sin = _inputs(hf._LLAMA, 16)
+    q_embed, _ = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert q_embed.grad_fn.name() == "RotationBackward"
+    q_embed.sum().backward()
+    assert q.grad is not None and k.grad is None
+
+
+def test_forward_mode_ad_and_torch_func_take_the_formula(kernel_calls):
+    # the kernel reads a dual tensor's primal only (its tangent was dropped) and has no memory to read
+    # under torch.func's transforms (a crash): transformers' formula carries both
+    import torch.autograd.forward_ad as fwad
+
+    _, (q, k), cos, sin = _inputs(hf._LLAMA, 16)
+    q, k = q.detach(), k.detach()
+    own = hf._replacement(importlib.import_module(hf._module_name("llama")).apply_rotary_pos_emb, hf._LLAMA).__wrapped__
+    tangent = torch.randn_like(q)
+    with fwad.dual_level():
+        got = fwad.unpack_dual(hf.apply_rotary_pos_emb(fwad.make_dual(q, tangent), k, cos, sin)[0]).tangent
+        want = fwad.unpack_dual(own(fwad.make_dual(q, tangent), k, cos, sin)[0]).tangent
+    assert got is not None and torch.equal(got, want)
+    grad = torch.func.grad(lambda a: hf.apply_rotary_pos_emb(a, k, cos, sin)[0].pow(2).sum())(q)
+    assert torch.equal(grad, torch.func.grad(lambda a: own(a, k, cos, sin)[0].pow(2).sum())(q))
+    batch = torch.stack((q, 2 * q))
+    batched = torch.func.vmap(lambda a: hf.apply_rotary_pos_emb(a, a, cos, sin)[0])(batch)
+    assert torch.equal(batched, torch.func.vmap(lambda a: own(a, a, cos, sin)[0])(batch))
+    assert not any(kernel_calls)
+    hf.apply_rotary_pos_emb(q, k, cos, sin)  # no transform now: the kernel
+    assert kernel_calls[-1]

@@ -34,7 +34,8 @@ repeat"`` (no rotation of pairs; under ``torch.compile`` counted when the op's b
 ``"arguments or shapes it does not take"`` (not the tensors of the function's parameters,
 ``unsqueeze_dim`` aside where the function has it, shapes the function rotates no pairs of, a
 vision tower's cos of one dimension, data of another rank than GPT-J's or PE's formula indexes,
-more patch rows than tokens for DINOv3's).  Every other call with the data needing a gradient runs the
+more patch rows than tokens for DINOv3's); ``"a forward-mode AD or torch.func transform"`` (dual tensors,
+``torch.func.grad``/``vmap``/...).  Every other call with the data needing a gradient runs the
 kernel, with its backward (under ``torch.compile`` the op ``hf_rotate``)."""
 
 
@@ -60,9 +61,19 @@ def _names(xs) -> tuple:
     return ("x",) if len(xs) == 1 else ("q", "k", "v")[:len(xs)]
 
 
+def _transformed(torch) -> bool:
+    """True under forward-mode AD (dual tensors, whose tangents a kernel reading their memory would drop) or a
+    ``torch.func`` transform (``grad``, ``vmap``, ...: wrapped tensors without memory of their own)."""
+    return (torch.autograd.forward_ad._current_level >= 0
+            or torch._C._functorch.peek_interpreter_stack() is not None)
+
+
 def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     """What `function` computes for the tensors `xs` (q and k, or one tensor), by the kernel on
     NumPy views, as a tuple; None when that would not be exact."""
+    if not torch.compiler.is_compiling() and _transformed(torch):
+        _fell_back(torch, xs, "a forward-mode AD or torch.func transform")
+        return None
     if not _numpy_can_take(torch, function, xs, cos, sin):
         if not (cos.requires_grad or sin.requires_grad):  # else counted already
             _fell_back(torch, xs, "data the kernel does not compute exactly")
@@ -127,8 +138,10 @@ def _rotation(torch):
     the incoming gradients by ``(cos, -sin)`` (the function with `inverse`
     flipped), the same kernel, float32 arithmetic and one rounding for half
     types, into contiguous gradients as the formula's backward returns; a
-    deinterleaving function's (MLA's) gradients are interleaved back.  cos
-    and sin get no gradient (calls whose cos/sin need one take
+    deinterleaving function's (MLA's) gradients are interleaved back; where
+    those need a gradient themselves (a double backward), the backward is
+    this Function again.  A result that reaches no loss gives its data no
+    gradient (None).  cos and sin get no gradient (calls whose cos/sin need one take
     the module's own formula: `FALLBACKS`).
     """
     if _ROTATION:
@@ -140,23 +153,28 @@ def _rotation(torch):
             # arrays: the NumPy views of xs, cos and sin the caller already made
             ctx.save_for_backward(cos, sin)
             ctx.function, ctx.unsqueeze_dim, ctx.tables = function, unsqueeze_dim, arrays[-2:]
+            ctx.shapes = [(x.shape, x.dtype) for x in xs]
+            ctx.set_materialize_grads(False)  # a result that reaches no loss gives its data no gradient (None)
             return _rotated(torch, function, arrays, [x.dtype for x in xs], unsqueeze_dim)
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx, *grads):
-            ctx.saved_tensors  # raises if cos/sin changed in place since the forward
-            grads = _transposed(torch, ctx.function, grads, ctx.tables, ctx.unsqueeze_dim)
-            return (None,) * 5 + tuple(g if needed else None
-                                       for g, needed in zip(grads, ctx.needs_input_grad[5:]))
+            cos, sin = ctx.saved_tensors  # raises if cos/sin changed in place since the forward
+            needed = [g is not None and need for g, need in zip(grads, ctx.needs_input_grad[5:])]
+            if not any(needed):
+                return (None,) * (5 + len(grads))
+            grads = [torch.zeros(shape, dtype=dtype) if g is None else g for g, (shape, dtype) in zip(grads, ctx.shapes)]
+            grads = _transposed(torch, ctx.function, grads, ctx.tables, ctx.unsqueeze_dim, (cos, sin))
+            return (None,) * 5 + tuple(g if need else None for g, need in zip(grads, needed))
 
     _ROTATION.append(Rotation)
     return Rotation
 
 
-def _transposed(torch, function, grads, tables, unsqueeze_dim):
+def _transposed(torch, function, grads, tables, unsqueeze_dim, cos_sin=None):
     """The gradients of `function`'s results rotated back: the backward of `Rotation` (and of the op
-    ``hf_rotate``), `tables` the NumPy views of cos and sin."""
+    ``hf_rotate``), `tables` the NumPy views of cos and sin; with `cos_sin` (the tensors) and gradients
+    that need one (a double backward), through `Rotation`, which records its own backward."""
     # A deinterleaving function rotates (x[0::2] | x[1::2]) in halves: its transpose
     # rotates back in halves, then interleaves.
     transpose = function._replace(inverse=not function.inverse, deinterleaves=False,
@@ -164,8 +182,12 @@ def _transposed(torch, function, grads, tables, unsqueeze_dim):
     # The formula's backward returns contiguous gradients (its slices' backwards are zeros of
     # x's shape), and what follows reduces in memory order (a norm's weight gradient): the
     # kernel rotates contiguous gradients, so the layout, and the sums, are the same.
-    arrays = [numpy_view(torch, g.contiguous()) for g in grads] + list(tables)
-    grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], unsqueeze_dim)
+    grads = [g.contiguous() for g in grads]
+    arrays = [numpy_view(torch, g) for g in grads] + list(tables)
+    if cos_sin is not None and torch.is_grad_enabled() and any(g.requires_grad for g in grads):
+        grads = _rotation(torch).apply(transpose, unsqueeze_dim, arrays, *cos_sin, *grads)
+    else:
+        grads = _rotated(torch, transpose, arrays, [g.dtype for g in grads], unsqueeze_dim)
     if function.deinterleaves:
         grads = [torch.stack(g.chunk(2, -1), -1).flatten(-2) for g in grads]
     return grads
@@ -248,7 +270,7 @@ def _dtypes_fit(torch, function, dtypes, cache) -> bool:
 
 def _compiled_call(torch, function, xs, cos, sin, unsqueeze_dim):
     """The common call of `function` on CPU tensors, checked and rotated in C: the results, or None."""
-    if torch is None or torch.compiler.is_compiling():  # no C call in a graph: _compiled_rotation
+    if torch is None or torch.compiler.is_compiling() or _transformed(torch):  # (in a graph: _compiled_rotation)
         return None
     rotation = compiled(torch, function)
     return None if rotation is None else rotation(xs, cos, sin, unsqueeze_dim)

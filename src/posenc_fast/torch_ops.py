@@ -307,14 +307,14 @@ an op's backward (`torch.library.register_autograd`) costs ~10 us a call, even u
 
 
 def _hf_rotate_context(ctx, inputs, output):
-    _, cos, sin, family, name, unsqueeze_dim, _ = inputs
+    _, cos, sin, family, name, unsqueeze_dim, transpose = inputs
     ctx.save_for_backward(cos, sin)
-    ctx.arguments = (family, name, unsqueeze_dim)
+    ctx.arguments = (family, name, unsqueeze_dim, not transpose)  # the backward of the transpose: the rotation
 
 
 def _hf_rotate_backward(ctx, grads):
     cos, sin = ctx.saved_tensors
-    return (hf_rotate(list(grads), cos, sin, *ctx.arguments, True),) + (None,) * 6
+    return (hf_rotate(list(grads), cos, sin, *ctx.arguments),) + (None,) * 6
 
 
 torch.library.register_autograd("posenc_fast::hf_rotate", _hf_rotate_backward,
