@@ -124,17 +124,25 @@ def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> t
         # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
         raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
                          f"only per-layer-type entries)")
+    nests_flat = rule.local_theta_key is not None or rule.nests_flat
+    if nests_flat and not nested and not cfg.get("rope_scaling") and cfg.get("rope_parameters"):
+        # convert_rope_params_to_dict keeps a flat rope_parameters as it is and adds the layer types' entries:
+        # transformers' model reads its class's defaults, not this dict
+        raise ValueError(f"{where}: rope_parameters is one flat dict, which this model's configuration class "
+                         f"reads as no layer type's RoPE (transformers keeps its defaults); give one entry per "
+                         f"layer type ({{'full_attention': {{...}}, 'sliding_attention': {{...}}}}), or the flat "
+                         f"keys as rope_scaling (the full-attention layers')")
     if nested:
         # standardize_rope_params: top-level rope_theta / partial_rotary_factor (else the class's) fill each layer
         # type's dict (only the one asked for, where one is)
         per_type = {key: layer_type_params(cfg, rule, key, value, where) if layer_type in (None, key) else value
                     for key, value in nested.items()}
-    elif rule.local_theta_key is not None:
+    elif nests_flat:
         # the flat transformers-4 form (Gemma 3): rope_scaling and rope_theta are the full-attention layers',
         # `local_theta_key` (or the class default) the sliding-window layers' default RoPE
         full = layer_type_params(cfg, rule, "full_attention", params, where)
         sliding = {**params} if rule.local_scaled else {"rope_type": "default"}
-        sliding["rope_theta"] = cfg.get(rule.local_theta_key)
+        sliding["rope_theta"] = cfg.get(rule.local_theta_key) if rule.local_theta_key else None
         sliding = layer_type_params(cfg, rule, "sliding_attention", sliding, where)
         per_type = {"full_attention": full, "sliding_attention": sliding}
     else:
@@ -461,7 +469,17 @@ def rotary_kwargs_from_hf_config(config, *, layer_type: str | None = None, layou
       their configuration classes do when the config has none:
       ``int((i + 1) % no_rope_layer_interval != 0)`` (interval 4 by
       default).  Without ``layer`` a ``layer_type`` whose layers are all
-      NoPE is refused (Llama 4's ``"full_attention"``).
+      NoPE is refused (Llama 4's ``"full_attention"``).  Cohere2 and Flint
+      rotate in their sliding-window layers only, EXAONE 4 too where
+      ``sliding_window`` is set, Cohere2-MoE also in a full layer of a dense
+      MLP: their other layers are refused as NoPE.
+    - Gemma 3, OLMo 3 and others nest flat keys per layer type: a flat
+      ``rope_scaling`` is the full-attention layers', a flat
+      ``rope_parameters`` (which their classes read as no layer type's) is
+      refused.  HunYuan's ``"dynamic"`` RoPE with ``alpha`` is its fixed
+      one of base ``rope_theta * alpha ** (head_dim / (head_dim - 2))``;
+      PhiMoE's LongRoPE takes its short factors at every length and
+      ``short_mscale`` (refused where ``long_mscale`` differs).
     - Models that rotate the whole head (Llama and most others) ignore
       ``partial_rotary_factor`` for default RoPE; with a scaled RoPE and
       ``partial_rotary_factor < 1`` transformers computes fewer frequencies
@@ -503,7 +521,7 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     if attention == "indexer" and rule.indexer is None:
         raise ValueError(f"{where}: attention='indexer', but posenc_fast reads no indexer of model_type "
                          f"{model_type!r}; its main attention is attention='main'")
-    cfg = canonical_config(cfg, rule)
+    cfg = canonical_config(cfg, rule, where)
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
     own_rope = attention == "indexer" and rule.indexer_rope is not None
     if own_rope and layer_type not in (None, rule.indexer_rope):
@@ -538,8 +556,16 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         params = {**params, "rope_type": "default"}  # transformers 5 reads transformers 4's "mrope" as default
     base = _theta(cfg, params, model_type, rule, where)
     rope_type = _rope_type(params, model_type, where)
+    if rule.ntk_alpha and rope_type == "dynamic" and params.get("alpha"):
+        # HunYuan: "dynamic" with alpha is its fixed NTK-alpha RoPE (compute_ntk_alpha_rope_parameters)
+        head_dim = _head_dim(cfg, model_type, rule, where)
+        alpha = _real(params["alpha"], "rope_parameters['alpha']", where)
+        base, rope_type = base * alpha ** (head_dim / (head_dim - 2)), "default"
     scaling = _scaling(cfg, params, rope_type, model_type, per_layer_type, where)
-    partial = _partial_factor(cfg, params, model_type, where)
+    if rule.mscales and scaling is not None:
+        scaling = _phimoe_scaling(params, scaling, rope_type, where)
+    partial = (rule.partial_default if rule.partial_default is not None and params.get("partial_rotary_factor") is None
+               else _partial_factor(cfg, params, model_type, where))
 
     start = 0
     if rule.mla:
@@ -594,6 +620,24 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
             section = class_default("SECTION", "mrope_section", model_type, None, where)
         kwargs["pair_streams"] = pair_streams(rule, section, rotary_dim // 2, where)
     return kwargs
+
+
+def _phimoe_scaling(params: Mapping, scaling: dict, rope_type: str, where: str) -> dict:
+    # PhimoeRotaryEmbedding.forward: rope_init_fn(config) without seq_len (LongRoPE's short factors at every
+    # length), cos/sin times long_mscale where max(positions) + 1 > original_max_position_embeddings, else short_mscale
+    short, long = params.get("short_mscale"), params.get("long_mscale")
+    if short is None or long is None:
+        raise ValueError(f"{where}: rope_parameters has no 'short_mscale' / 'long_mscale', which PhiMoE's rotary "
+                         f"module reads for a scaled RoPE (a KeyError in transformers)")
+    if rope_type != "longrope":
+        raise ValueError(f"{where}: PhiMoE's mscales with rope_type {rope_type!r}: posenc_fast reads them with "
+                         f"'longrope' only")
+    short, long = _real(short, "short_mscale", where), _real(long, "long_mscale", where)
+    if short != long:
+        raise ValueError(f"{where}: short_mscale {short!r} and long_mscale {long!r} differ: PhiMoE scales cos/sin "
+                         f"by one or the other by the call's length, which posenc_fast does not; build the "
+                         f"RotaryEmbedding with scaling={{..., 'attention_factor': ...}} for one of them")
+    return {**scaling, "long_factor": scaling["short_factor"], "attention_factor": short}
 
 
 def _rotates_the_cache_width(rule: ModelRule) -> bool:

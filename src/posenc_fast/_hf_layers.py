@@ -103,16 +103,28 @@ def layer_type_params(cfg: Mapping, rule: ModelRule, layer_type: str, given: Map
 
 
 def _top_level(cfg: Mapping, rule: ModelRule, layer_type=None) -> dict:
-    # Gemma 3 / ModernBERT: the sliding-window layers' rope_theta is the flat `local_theta_key`
-    key = rule.local_theta_key if rule.local_theta_key and layer_type == "sliding_attention" else rule.theta_key
-    top = {"rope_theta": cfg.get(key), "partial_rotary_factor": cfg.get("partial_rotary_factor")}
+    # Gemma 3 / ModernBERT: the sliding-window layers' rope_theta is the flat `local_theta_key` (OLMo 3: none);
+    # MiMo-V2-Flash nests no top-level key
+    if rule.partial_default is not None:
+        return {}
+    sliding = layer_type == "sliding_attention" and (rule.local_theta_key or rule.nests_flat)
+    top = {"rope_theta": cfg.get(rule.local_theta_key if sliding else rule.theta_key),
+           "partial_rotary_factor": cfg.get("partial_rotary_factor")}
     return {key: value for key, value in top.items() if value is not None}
 
 
-def canonical_config(cfg: dict, rule: ModelRule) -> dict:
+def canonical_config(cfg: dict, rule: ModelRule, where: str) -> dict:
     """`cfg` as its configuration class stores it: its class's defaults of the top-level keys it leaves out filled
     in, and the checkpoint's keys that class rewrites rewritten."""
     cfg = _with_class_fields(cfg, cfg.get("model_type"))
+    if rule.theta_list and isinstance(cfg.get("rope_theta"), list) and cfg.get("rope_parameters") is None:
+        # UltraBERT's __post_init__: {kind: theta for kind, theta in zip(layer_types, rope_theta)}
+        if not isinstance(cfg.get("layer_types"), (list, tuple)):
+            raise ValueError(f"{where}: a list rope_theta is one per layer, read by 'layer_types', which the config "
+                             f"does not give (its configuration class derives them): give them")
+        cfg = {**cfg, "rope_parameters": {kind: {"rope_type": "default", "rope_theta": theta}
+                                          for kind, theta in zip(cfg["layer_types"], cfg["rope_theta"])}}
+        del cfg["rope_theta"]
     if rule.swa_aliases and "per_layer_config" not in cfg:
         return _dots3_config(cfg)
     if rule.per_layer_lists:
@@ -235,6 +247,8 @@ def layer_of_index(cfg: dict, rule: ModelRule, layer, layer_type, where: str) ->
         _no_rope_layers(cfg, rule, layer, layer_type, declared, where)
     elif rule.rope_layers == "rope_scaling_layers":
         cfg = _rope_scaling_layers(cfg, rule, layer, where)
+    elif rule.rope_layers is not None:
+        _sliding_layers(cfg, rule, layer, layer_type, where)
     return cfg, layer_type
 
 
@@ -295,6 +309,34 @@ def _no_rope_layers(cfg: Mapping, rule: ModelRule, layer, layer_type, declared, 
             raise ValueError(f"{where}: the {layer_type!r} layers have no RoPE: no_rope_layers is 0 at each{derived}")
     elif flags and not any(flags):
         raise ValueError(f"{where}: no layer has a RoPE: no_rope_layers is 0 at each{derived}")
+
+
+def _sliding_layers(cfg: Mapping, rule: ModelRule, layer, layer_type, where: str) -> None:
+    # Cohere2 / EXAONE 4 attention: the sliding-window layers rotate, the others are NoPE (ModelRule.rope_layers);
+    # a config without sliding_window has its class's, a window (tests/test_hf_config_models.py)
+    window = cfg.get("sliding_window", "its class's")
+    if rule.rope_layers == "sliding_or_no_window" and window is None:
+        return  # every layer rotates
+    if window is None:
+        raise ValueError(f"{where}: no layer has a RoPE: its attention rotates in sliding-window layers only, and "
+                         f"sliding_window is None")
+    if layer_type in (None, "sliding_attention") and layer is None:
+        return  # the RoPE of the layers with one
+    if layer_type is None:
+        raise ValueError(f"{where}: layer= needs the config's 'layer_types': only its sliding-window layers rotate")
+    if layer_type == "sliding_attention":
+        return
+    if rule.rope_layers == "sliding_or_dense" and cfg.get("prefix_dense_sliding_window_pattern", 1) == 1:
+        # Cohere2-MoE's force_rope: mlp_layer_types[i] == "dense" (its class derives the list otherwise)
+        kinds = cfg.get("mlp_layer_types")
+        if layer is None or not isinstance(kinds, (list, tuple)) or len(kinds) <= layer:
+            raise ValueError(f"{where}: its {layer_type!r} layers rotate only where mlp_layer_types[i] is 'dense' "
+                             f"(force_rope): pass layer=, with the config's 'mlp_layer_types'")
+        if kinds[layer] == "dense":
+            return
+    what = f"layer {layer} (a {layer_type!r} layer)" if layer is not None else f"the {layer_type!r} layers"
+    raise ValueError(f"{where}: {what} has no RoPE: its attention rotates in sliding-window layers only"
+                     + (" where sliding_window is set" if rule.rope_layers == "sliding_or_no_window" else ""))
 
 
 def _rope_scaling_layers(cfg: dict, rule: ModelRule, layer, where: str) -> dict:

@@ -55,6 +55,23 @@ class ModelRule(NamedTuple):
     """Flat config key of the sliding-window layers' ``rope_theta`` (one RoPE per layer type)."""
     local_scaled: bool = False
     """A flat ``rope_scaling`` applies to the sliding-window layers too (else to full attention only)."""
+    nests_flat: bool = False
+    """Its configuration class nests flat keys as `local_theta_key` says, without such a key (OLMo 3): a flat
+    ``rope_scaling`` and ``rope_theta`` are the full-attention layers', the sliding-window layers keep its
+    default RoPE."""
+    ntk_alpha: bool = False
+    """HunYuan: a ``"dynamic"`` RoPE with ``alpha`` is a fixed one of base ``rope_theta * alpha ** (head_dim /
+    (head_dim - 2))`` (its ``compute_ntk_alpha_rope_parameters``)."""
+    mscales: bool = False
+    """PhiMoE: a scaled RoPE takes its frequencies without the length (LongRoPE's short factors at every
+    length), its cos/sin scaled by ``long_mscale`` past ``original_max_position_embeddings``, else by
+    ``short_mscale``."""
+    partial_default: float | None = None
+    """The ``partial_rotary_factor`` of a layer type's entry without one (MiMo-V2-Flash: 0.334; its class
+    nests no top-level keys into the entries)."""
+    theta_list: bool = False
+    """UltraBERT: a list ``rope_theta`` (without ``rope_parameters``) is one theta per layer, read by layer type
+    (the last layer of each type's)."""
     indexer: str | None = None
     """Pair layout of its DSA indexer (``attention="indexer"``), which rotates the leading
     ``qk_rope_head_dim`` of its ``index_head_dim`` features (the trailing ones with `trailing`); None: no
@@ -93,7 +110,11 @@ class ModelRule(NamedTuple):
     config has none, its configuration class derives ``[int((i + 1) % no_rope_layer_interval != 0) for i in
     range(num_hidden_layers)]``, interval 4 by default) or ``"rope_scaling_layers"`` (Molmo2: the listed layers
     rotate by the scaled RoPE of ``rope_parameters``, the others by an unscaled one of the same ``rope_theta``,
-    its ``rotary_emb_unscaled``; default every layer)."""
+    its ``rotary_emb_unscaled``; default every layer); or by layer type: ``"sliding"`` (Cohere2: only its
+    sliding-window layers rotate, ``sliding_window if layer_types[i] == "sliding_attention" else None``),
+    ``"sliding_or_dense"`` (Cohere2-MoE: also a full layer whose ``mlp_layer_types[i]`` is ``"dense"`` where
+    ``prefix_dense_sliding_window_pattern`` is 1, its default) or ``"sliding_or_no_window"`` (EXAONE 4: every
+    layer where ``sliding_window`` is None, else the sliding-window layers)."""
 
 
 # The values of ModelRule.streams: the ways pair_streams deals pairs to position streams
@@ -176,8 +197,8 @@ MODEL_RULES: dict[str, ModelRule] = {
     "chameleon": ModelRule("chameleon/modeling_chameleon.py"),
     "codegen": ModelRule("codegen/modeling_codegen.py", "interleaved", whole_head=False, layers_key="n_layer"),
     "cohere": ModelRule("cohere/modeling_cohere.py", "interleaved"),
-    "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved"),
-    "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved"),
+    "cohere2": ModelRule("cohere2/modeling_cohere2.py", "interleaved", rope_layers="sliding"),
+    "cohere2_moe": ModelRule("cohere2_moe/modeling_cohere2_moe.py", "interleaved", rope_layers="sliding_or_dense"),
     "cohere_compass_text": ModelRule("cohere_compass/modeling_cohere_compass.py", streams="thw_interleaved", default_section=(24, 20, 20), rope_per_type_only=True),
     "cosmos3_edge_text": ModelRule("cosmos3_edge/modeling_cosmos3_edge.py", streams="thw_interleaved", default_section=(24, 20, 20)),
     "csm": ModelRule("csm/modeling_csm.py"),
@@ -209,12 +230,12 @@ MODEL_RULES: dict[str, ModelRule] = {
     "esmc": ModelRule("esmc/modeling_esmc.py"),
     "eurobert": ModelRule("eurobert/modeling_eurobert.py"),
     "evolla": ModelRule("evolla/modeling_evolla.py"),
-    "exaone4": ModelRule("exaone4/modeling_exaone4.py"),
-    "exaone_moe": ModelRule("exaone_moe/modeling_exaone_moe.py"),
+    "exaone4": ModelRule("exaone4/modeling_exaone4.py", rope_layers="sliding_or_no_window"),
+    "exaone_moe": ModelRule("exaone_moe/modeling_exaone_moe.py", rope_layers="sliding_or_no_window"),
     "falcon": ModelRule("falcon/modeling_falcon.py"),
     "falcon_h1": ModelRule("falcon_h1/modeling_falcon_h1.py"),
     "flex_olmo": ModelRule("flex_olmo/modeling_flex_olmo.py"),
-    "flint": ModelRule("flint/modeling_flint.py"),
+    "flint": ModelRule("flint/modeling_flint.py", rope_layers="sliding"),
     "gemma": ModelRule("gemma/modeling_gemma.py"),
     "gemma2": ModelRule("gemma2/modeling_gemma2.py"),
     "gemma3_text": ModelRule("gemma3/modeling_gemma3.py", local_theta_key="rope_local_base_freq"),
@@ -248,9 +269,9 @@ MODEL_RULES: dict[str, ModelRule] = {
     "helium": ModelRule("helium/modeling_helium.py", "interleaved"),
     "higgs_audio_v2": ModelRule("higgs_audio_v2/modeling_higgs_audio_v2.py"),
     "hrm_text": ModelRule("hrm_text/modeling_hrm_text.py"),
-    "hunyuan_v1_dense": ModelRule("hunyuan_v1_dense/modeling_hunyuan_v1_dense.py"),
-    "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py"),
-    "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width"),
+    "hunyuan_v1_dense": ModelRule("hunyuan_v1_dense/modeling_hunyuan_v1_dense.py", ntk_alpha=True),
+    "hunyuan_v1_moe": ModelRule("hunyuan_v1_moe/modeling_hunyuan_v1_moe.py", ntk_alpha=True),
+    "hunyuan_vl_text": ModelRule("hunyuan_vl/modeling_hunyuan_vl.py", streams="full_width", ntk_alpha=True),
     "hy_v3": ModelRule("hy_v3/modeling_hy_v3.py"),
     "hy_v4": ModelRule("hy_v4/modeling_hy_v4.py", mla=True, reads_rope_interleave=False, indexer="half", trailing=True),
     "hy_v4_vl_text": ModelRule("hy_v4_vl/modeling_hy_v4_vl.py", "interleaved", head_dim_key="qk_rope_head_dim", streams="thw_interleaved", default_section=(24, 20, 20)),
@@ -259,7 +280,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "jais2": ModelRule("jais2/modeling_jais2.py"),
     "jetmoe": ModelRule("jetmoe/modeling_jetmoe.py", head_dim_key="kv_channels"),
     "jina_embeddings_v3": ModelRule("jina_embeddings_v3/modeling_jina_embeddings_v3.py"),
-    "kolibri1": ModelRule("kolibri1/modeling_kolibri1.py"),
+    "kolibri1": ModelRule("kolibri1/modeling_kolibri1.py", rope_layers="sliding_or_no_window"),
     "kyutai_speech_to_text": ModelRule("kyutai_speech_to_text/modeling_kyutai_speech_to_text.py"),
     "laguna": ModelRule("laguna/modeling_laguna.py", whole_head=False),
     "lara_mini": ModelRule("lara_mini/modeling_lara_mini.py"),
@@ -274,7 +295,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "mimi": ModelRule("mimi/modeling_mimi.py"),
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
     "mimi_encoder": ModelRule("mimi/modeling_mimi.py"),
-    "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False),
+    "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False, partial_default=0.334),
     "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True, reads_rope_interleave=False),
     "minimax": ModelRule("minimax/modeling_minimax.py"),
     "minimax_m2": ModelRule("minimax_m2/modeling_minimax_m2.py", whole_head=False),
@@ -305,7 +326,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "nomic_bert": ModelRule("nomic_bert/modeling_nomic_bert.py"),
     "olmo": ModelRule("olmo/modeling_olmo.py"),
     "olmo2": ModelRule("olmo2/modeling_olmo2.py"),
-    "olmo3": ModelRule("olmo3/modeling_olmo3.py"),
+    "olmo3": ModelRule("olmo3/modeling_olmo3.py", nests_flat=True),
     "olmo_hybrid": ModelRule("olmo_hybrid/modeling_olmo_hybrid.py"),
     "olmoe": ModelRule("olmoe/modeling_olmoe.py"),
     "openai_privacy_filter": ModelRule("openai_privacy_filter/modeling_openai_privacy_filter.py", "interleaved"),
@@ -314,7 +335,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "phi": ModelRule("phi/modeling_phi.py", whole_head=False),
     "phi3": ModelRule("phi3/modeling_phi3.py", whole_head=False),
     "phi4_multimodal": ModelRule("phi4_multimodal/modeling_phi4_multimodal.py", whole_head=False),
-    "phimoe": ModelRule("phimoe/modeling_phimoe.py"),
+    "phimoe": ModelRule("phimoe/modeling_phimoe.py", mscales=True),
     "pocket_tts": ModelRule("pocket_tts/modeling_pocket_tts.py"),
     "qwen2": ModelRule("qwen2/modeling_qwen2.py"),
     "qwen2_5_omni_talker": ModelRule("qwen2_5_omni/modeling_qwen2_5_omni.py", streams="chunked", default_section=(16, 24, 24)),
@@ -344,7 +365,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "t5gemma2_decoder": ModelRule("t5gemma2/modeling_t5gemma2.py"),
     "t5gemma2_text": ModelRule("t5gemma2/modeling_t5gemma2.py", local_theta_key="rope_local_base_freq"),
     "timesfm2_5": ModelRule("timesfm2_5/modeling_timesfm2_5.py"),
-    "ultrabert": ModelRule("ultrabert/modeling_ultrabert.py"),
+    "ultrabert": ModelRule("ultrabert/modeling_ultrabert.py", theta_list=True),
     "unlimited_ocr_text": ModelRule("unlimited_ocr/modeling_unlimited_ocr.py"),
     "vaultgemma": ModelRule("vaultgemma/modeling_vaultgemma.py"),
     "voxtral_realtime_encoder": ModelRule("voxtral_realtime/modeling_voxtral_realtime.py"),

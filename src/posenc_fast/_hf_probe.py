@@ -180,12 +180,20 @@ def _renamed_keys(text_class) -> dict:
     return {field: renamed[name] for field, name in _KEYS.items() if isinstance(renamed.get(name), str)}
 
 
+# The conditions under which a module's text attention rotates, as its source writes them (ModelRule.rope_layers)
+_ROTATES_WHERE = {"no_rope_layers": r"config\.no_rope_layers\[",
+                  "sliding": r"if self\.sliding_window is not None:\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary",
+                  "sliding_or_dense": r"if self\.sliding_window is not None or self\.force_rope:\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary",
+                  "sliding_or_no_window": r"if self\.sliding_window is None or self\.is_sliding:\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary"}
+
+
 def _rope_layers(module) -> str | None:
     """``ModelRule.rope_layers``: ``"no_rope_layers"`` where the module's text layers rotate or not by it
-    (``self.use_rope = config.no_rope_layers[layer_idx]``: SmolLM3, Llama 4, Mistral-Large-4)."""
+    (``self.use_rope = config.no_rope_layers[layer_idx]``: SmolLM3, Llama 4, Mistral-Large-4), or the rule by
+    layer type its attention's condition on ``self.sliding_window`` writes (Cohere2, EXAONE 4)."""
     source = "\n".join(inspect.getsource(cls) for name, cls in vars(module).items()
                        if inspect.isclass(cls) and cls.__module__ == module.__name__ and not _not_text(module, name))
-    return "no_rope_layers" if re.search(r"config\.no_rope_layers\[", source) else None
+    return next((rule for rule, pattern in _ROTATES_WHERE.items() if re.search(pattern, source)), None)
 
 
 def _same_rotation(a: dict, b: dict) -> bool:
