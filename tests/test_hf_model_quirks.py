@@ -60,7 +60,7 @@ def test_phimoe_takes_the_short_factors_at_every_length_and_its_mscale(transform
         tolerance = 2e-7 * position + 1e-6  # transformers' float32 angles
         np.testing.assert_allclose(ours_cos[0], cos[0, 0, :64].double().numpy(), atol=tolerance)
         np.testing.assert_allclose(ours_sin[0], sin[0, 0, :64].double().numpy(), atol=tolerance)
-    with pytest.raises(ValueError, match="short_mscale 1.0 and long_mscale 1.243 differ"):
+    with pytest.raises(ValueError, match=r"\['short_mscale'\] 1.0 and \['long_mscale'\] 1.243 differ"):
         pf.RotaryEmbedding.from_hf_config(_phimoe(short_mscale=1.0))
     with pytest.raises(ValueError, match="no 'short_mscale' / 'long_mscale'"):
         pf.RotaryEmbedding.from_hf_config(_phimoe(short_mscale=None))
@@ -105,13 +105,17 @@ def test_the_full_attention_layers_without_rope_are_refused(transformers, model_
     assert pf.RotaryEmbedding.from_hf_config(config).rotary_dim == 128  # the layers with a RoPE
     with pytest.raises(ValueError, match=r"layer 3 \(a 'full_attention' layer\) has no RoPE"):
         pf.RotaryEmbedding.from_hf_config(config, layer=3)
-    with pytest.raises(ValueError, match="'full_attention' layers (has no RoPE|rotate only where mlp_layer_types)"):
+    with pytest.raises(ValueError, match="'full_attention' layers has no RoPE|rotate only where mlp_layer_types"):
         pf.RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
     if model_type.startswith("exaone") or model_type == "kolibri1":  # without a window every layer rotates
         assert pf.RotaryEmbedding.from_hf_config(dict(config, sliding_window=None), layer=3).rotary_dim == 128
-    if model_type == "cohere2_moe":  # force_rope: a full layer of a dense MLP rotates
-        dense = dict(config, mlp_layer_types=["sparse"] * 3 + ["dense"])
+    if model_type == "cohere2_moe":  # force_rope: a layer of a dense MLP rotates, with or without a window
+        assert transformers.AutoConfig.for_model(model_type).prefix_dense_sliding_window_pattern == 1
+        dense = dict(config, mlp_layer_types=["dense"] + ["sparse"] * 2 + ["dense"])
         assert pf.RotaryEmbedding.from_hf_config(dense, layer=3).rotary_dim == 128
+        assert pf.RotaryEmbedding.from_hf_config(dict(dense, sliding_window=None), layer=0).rotary_dim == 128
+        with pytest.raises(ValueError, match=r"layer 1 \(a 'sliding_attention' layer\) has no RoPE: .* sliding_window is None"):
+            pf.RotaryEmbedding.from_hf_config(dict(dense, sliding_window=None), layer=1)
 
 
 def test_ultraberts_list_of_thetas_is_one_per_layer_type(transformers):
@@ -133,3 +137,50 @@ def test_mimos_entries_without_a_partial_factor_take_its_default(transformers):
     for layer_type in ("full_attention", "sliding_attention"):
         rope = pf.RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
         assert_matches_hf(rope.inv_freq, getattr(module, f"{layer_type}_inv_freq").numpy(), rope.rotary_dim)
+
+
+_NESTED = {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+
+
+@pytest.mark.parametrize("model_type", ["laguna", "neomme", "mimo_v2_flash"])
+def test_a_top_level_partial_factor_beside_layer_types_entries_reads_as_the_class_nests_it(transformers, model_type):
+    # Laguna's and MiMo-V2-Flash's classes nest no top-level key, NeoMME's rope_theta only (each type's factor
+    # its class default): the module reads the entries
+    config = _layers(model_type, head_dim=64, num_hidden_layers=2, layer_types=list(_NESTED), partial_rotary_factor=0.5,
+                     rope_parameters=_NESTED)
+    module = _rotary_module(transformers, config, model_type)
+    for layer_type in _NESTED:
+        rope = pf.RotaryEmbedding.from_hf_config(dict(config), layer_type=layer_type)
+        assert_matches_hf(rope.inv_freq, getattr(module, f"{layer_type}_inv_freq").numpy(), rope.rotary_dim)
+    scaled = dict(config, rope_parameters={**_NESTED, "sliding_attention": {**_NESTED["sliding_attention"],
+                                                                            "rope_type": "linear", "factor": 2.0}})
+    if model_type != "neomme":  # a scaled RoPE's init fills the top-level keys into the types built after it
+        with pytest.raises(ValueError, match=r"top-level \['partial_rotary_factor'\] beside per-layer-type"):
+            pf.RotaryEmbedding.from_hf_config(scaled, layer_type="full_attention")
+
+
+def test_rope_scaling_beside_layer_types_entries_updates_the_full_attention_layers(transformers):
+    config = {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+              "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+              "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}}
+    built = transformers.AutoConfig.for_model(**config)
+    for layer_type in ("full_attention", "sliding_attention"):
+        rope = pf.RotaryEmbedding.from_hf_config(dict(config), layer_type=layer_type)
+        assert repr(rope) == repr(pf.RotaryEmbedding.from_hf_config(built, layer_type=layer_type))
+    assert pf.RotaryEmbedding.from_hf_config(dict(config), layer_type="sliding_attention").base == 2e4
+    # OLMo 3 without layer_types: its class's layer types, as Gemma 3's
+    olmo3 = {k: v for k, v in _OLMO3.items() if k != "layer_types"}
+    assert pf.RotaryEmbedding.from_hf_config(olmo3, layer_type="sliding_attention").scaling is None
+
+
+@pytest.mark.parametrize("alpha, head_dim, match", [(-2.0, 128, r"rope_parameters\['alpha'\] must be a number > 0"),
+                                                    ("2", 128, r"rope_parameters\['alpha'\] must be a number > 0"),
+                                                    (2.0, 2, "needs head_dim > 2, got 2")])
+def test_hunyuans_alpha_is_checked(alpha, head_dim, match):
+    config = {"model_type": "hunyuan_v1_dense", "head_dim": head_dim, "rope_theta": 1e4,
+              "rope_scaling": {"type": "dynamic", "alpha": alpha, "factor": 1.0}}
+    with pytest.raises(ValueError, match=match):
+        pf.RotaryEmbedding.from_hf_config(config)

@@ -60,6 +60,8 @@ def test_every_probed_rule_gives_the_tables_rotary_embedding(monkeypatch):
     print(f"{len(agreed)} of {len(_hf_models.MODEL_RULES)} rules probed and agreeing; refused: {dict(refused)}")
     assert len(agreed) >= 150  # the probe reads most families: a broken probe refuses them all
     assert {"llama", "cohere", "phi", "gpt_neox", "nanochat", "stablelm", "glm", "deepseek_v3", "deepseek_v32"} <= set(agreed)
+    # NoPE layers read off the attention's condition on its sliding window
+    assert {"cohere2", "cohere2_moe", "exaone4", "flint"} <= set(agreed)
     # keys their configuration classes rename (attribute_map): d_model, kv_channels, decoder heads
     assert {"dbrx", "jetmoe", "moonshine", "zamba2"} <= set(agreed)
     # one RoPE per layer type, probed on the first layer type that has one: LFM3's (after convolutions)

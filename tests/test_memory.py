@@ -148,3 +148,19 @@ def test_reference_counts_of_arguments_unchanged(name):
             _failing(f)()
     gc.collect()
     assert _refcounts(objects) == before
+
+
+@pytest.mark.parametrize("call", [lambda: pf.relative.relative_position_index(2**24, 2**24, max_distance=1),
+                                  lambda: pf.relative.t5_relative_bucket(2**24, 2**24)], ids=["shaw", "t5"])
+def test_a_relative_result_past_memory_is_refused_before_any_work(call):
+    # (2**24, 2**24) int64 is 2 PiB (2**51 bytes), past any address space: its allocation fails first,
+    # before the 256 MiB vector of distances is built and filled.  tracemalloc counts the failed request
+    # where NumPy reports it (past 2**51), else only what was allocated
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryError):
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (peak - 2**51 if peak >= 2**51 else peak) < 2**20

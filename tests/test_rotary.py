@@ -518,47 +518,6 @@ def test_pickle_round_trip():
     np.testing.assert_array_equal(clone.apply(x, offset=3), rope.apply(x, offset=3))
 
 
-class _Tagged(pf.RotaryEmbedding):  # a subclass with an argument and a method of its own
-    def __init__(self, dim, tag, **kwargs):
-        super().__init__(dim, **kwargs)
-        self.tag = tag
-
-    def apply(self, x, *args, **kwargs):
-        return super().apply(x, *args, **kwargs) * 2
-
-
-@pytest.mark.parametrize("make", [lambda: _Tagged(64, "t", layout="half", rotary_dim=32),
-                                  lambda: _Tagged.axial(80, axis_order=(1, 0))])
-def test_pickle_and_copy_keep_a_subclass(make):
-    import copy
-    import pickle
-
-    rope = make()
-    rope.note = [1, 2]
-    x = random((4, 2, rope.dim), np.float32)
-    positions = np.arange(4)[:, None] if rope.pair_streams is None else np.stack(np.divmod(np.arange(8), 4))[:, :4, None]
-    for clone in (pickle.loads(pickle.dumps(rope)), copy.copy(rope), copy.deepcopy(rope)):
-        assert type(clone) is _Tagged and clone.note == [1, 2] and repr(clone) == repr(rope)
-        np.testing.assert_array_equal(clone.apply(x, positions), rope.apply(x, positions))
-
-
-def test_failed_init_changes_nothing():
-    rope = pf.RotaryEmbedding(64)
-    x = random((1, 2, 8, 64), np.float32)
-    before, text = rope.apply(x), repr(rope)
-    with pytest.raises(ValueError, match="rope_type"):
-        rope.__init__(64, base=500.0, layout="half", scaling={"rope_type": "bogus"})
-    assert repr(rope) == text and rope.layout == "interleaved"
-    np.testing.assert_array_equal(rope.apply(np.asfortranarray(x)), before)  # the general path
-    np.testing.assert_array_equal(pickle_round_trip(rope).apply(x), before)
-
-
-def pickle_round_trip(rope):
-    import pickle
-
-    return pickle.loads(pickle.dumps(rope))
-
-
 @pytest.mark.parametrize("streams", [None, [0, 1, 1, 0, 1, 0]])
 def test_cos_sin_out(streams):
     rope = pf.RotaryEmbedding(16, rotary_dim=12, pair_streams=streams)

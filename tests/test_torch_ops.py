@@ -304,3 +304,7 @@ def test_a_tensor_of_another_layout_is_refused_by_name(torch):
     with pytest.raises(ValueError, match="^query must be a strided CPU tensor, got a nested tensor"):
         ops.rotary_embedding(positions, nested, k, 16, cache, True)
     assert torch.equal(k, key)
+    q = query.reshape(1, 7, 4, 16).transpose(1, 2)  # hf_rotate's tensors are a list
+    cos, sin = torch.ones(1, 7, 16), torch.zeros(1, 7, 16)
+    with pytest.raises(ValueError, match=r"^xs\[0\] must be a strided CPU tensor, got layout torch.sparse_coo"):
+        ops.hf_rotate([q.to_sparse(), q], cos, sin, "llama", "apply_rotary_pos_emb", 1, False)

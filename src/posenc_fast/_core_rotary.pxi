@@ -269,7 +269,7 @@ cdef class RotaryBase:
 
     def _init_rotary(self, Py_ssize_t dim, Py_ssize_t rotary_dim, Py_ssize_t start, bint half,
                      freqs, double attention_factor, long long valid_below, bint streams):
-        """Set the fast path's state (once, from RotaryEmbedding's constructor).
+        """Set the fast path's state (from RotaryEmbedding's constructor, its arguments checked).
 
         Features [start, start + rotary_dim) rotate; `freqs` are the
         rotary_dim // 2 float64 frequencies of positions p

@@ -19,10 +19,10 @@ import re
 from collections.abc import Mapping
 
 from ._frequencies import ROPE_TYPES
-from ._hf_layers import (canonical_config, class_default, class_keeps_head_dim, class_layer_types, class_rope,
-                         layer_config, layer_of_index, own_indexer, layer_type_params)
+from ._hf_layers import (canonical_config, class_default, class_keeps_head_dim, layer_config, layer_of_index,
+                         own_indexer, rope_parameters)
 from ._hf_functions import ROTARY_FUNCTIONS
-from ._hf_models import MODEL_RULES, NO_ROPE, REFUSED_MODELS, ModelRule, pair_streams
+from ._hf_models import MODEL_RULES, NO_ROPE, REFUSED_MODELS, ModelRule, ntk_alpha_base, pair_streams, phimoe_scaling
 from ._hf_probe import probed_rule
 
 __all__ = ["rotary_kwargs_from_hf_config"]
@@ -97,70 +97,6 @@ def _head_dim(cfg: Mapping, model_type: str, rule: ModelRule, where: str) -> int
     return _int(cfg, rule.hidden_key, where) // _int(cfg, rule.heads_key, where)
 
 
-def _rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> tuple[dict, bool]:
-    """The rope parameter dict transformers standardises for `layer_type` (rope_scaling wins over rope_parameters),
-    and whether its class holds one such dict per layer type."""
-    # convert_rope_params_to_dict: `rope_scaling or rope_parameters`
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or class_rope(cfg.get("model_type"), where) or {}
-    if not isinstance(params, Mapping):
-        raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
-    declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
-    names = rule.rope_of_layer or {}
-    # the layer types its class names (Zaya's "hybrid") count where the config gives no layer_types
-    labels = (set(declared) | {"full_attention", "sliding_attention"} | set(names.values())
-              | (set() if declared else class_layer_types(cfg.get("model_type"))))
-    nested = {key: value for key, value in params.items() if key in labels and isinstance(value, Mapping)}
-    if layer_type is not None:
-        if not isinstance(layer_type, str):
-            raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
-        known = sorted(set(declared) | set(nested) | set(names)
-                       | ({"full_attention", "sliding_attention"} if rule.local_theta_key else set()))
-        if layer_type not in known:
-            raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
-                             f"expected one of {known}" + ("" if declared else " (it gives no 'layer_types', which "
-                                                           "its configuration class derives: give them)"))
-        layer_type = names.get(layer_type, layer_type)  # DeepSeek-V4: a layer type -> its RoPE's name
-    if rule.rope_per_type_only and not nested:
-        # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
-        raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
-                         f"only per-layer-type entries)")
-    nests_flat = rule.local_theta_key is not None or rule.nests_flat
-    if nests_flat and not nested and not cfg.get("rope_scaling") and cfg.get("rope_parameters"):
-        # convert_rope_params_to_dict keeps a flat rope_parameters as it is and adds the layer types' entries:
-        # transformers' model reads its class's defaults, not this dict
-        raise ValueError(f"{where}: rope_parameters is one flat dict, which this model's configuration class "
-                         f"reads as no layer type's RoPE (transformers keeps its defaults); give one entry per "
-                         f"layer type ({{'full_attention': {{...}}, 'sliding_attention': {{...}}}}), or the flat "
-                         f"keys as rope_scaling (the full-attention layers')")
-    if nested:
-        # standardize_rope_params: top-level rope_theta / partial_rotary_factor (else the class's) fill each layer
-        # type's dict (only the one asked for, where one is)
-        per_type = {key: layer_type_params(cfg, rule, key, value, where) if layer_type in (None, key) else value
-                    for key, value in nested.items()}
-    elif nests_flat:
-        # the flat transformers-4 form (Gemma 3): rope_scaling and rope_theta are the full-attention layers',
-        # `local_theta_key` (or the class default) the sliding-window layers' default RoPE
-        full = layer_type_params(cfg, rule, "full_attention", params, where)
-        sliding = {**params} if rule.local_scaled else {"rope_type": "default"}
-        sliding["rope_theta"] = cfg.get(rule.local_theta_key) if rule.local_theta_key else None
-        sliding = layer_type_params(cfg, rule, "sliding_attention", sliding, where)
-        per_type = {"full_attention": full, "sliding_attention": sliding}
-    else:
-        return dict(params), False
-    if layer_type is None:
-        distinct = {repr(sorted(value.items())) for value in per_type.values()}
-        if len(distinct) > 1:
-            raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; pass "
-                             + ("layer_type= (or layer=) to choose one" if declared else
-                                "layer_type= to choose one (it gives no 'layer_types' to say which its layers "
-                                "are, so layer= cannot: give them, as its configuration class derives them)"))
-        return dict(next(iter(per_type.values()))), True
-    if layer_type not in per_type:
-        raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "
-                         f"it has {sorted(per_type)}")
-    return dict(per_type[layer_type]), True
-
-
 def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, where: str) -> float:
     if params.get("rope_theta") is not None:
         return _real(params["rope_theta"], "rope_theta", where)
@@ -176,13 +112,14 @@ def _theta(cfg: Mapping, params: Mapping, model_type: str, rule: ModelRule, wher
     return _real(value, key, where)
 
 
-def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, where: str) -> float:
+def _partial_factor(cfg: Mapping, params: Mapping, model_type: str, per_layer_type: bool, where: str) -> float:
     if params.get("partial_rotary_factor") is not None:
         value, key = params["partial_rotary_factor"], "rope_parameters['partial_rotary_factor']"
     else:
-        # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25))
+        # GPTNeoXConfig: rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("rotary_pct", 0.25)); a
+        # layer type's entry took what its class fills in from the top level already (layer_type_params)
         key = "rotary_pct" if model_type in _ROTARY_PCT else "partial_rotary_factor"
-        value = cfg.get(key)
+        value = None if per_layer_type else cfg.get(key)
         if value is None:  # its class's (a field's default, __post_init__'s setdefault), else 1.0
             value = class_default("PARTIAL", "partial_rotary_factor", model_type, None, where)
             value = 1.0 if value is None else value
@@ -545,7 +482,7 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
         rotary_dim = head_dim if rotary_dim is None else _int({"rotary_dim": rotary_dim}, "rotary_dim", where)
         return dict(dim=head_dim, rotary_dim=rotary_dim, base=_DEFAULT_THETA, layout="interleaved", scaling=None)
 
-    params, per_layer_type = _rope_parameters(cfg, rule, layer_type, where)
+    params, per_layer_type = rope_parameters(cfg, rule, layer_type, where)
     if rule.streams is None:
         streams = [key for key in _MROPE_KEYS if params.get(key) or cfg.get(key)]
         if streams or params.get("rope_type", params.get("type")) == "mrope":
@@ -557,15 +494,12 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
     base = _theta(cfg, params, model_type, rule, where)
     rope_type = _rope_type(params, model_type, where)
     if rule.ntk_alpha and rope_type == "dynamic" and params.get("alpha"):
-        # HunYuan: "dynamic" with alpha is its fixed NTK-alpha RoPE (compute_ntk_alpha_rope_parameters)
-        head_dim = _head_dim(cfg, model_type, rule, where)
-        alpha = _real(params["alpha"], "rope_parameters['alpha']", where)
-        base, rope_type = base * alpha ** (head_dim / (head_dim - 2)), "default"
+        base, rope_type = ntk_alpha_base(params, base, _head_dim(cfg, model_type, rule, where), where), "default"
     scaling = _scaling(cfg, params, rope_type, model_type, per_layer_type, where)
     if rule.mscales and scaling is not None:
-        scaling = _phimoe_scaling(params, scaling, rope_type, where)
-    partial = (rule.partial_default if rule.partial_default is not None and params.get("partial_rotary_factor") is None
-               else _partial_factor(cfg, params, model_type, where))
+        scaling = phimoe_scaling(params, scaling, rope_type, where)
+    default = rule.partial_default is not None and params.get("partial_rotary_factor") is None and scaling is None
+    partial = rule.partial_default if default else _partial_factor(cfg, params, model_type, per_layer_type, where)
 
     start = 0
     if rule.mla:
@@ -620,24 +554,6 @@ def kwargs_by_rule(cfg: dict, where: str, rule: ModelRule, layer_type, attention
             section = class_default("SECTION", "mrope_section", model_type, None, where)
         kwargs["pair_streams"] = pair_streams(rule, section, rotary_dim // 2, where)
     return kwargs
-
-
-def _phimoe_scaling(params: Mapping, scaling: dict, rope_type: str, where: str) -> dict:
-    # PhimoeRotaryEmbedding.forward: rope_init_fn(config) without seq_len (LongRoPE's short factors at every
-    # length), cos/sin times long_mscale where max(positions) + 1 > original_max_position_embeddings, else short_mscale
-    short, long = params.get("short_mscale"), params.get("long_mscale")
-    if short is None or long is None:
-        raise ValueError(f"{where}: rope_parameters has no 'short_mscale' / 'long_mscale', which PhiMoE's rotary "
-                         f"module reads for a scaled RoPE (a KeyError in transformers)")
-    if rope_type != "longrope":
-        raise ValueError(f"{where}: PhiMoE's mscales with rope_type {rope_type!r}: posenc_fast reads them with "
-                         f"'longrope' only")
-    short, long = _real(short, "short_mscale", where), _real(long, "long_mscale", where)
-    if short != long:
-        raise ValueError(f"{where}: short_mscale {short!r} and long_mscale {long!r} differ: PhiMoE scales cos/sin "
-                         f"by one or the other by the call's length, which posenc_fast does not; build the "
-                         f"RotaryEmbedding with scaling={{..., 'attention_factor': ...}} for one of them")
-    return {**scaling, "long_factor": scaling["short_factor"], "attention_factor": short}
 
 
 def _rotates_the_cache_width(rule: ModelRule) -> bool:

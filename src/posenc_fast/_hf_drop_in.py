@@ -62,8 +62,9 @@ def _names(xs) -> tuple:
 
 
 def _transformed(torch) -> bool:
-    """True under forward-mode AD (dual tensors, whose tangents a kernel reading their memory would drop) or a
-    ``torch.func`` transform (``grad``, ``vmap``, ...: wrapped tensors without memory of their own)."""
+    """True inside a forward-mode AD level (``dual_level()``: dual tensors, whose tangents a kernel reading their
+    memory would drop) or a ``torch.func`` transform (``grad``, ``vmap``, ...: wrapped tensors without memory of
+    their own).  (The level, not each tensor: two attribute reads a call.)"""
     return (torch.autograd.forward_ad._current_level >= 0
             or torch._C._functorch.peek_interpreter_stack() is not None)
 

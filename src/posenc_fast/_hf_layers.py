@@ -1,6 +1,6 @@
 """Per-layer configs: one layer's (``layer=``: its layer type, NoPE layers, Molmo2's unscaled layers), a layer
-type's (a heterogeneous config's ``per_layer_config``, its rope parameters with the ``rope_theta`` /
-``partial_rotary_factor`` they lack), and a config as its configuration class stores it: the class's defaults of
+type's (a heterogeneous config's ``per_layer_config``; its rope parameters as its class nests them, with the
+``rope_theta`` / ``partial_rotary_factor`` they lack: `rope_parameters`), and a config as its configuration class stores it: the class's defaults of
 the keys it leaves out (``_hf_defaults``), and the checkpoint forms classes turn into one (Gemma 4's
 ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's per-layer ``rope_theta`` and ``partial_rotary_factors``)."""
 
@@ -103,14 +103,11 @@ def layer_type_params(cfg: Mapping, rule: ModelRule, layer_type: str, given: Map
 
 
 def _top_level(cfg: Mapping, rule: ModelRule, layer_type=None) -> dict:
-    # Gemma 3 / ModernBERT: the sliding-window layers' rope_theta is the flat `local_theta_key` (OLMo 3: none);
-    # MiMo-V2-Flash nests no top-level key
-    if rule.partial_default is not None:
-        return {}
-    sliding = layer_type == "sliding_attention" and (rule.local_theta_key or rule.nests_flat)
+    # Gemma 3 / ModernBERT: the sliding-window layers' rope_theta is the flat `local_theta_key` (OLMo 3: none)
+    sliding = layer_type == "sliding_attention" and rule.per_type_class
     top = {"rope_theta": cfg.get(rule.local_theta_key if sliding else rule.theta_key),
            "partial_rotary_factor": cfg.get("partial_rotary_factor")}
-    return {key: value for key, value in top.items() if value is not None}
+    return {key: value for key, value in top.items() if value is not None and key in rule.nested_top_keys}
 
 
 def canonical_config(cfg: dict, rule: ModelRule, where: str) -> dict:
@@ -313,30 +310,30 @@ def _no_rope_layers(cfg: Mapping, rule: ModelRule, layer, layer_type, declared, 
 
 def _sliding_layers(cfg: Mapping, rule: ModelRule, layer, layer_type, where: str) -> None:
     # Cohere2 / EXAONE 4 attention: the sliding-window layers rotate, the others are NoPE (ModelRule.rope_layers);
-    # a config without sliding_window has its class's, a window (tests/test_hf_config_models.py)
+    # a config without sliding_window or prefix_dense_sliding_window_pattern has its class's: a window, and 1
+    # (tests/test_hf_model_quirks.py)
     window = cfg.get("sliding_window", "its class's")
     if rule.rope_layers == "sliding_or_no_window" and window is None:
         return  # every layer rotates
-    if window is None:
-        raise ValueError(f"{where}: no layer has a RoPE: its attention rotates in sliding-window layers only, and "
-                         f"sliding_window is None")
-    if layer_type in (None, "sliding_attention") and layer is None:
-        return  # the RoPE of the layers with one
-    if layer_type is None:
+    if layer is not None and layer_type is None:
         raise ValueError(f"{where}: layer= needs the config's 'layer_types': only its sliding-window layers rotate")
-    if layer_type == "sliding_attention":
-        return
+    if layer_type in (None, "sliding_attention") and window is not None:
+        return  # (without layer= or layer_type=: the RoPE of the layers with one)
     if rule.rope_layers == "sliding_or_dense" and cfg.get("prefix_dense_sliding_window_pattern", 1) == 1:
         # Cohere2-MoE's force_rope: mlp_layer_types[i] == "dense" (its class derives the list otherwise)
         kinds = cfg.get("mlp_layer_types")
         if layer is None or not isinstance(kinds, (list, tuple)) or len(kinds) <= layer:
-            raise ValueError(f"{where}: its {layer_type!r} layers rotate only where mlp_layer_types[i] is 'dense' "
-                             f"(force_rope): pass layer=, with the config's 'mlp_layer_types'")
+            raise ValueError(f"{where}: its layers without a sliding window rotate only where mlp_layer_types[i] is "
+                             f"'dense' (force_rope): pass layer=, with the config's 'mlp_layer_types'")
         if kinds[layer] == "dense":
             return
+    reason = "its attention rotates in sliding-window layers only" + (
+        ", and sliding_window is None" if window is None else
+        " where sliding_window is set" if rule.rope_layers == "sliding_or_no_window" else "")
+    if layer_type is None:
+        raise ValueError(f"{where}: no layer has a RoPE: {reason}")
     what = f"layer {layer} (a {layer_type!r} layer)" if layer is not None else f"the {layer_type!r} layers"
-    raise ValueError(f"{where}: {what} has no RoPE: its attention rotates in sliding-window layers only"
-                     + (" where sliding_window is set" if rule.rope_layers == "sliding_or_no_window" else ""))
+    raise ValueError(f"{where}: {what} has no RoPE: {reason}")
 
 
 def _rope_scaling_layers(cfg: dict, rule: ModelRule, layer, where: str) -> dict:
@@ -416,3 +413,89 @@ def layer_config(cfg: Mapping, rule: ModelRule, layer_type, where: str, layer=No
         raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
                          f"expected one of {sorted(per_type)}")
     return {**cfg, **per_type[layer_type]}
+
+
+_TOP_KEYS = ("rope_theta", "partial_rotary_factor")  # what standardize_rope_params fills in from the top level
+
+
+def _per_type_scaling(given: Mapping, scaling, rule: ModelRule, where: str) -> Mapping:
+    """A class of one RoPE per layer type given rope_scaling beside per-layer-type rope_parameters: its
+    convert_rope_params_to_dict updates the full-attention layers' entry (ModernBERT's: every entry) with it."""
+    if not isinstance(scaling, Mapping) or not isinstance(given.get("full_attention"), Mapping):
+        raise ValueError(f"{where}: rope_scaling beside rope_parameters updates rope_parameters['full_attention'], "
+                         f"which must be an object (a KeyError in transformers)")
+    return {key: {**value, **scaling} if key == "full_attention" or rule.local_scaled and isinstance(value, Mapping)
+            else value for key, value in given.items()}
+
+
+def rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> tuple[dict, bool]:
+    """The rope parameter dict transformers standardises for `layer_type` (rope_scaling wins over rope_parameters),
+    and whether its class holds one such dict per layer type."""
+    # convert_rope_params_to_dict: `rope_scaling or rope_parameters` (one RoPE per layer type: rope_scaling
+    # updates the full-attention layers' entry, `_per_type_scaling`)
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or class_rope(cfg.get("model_type"), where) or {}
+    if rule.per_type_class and cfg.get("rope_scaling") and isinstance(cfg.get("rope_parameters"), Mapping):
+        params = _per_type_scaling(cfg["rope_parameters"], cfg["rope_scaling"], rule, where)
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
+    declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()
+    names = rule.rope_of_layer or {}
+    # the layer types its class names (Zaya's "hybrid") count where the config gives no layer_types
+    labels = (set(declared) | {"full_attention", "sliding_attention"} | set(names.values())
+              | (set() if declared else class_layer_types(cfg.get("model_type"))))
+    nested = {key: value for key, value in params.items() if key in labels and isinstance(value, Mapping)}
+    if layer_type is not None:
+        if not isinstance(layer_type, str):
+            raise TypeError(f"layer_type must be a str or None, got {type(layer_type).__name__}")
+        known = sorted(set(declared) | set(nested) | set(names)
+                       | ({"full_attention", "sliding_attention"} if rule.per_type_class else set()))
+        if layer_type not in known:
+            raise ValueError(f"{where}: layer_type={layer_type!r} is not a layer type of this config; "
+                             f"expected one of {known}" + ("" if declared else " (it gives no 'layer_types', which "
+                                                           "its configuration class derives: give them)"))
+        layer_type = names.get(layer_type, layer_type)  # DeepSeek-V4: a layer type -> its RoPE's name
+    if rule.rope_per_type_only and not nested:
+        # a layer type without its own rope_parameters entry has no RoPE (Cohere-Compass: None is NoPE)
+        raise ValueError(f"{where}: the config's rope_parameters give no layer type a RoPE (this model reads "
+                         f"only per-layer-type entries)")
+    if rule.per_type_class and not nested and not cfg.get("rope_scaling") and cfg.get("rope_parameters"):
+        # convert_rope_params_to_dict keeps a flat rope_parameters as it is and adds the layer types' entries:
+        # transformers' model reads its class's defaults, not this dict
+        raise ValueError(f"{where}: rope_parameters is one flat dict, which this model's configuration class "
+                         f"reads as no layer type's RoPE (transformers keeps its defaults); give one entry per "
+                         f"layer type ({{'full_attention': {{...}}, 'sliding_attention': {{...}}}}), or the flat "
+                         f"keys as rope_scaling (the full-attention layers')")
+    if nested and not rule.nested_top_keys and any(cfg.get(key) is not None for key in _TOP_KEYS) and any(
+            value.get("rope_type", value.get("type", "default")) != "default" for value in nested.values()):
+        # a class that nests nothing, but a scaled RoPE's init function standardises the config once its module
+        # is built: the top-level keys then fill the layer types built after it, in sorted order
+        raise ValueError(f"{where}: top-level {[key for key in _TOP_KEYS if cfg.get(key) is not None]} beside "
+                         f"per-layer-type rope_parameters with a scaled RoPE: transformers fills them into the layer "
+                         f"types its rotary module builds after that one; give them in each layer type's entry")
+    if nested:
+        # standardize_rope_params: top-level rope_theta / partial_rotary_factor (else the class's) fill each layer
+        # type's dict (only the one asked for, where one is)
+        per_type = {key: layer_type_params(cfg, rule, key, value, where) if layer_type in (None, key) else value
+                    for key, value in nested.items()}
+    elif rule.per_type_class:
+        # the flat transformers-4 form (Gemma 3): rope_scaling and rope_theta are the full-attention layers',
+        # `local_theta_key` (or the class default) the sliding-window layers' default RoPE
+        full = layer_type_params(cfg, rule, "full_attention", params, where)
+        sliding = {**params} if rule.local_scaled else {"rope_type": "default"}
+        sliding["rope_theta"] = cfg.get(rule.local_theta_key) if rule.local_theta_key else None
+        sliding = layer_type_params(cfg, rule, "sliding_attention", sliding, where)
+        per_type = {"full_attention": full, "sliding_attention": sliding}
+    else:
+        return dict(params), False
+    if layer_type is None:
+        distinct = {repr(sorted(value.items())) for value in per_type.values()}
+        if len(distinct) > 1:
+            raise ValueError(f"{where}: the config holds one RoPE per layer type {sorted(per_type)}; pass "
+                             + ("layer_type= (or layer=) to choose one" if declared else
+                                "layer_type= to choose one (it gives no 'layer_types' to say which its layers "
+                                "are, so layer= cannot: give them, as its configuration class derives them)"))
+        return dict(next(iter(per_type.values()))), True
+    if layer_type not in per_type:
+        raise ValueError(f"{where}: the config has no RoPE for layer_type={layer_type!r}; "
+                         f"it has {sorted(per_type)}")
+    return dict(per_type[layer_type]), True

@@ -58,7 +58,7 @@ class ModelRule(NamedTuple):
     nests_flat: bool = False
     """Its configuration class nests flat keys as `local_theta_key` says, without such a key (OLMo 3): a flat
     ``rope_scaling`` and ``rope_theta`` are the full-attention layers', the sliding-window layers keep its
-    default RoPE."""
+    default RoPE (`per_type_class`)."""
     ntk_alpha: bool = False
     """HunYuan: a ``"dynamic"`` RoPE with ``alpha`` is a fixed one of base ``rope_theta * alpha ** (head_dim /
     (head_dim - 2))`` (its ``compute_ntk_alpha_rope_parameters``)."""
@@ -67,8 +67,11 @@ class ModelRule(NamedTuple):
     length), its cos/sin scaled by ``long_mscale`` past ``original_max_position_embeddings``, else by
     ``short_mscale``."""
     partial_default: float | None = None
-    """The ``partial_rotary_factor`` of a layer type's entry without one (MiMo-V2-Flash: 0.334; its class
-    nests no top-level keys into the entries)."""
+    """The ``partial_rotary_factor`` of a default-RoPE layer type's entry without one (MiMo-V2-Flash: 0.334)."""
+    nested_top_keys: tuple[str, ...] = ("rope_theta", "partial_rotary_factor")
+    """The top-level keys its configuration class fills into each layer type's rope parameters
+    (``standardize_rope_params``); MiMo-V2-Flash, Laguna, Zaya: none (their ``convert_rope_params_to_dict`` does
+    nothing), NeoMME: ``rope_theta`` (each type's factor its class default)."""
     theta_list: bool = False
     """UltraBERT: a list ``rope_theta`` (without ``rope_parameters``) is one theta per layer, read by layer type
     (the last layer of each type's)."""
@@ -115,6 +118,12 @@ class ModelRule(NamedTuple):
     ``"sliding_or_dense"`` (Cohere2-MoE: also a full layer whose ``mlp_layer_types[i]`` is ``"dense"`` where
     ``prefix_dense_sliding_window_pattern`` is 1, its default) or ``"sliding_or_no_window"`` (EXAONE 4: every
     layer where ``sliding_window`` is None, else the sliding-window layers)."""
+
+    @property
+    def per_type_class(self) -> bool:
+        """Its configuration class holds one RoPE per layer type whatever the config's form (Gemma 3, OLMo 3):
+        flat keys are nested by `local_theta_key` or `nests_flat`."""
+        return self.local_theta_key is not None or self.nests_flat
 
 
 # The values of ModelRule.streams: the ways pair_streams deals pairs to position streams
@@ -282,7 +291,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "jina_embeddings_v3": ModelRule("jina_embeddings_v3/modeling_jina_embeddings_v3.py"),
     "kolibri1": ModelRule("kolibri1/modeling_kolibri1.py", rope_layers="sliding_or_no_window"),
     "kyutai_speech_to_text": ModelRule("kyutai_speech_to_text/modeling_kyutai_speech_to_text.py"),
-    "laguna": ModelRule("laguna/modeling_laguna.py", whole_head=False),
+    "laguna": ModelRule("laguna/modeling_laguna.py", whole_head=False, nested_top_keys=()),
     "lara_mini": ModelRule("lara_mini/modeling_lara_mini.py"),
     "lasr_encoder": ModelRule("lasr/modeling_lasr.py"),
     "lfm2": ModelRule("lfm2/modeling_lfm2.py"),
@@ -295,7 +304,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "mimi": ModelRule("mimi/modeling_mimi.py"),
     "mimi_decoder": ModelRule("mimi/modeling_mimi.py"),
     "mimi_encoder": ModelRule("mimi/modeling_mimi.py"),
-    "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False, partial_default=0.334),
+    "mimo_v2_flash": ModelRule("mimo_v2_flash/modeling_mimo_v2_flash.py", whole_head=False, partial_default=0.334, nested_top_keys=()),
     "minicpm3": ModelRule("minicpm3/modeling_minicpm3.py", mla=True, reads_rope_interleave=False),
     "minimax": ModelRule("minimax/modeling_minimax.py"),
     "minimax_m2": ModelRule("minimax_m2/modeling_minimax_m2.py", whole_head=False),
@@ -321,7 +330,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "nemotron3_5_transcribe_asr_audio": ModelRule("nemotron3_5_transcribe/modeling_nemotron3_5_transcribe.py", whole_head=False),
     "nemotron3_5_transcribe_word_timestamp": ModelRule("nemotron3_5_transcribe/modeling_nemotron3_5_transcribe.py", whole_head=False),
     "nemotron3_diarization_audio": ModelRule("nemotron3_diarization/modeling_nemotron3_diarization.py", whole_head=False),
-    "neomme": ModelRule("neomme/modeling_neomme.py", whole_head=False, streams="row_col"),
+    "neomme": ModelRule("neomme/modeling_neomme.py", whole_head=False, streams="row_col", nested_top_keys=("rope_theta",)),
     "neucodec": ModelRule("neucodec/modeling_neucodec.py"),
     "nomic_bert": ModelRule("nomic_bert/modeling_nomic_bert.py"),
     "olmo": ModelRule("olmo/modeling_olmo.py"),
@@ -373,7 +382,7 @@ MODEL_RULES: dict[str, ModelRule] = {
     "xcodec2": ModelRule("xcodec2/modeling_xcodec2.py"),
     "youtu": ModelRule("youtu/modeling_youtu.py", "interleaved", mla=True),
     "zamba2": ModelRule("zamba2/modeling_zamba2.py", head_dim_key="attention_head_dim"),
-    "zaya": ModelRule("zaya/modeling_zaya.py", whole_head=False),
+    "zaya": ModelRule("zaya/modeling_zaya.py", whole_head=False, nested_top_keys=()),
 }
 
 
@@ -393,3 +402,35 @@ REFUSED_MODELS: dict[str, str] = {
         "then rotate_half: the same scores); RotaryEmbedding(head_dim, base=rope_theta, layout='interleaved')"
         ".apply_qk on the first head's q and k gives its attention"),
 }
+
+
+def ntk_alpha_base(params, theta: float, head_dim: int, where: str) -> float:
+    """HunYuan's NTK-alpha base ``rope_theta * alpha ** (head_dim / (head_dim - 2))`` (ModelRule.ntk_alpha)."""
+    alpha = params["alpha"]
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+        raise ValueError(f"{where}: rope_parameters['alpha'] must be a number > 0, got {alpha!r}")
+    if head_dim <= 2:
+        raise ValueError(f"{where}: its NTK-alpha RoPE needs head_dim > 2, got {head_dim}")
+    return theta * float(alpha) ** (head_dim / (head_dim - 2))
+
+
+def phimoe_scaling(params, scaling: dict, rope_type: str, where: str) -> dict:
+    """PhiMoE's scaling (ModelRule.mscales): ``PhimoeRotaryEmbedding.forward`` calls ``rope_init_fn(config)``
+    without the length (LongRoPE's short factors at every length) and scales cos/sin by ``long_mscale`` where
+    ``max(positions) + 1 > original_max_position_embeddings``, else by ``short_mscale``."""
+    mscales = [params.get(key) for key in ("short_mscale", "long_mscale")]
+    if None in mscales:
+        raise ValueError(f"{where}: rope_parameters has no 'short_mscale' / 'long_mscale', which PhiMoE's rotary "
+                         f"module reads for a scaled RoPE (a KeyError in transformers)")
+    if rope_type != "longrope":
+        raise ValueError(f"{where}: PhiMoE's mscales with rope_type {rope_type!r}: posenc_fast reads them with "
+                         f"'longrope' only")
+    for key, value in zip(("short_mscale", "long_mscale"), mscales):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{where}: rope_parameters[{key!r}] must be a number, got {value!r}")
+    short, long = map(float, mscales)
+    if short != long:
+        raise ValueError(f"{where}: rope_parameters['short_mscale'] {short!r} and ['long_mscale'] {long!r} differ: "
+                         f"PhiMoE scales cos/sin by one or the other by the call's length, which posenc_fast does "
+                         f"not; build the RotaryEmbedding with scaling={{..., 'attention_factor': ...}}")
+    return {**scaling, "long_factor": scaling["short_factor"], "attention_factor": short}

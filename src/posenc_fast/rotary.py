@@ -169,13 +169,12 @@ class RotaryEmbedding(kernels.RotaryBase):
         frequencies = resolve_rope_scaling(
             None if scaling is None else dict(scaling),
             rotary_dim=rotary_dim if axial is None else axial.width(rotary_dim), base=base)
+        valid_below = _length_with_base_frequencies(frequencies)
         # Every argument checked: only now does the state change (a second __init__ that fails leaves it whole)
         self._dim, self._rotary_dim, self._start, self._base, self._layout = dim, rotary_dim, start, base, layout
         self._reverse, self._pair_streams, self._axial, self._frequencies = reverse, streams, axial, frequencies
-        self._init_rotary(dim, rotary_dim, self._start, layout == "half", self.inv_freq,
-                          float(self._frequencies.attention_factor),
-                          _length_with_base_frequencies(self._frequencies),
-                          self._pair_streams is not None)
+        self._init_rotary(dim, rotary_dim, start, layout == "half", self.inv_freq, float(frequencies.attention_factor),
+                          valid_below, streams is not None)
 
     @staticmethod
     def _streams_of(npairs, pair_streams, mrope_section, mrope_interleaved, axial):
@@ -597,8 +596,8 @@ def apply_rotary(x: ArrayLike, positions: ArrayLike | None = None, *, base: floa
     >>> y = pf.apply_rotary(x, layout="half", offset=100)
     """
     x = v.float_array(x, "x")
-    if x.ndim < 1:
-        raise ValueError(f"x must have shape (..., dim), got {x.shape}")
+    if x.ndim < 1 or not x.shape[-1]:
+        raise ValueError(f"x must have shape (..., dim) with dim >= 1, got {x.shape}")
     factor = v.real(interpolation_factor, "interpolation_factor", minimum=1.0)
     # Checked here first: the embedding cache below needs hashable arguments.
     base = v.real(base, "base", positive=True)

@@ -348,7 +348,7 @@ concat_and_cache_mla_rope_fused = _define("concat_and_cache_mla_rope_fused" + _M
 (see `posenc_fast.vllm.concat_and_cache_mla_rope_fused`)."""
 
 
-def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> None:
+def _refuse_what_no_kernel_takes(name: str, arguments: str) -> None:
     """Kernels of the op `name` for the tensors torch would not hand to its CPU kernel as they are.
 
     Other layouts (sparse, MKL-DNN, nested tensors) have no kernel, and torch raised NotImplementedError:
@@ -363,9 +363,12 @@ def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> N
                and argument.alias_info.is_write}
     op = getattr(torch.ops.posenc_fast, name)
 
-    def tensors(args, kwargs):
+    def tensors(args, kwargs):  # the call's arguments by name, and its tensors (a list's as name[i])
         bound = {**dict(zip(names, args)), **kwargs}
-        return bound, [(n, t) for n, t in bound.items() if isinstance(t, torch.Tensor)]
+        return bound, [(f"{n}[{i}]" if isinstance(value, (list, tuple)) else n, t)
+                       for n, value in bound.items()
+                       for i, t in enumerate(value if isinstance(value, (list, tuple)) else (value,))
+                       if isinstance(t, torch.Tensor)]
 
     def other_layout(*args, **kwargs):
         for arg_name, tensor in tensors(args, kwargs)[1]:
@@ -385,7 +388,7 @@ def _refuse_what_no_kernel_takes(name: str, arguments: str, in_place: bool) -> N
         return op(**bound)
     for key in ("SparseCPU", "SparseCsrCPU", "MkldnnCPU", "NestedTensorCPU", "AutogradNestedTensor"):
         _LIBRARY.impl(name, other_layout, key)
-    if in_place:
+    if written:
         for key in ("Negative", "Conjugate"):
             _LIBRARY.impl(name, math_bits, key)
 
@@ -406,5 +409,5 @@ for _name, _arguments, _kernel, _fake in (
         _LIBRARY.impl(_name, _kernel, "CPU")
     else:  # the calls a C++ kernel does not take itself go to the Python one, as this op
         _define(f"_{_name}_general" + _arguments, _kernel, _fake)
-    _refuse_what_no_kernel_takes(_name, _arguments, in_place=_fake is _mutates_only)
-_refuse_what_no_kernel_takes("apply_rotary", _APPLY_ROTARY_ARGUMENTS, in_place=False)
+    _refuse_what_no_kernel_takes(_name, _arguments)
+_refuse_what_no_kernel_takes("apply_rotary", _APPLY_ROTARY_ARGUMENTS)
