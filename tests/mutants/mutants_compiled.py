@@ -38,7 +38,7 @@ COMPILED = [
     Mutant("round-to-odd never sets the sticky bit", "row kernels", PKG + "csrc/posenc_half_types.h",
            "        u |= 1;\n", "", ("tests/test_half_types.py",)),
     Mutant("a float64 table added to half data rounded to float first", "row kernels", KERNELS,
-           'if d.suffix in HALF and t.suffix == "f64" else', 'if False else',
+           '{{if d.suffix in HALF and t.suffix == "f64"}}', '{{if False}}',
            ("tests/test_half_types.py", "-k", "float64_table or add_sinusoidal or any_two")),
     Mutant("q/k norm without its eps", "row kernels", PKG + "csrc/posenc_kernels.h.tp",
            " : total / (double)dim) + eps);", " : total / (double)dim));",
