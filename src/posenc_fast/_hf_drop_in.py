@@ -164,7 +164,8 @@ def _rotation(torch):
             needed = [g is not None and need for g, need in zip(grads, ctx.needs_input_grad[5:])]
             if not any(needed):
                 return (None,) * (5 + len(grads))
-            grads = [torch.zeros(shape, dtype=dtype) if g is None else g for g, (shape, dtype) in zip(grads, ctx.shapes)]
+            grads = [torch.zeros(shape, dtype=dtype) if g is None else g
+                     for g, (shape, dtype) in zip(grads, ctx.shapes)]
             grads = _transposed(torch, ctx.function, grads, ctx.tables, ctx.unsqueeze_dim, (cos, sin))
             return (None,) * 5 + tuple(g if need else None for g, need in zip(grads, needed))
 

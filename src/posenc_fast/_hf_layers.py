@@ -1,8 +1,9 @@
 """Per-layer configs: one layer's (``layer=``: its layer type, NoPE layers, Molmo2's unscaled layers), a layer
 type's (a heterogeneous config's ``per_layer_config``; its rope parameters as its class nests them, with the
-``rope_theta`` / ``partial_rotary_factor`` they lack: `rope_parameters`), and a config as its configuration class stores it: the class's defaults of
-the keys it leaves out (``_hf_defaults``), and the checkpoint forms classes turn into one (Gemma 4's
-``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's per-layer ``rope_theta`` and ``partial_rotary_factors``)."""
+``rope_theta`` / ``partial_rotary_factor`` they lack: `rope_parameters`), and a config as its configuration class
+stores it: the class's defaults of the keys it leaves out (``_hf_defaults``), and the checkpoint forms classes turn
+into one (Gemma 4's ``global_head_dim``, dots3's ``swa_*`` keys, Step-3.7's per-layer ``rope_theta`` and
+``partial_rotary_factors``, UltraBERT's list of thetas)."""
 
 from __future__ import annotations
 
@@ -421,7 +422,7 @@ _TOP_KEYS = ("rope_theta", "partial_rotary_factor")  # what standardize_rope_par
 def _per_type_scaling(given: Mapping, scaling, rule: ModelRule, where: str) -> Mapping:
     """A class of one RoPE per layer type given rope_scaling beside per-layer-type rope_parameters: its
     convert_rope_params_to_dict updates the full-attention layers' entry (ModernBERT's: every entry) with it."""
-    if not isinstance(scaling, Mapping) or not isinstance(given.get("full_attention"), Mapping):
+    if not isinstance(given.get("full_attention"), Mapping):
         raise ValueError(f"{where}: rope_scaling beside rope_parameters updates rope_parameters['full_attention'], "
                          f"which must be an object (a KeyError in transformers)")
     return {key: {**value, **scaling} if key == "full_attention" or rule.local_scaled and isinstance(value, Mapping)
@@ -434,8 +435,10 @@ def rope_parameters(cfg: Mapping, rule: ModelRule, layer_type, where: str) -> tu
     # convert_rope_params_to_dict: `rope_scaling or rope_parameters` (one RoPE per layer type: rope_scaling
     # updates the full-attention layers' entry, `_per_type_scaling`)
     params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or class_rope(cfg.get("model_type"), where) or {}
-    if rule.per_type_class and cfg.get("rope_scaling") and isinstance(cfg.get("rope_parameters"), Mapping):
-        params = _per_type_scaling(cfg["rope_parameters"], cfg["rope_scaling"], rule, where)
+    scaling, given = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+    if (rule.per_type_class and isinstance(scaling, Mapping) and scaling and isinstance(given, Mapping)
+            and not any(isinstance(value, Mapping) for value in scaling.values())):
+        params = _per_type_scaling(given, scaling, rule, where)
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: 'rope_scaling' / 'rope_parameters' must be an object, got {params!r}")
     declared = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), (list, tuple)) else ()

@@ -181,10 +181,11 @@ def _renamed_keys(text_class) -> dict:
 
 
 # The conditions under which a module's text attention rotates, as its source writes them (ModelRule.rope_layers)
+_THEN_ROTATES = r":\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary"  # the condition's block calls the rotation
 _ROTATES_WHERE = {"no_rope_layers": r"config\.no_rope_layers\[",
-                  "sliding": r"if self\.sliding_window is not None:\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary",
-                  "sliding_or_dense": r"if self\.sliding_window is not None or self\.force_rope:\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary",
-                  "sliding_or_no_window": r"if self\.sliding_window is None or self\.is_sliding:\s*\n(?:[^\n]*\n)?[^\n]*apply_rotary"}
+                  "sliding": r"if self\.sliding_window is not None" + _THEN_ROTATES,
+                  "sliding_or_dense": r"if self\.sliding_window is not None or self\.force_rope" + _THEN_ROTATES,
+                  "sliding_or_no_window": r"if self\.sliding_window is None or self\.is_sliding" + _THEN_ROTATES}
 
 
 def _rope_layers(module) -> str | None:
