@@ -72,15 +72,15 @@ def _transformed(torch) -> bool:
 def _rotate_tensors(torch, function, xs, cos, sin, unsqueeze_dim):
     """What `function` computes for the tensors `xs` (q and k, or one tensor), by the kernel on
     NumPy views, as a tuple; None when that would not be exact."""
-    if not torch.compiler.is_compiling() and _transformed(torch):
-        _fell_back(torch, xs, "a forward-mode AD or torch.func transform")
-        return None
     if not _numpy_can_take(torch, function, xs, cos, sin):
         if not (cos.requires_grad or sin.requires_grad):  # else counted already
             _fell_back(torch, xs, "data the kernel does not compute exactly")
         return None
     if torch.compiler.is_compiling():  # no NumPy in a graph: posenc_fast's op, which the graph keeps
         return _compiled_rotation(torch, function, xs, cos, sin, unsqueeze_dim)
+    if _transformed(torch):
+        _fell_back(torch, xs, "a forward-mode AD or torch.func transform")
+        return None
     if any(t.is_neg() for t in (*xs, cos, sin)):  # a negative view: its memory holds the values negated
         _fell_back(torch, xs, "data the kernel does not compute exactly")
         return None

@@ -89,20 +89,25 @@ def _define(schema: str, kernel, fake):
     return getattr(torch.ops.posenc_fast, name)
 
 
+def _named_tensors(bound: dict) -> list:
+    """The tensors among a call's arguments `bound` (by name), with their names (a list's as ``name[i]``)."""
+    return [(f"{name}[{i}]" if isinstance(value, (list, tuple)) else name, tensor)
+            for name, value in bound.items()
+            for i, tensor in enumerate(value if isinstance(value, (list, tuple)) else (value,))
+            if isinstance(tensor, torch.Tensor)]
+
+
 def _on_one_device(fake, names):
     """`fake` (of the arguments `names`), refusing tensors on two devices: a meta tensor beside CPU ones
     sends the call to the fake, which would write nothing into the CPU ones and return no values."""
     def checked(*args, **kwargs):
         first = None
-        for name, value in (*zip(names, args), *kwargs.items()):
-            for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                if not isinstance(tensor, torch.Tensor):
-                    continue
-                if first is None:
-                    first = (name, tensor.device)
-                elif tensor.device != first[1]:
-                    name, device = (name, tensor.device) if first[1].type == "cpu" else first
-                    raise ValueError(f"{name} must be a strided CPU tensor, got device {device}")
+        for name, tensor in _named_tensors({**dict(zip(names, args)), **kwargs}):
+            if first is None:
+                first = (name, tensor.device)
+            elif tensor.device != first[1]:
+                name, device = (name, tensor.device) if first[1].type == "cpu" else first
+                raise ValueError(f"{name} must be a strided CPU tensor, got device {device}")
         return fake(*args, **kwargs)
     return checked
 
@@ -363,23 +368,16 @@ def _refuse_what_no_kernel_takes(name: str, arguments: str) -> None:
                and argument.alias_info.is_write}
     op = getattr(torch.ops.posenc_fast, name)
 
-    def tensors(args, kwargs):  # the call's arguments by name, and its tensors (a list's as name[i])
-        bound = {**dict(zip(names, args)), **kwargs}
-        return bound, [(f"{n}[{i}]" if isinstance(value, (list, tuple)) else n, t)
-                       for n, value in bound.items()
-                       for i, t in enumerate(value if isinstance(value, (list, tuple)) else (value,))
-                       if isinstance(t, torch.Tensor)]
-
     def other_layout(*args, **kwargs):
-        for arg_name, tensor in tensors(args, kwargs)[1]:
+        for arg_name, tensor in _named_tensors({**dict(zip(names, args)), **kwargs}):
             if tensor.layout != torch.strided or tensor.is_nested:
                 got = "a nested tensor" if tensor.is_nested else f"layout {tensor.layout}"
                 raise ValueError(f"{arg_name} must be a strided CPU tensor, got {got}")
         raise AssertionError(f"posenc_fast::{name} was dispatched for another layout, but every tensor is strided")
 
     def math_bits(*args, **kwargs):
-        bound, named = tensors(args, kwargs)
-        for arg_name, tensor in named:
+        bound = {**dict(zip(names, args)), **kwargs}
+        for arg_name, tensor in _named_tensors(bound):
             if tensor.is_neg() or tensor.is_conj():
                 if arg_name in written:
                     raise ValueError(f"{arg_name} is a negated or conjugated view (is_neg() or is_conj()), "

@@ -378,7 +378,7 @@ PYTHON = [
            "    results = None if transpose else drop_in._compiled_call(", "    results = None if True else drop_in._compiled_call(",
            ("tests/test_hf_compile.py", "-k", "no_gradient")),
     Mutant("the ops' fakes take tensors on two devices", "integrations", PKG + "torch_ops.py",
-           "                elif tensor.device != first[1]:", "                elif False:",
+           "            elif tensor.device != first[1]:", "            elif False:",
            ("tests/test_torch_ops.py", "-k", "meta")),
     Mutant("a trailing-features function rotates the leading ones (DeepSeek-V4)", "integrations",
            PKG + "_hf_drop_in.py",
